@@ -1,0 +1,1 @@
+"""Records, the run configuration and the error tree. Imports nothing internal."""

@@ -1,0 +1,249 @@
+"""The run configuration: one frozen pydantic model, loaded from a sparse TOML file plus
+`--set a.b=c` overrides.
+
+Unknown keys and bad values are rejected with a ConfigError that names the field path and
+says what to do. Library code never sees RunConfig: builders in tasks/runtime.py turn its
+sections into flat constructor arguments. Units are in field names (timeout_s, memory_mb).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlpipe.core.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ModelConfig(_Section):
+    path: str | None = None
+    """A local HF model folder (config.json, weights, tokenizer). None = build a tiny model."""
+    architecture: Literal["qwen2", "llama"] = "qwen2"
+    """Architecture of the tiny model built when `path` is None."""
+    hidden_size: int = Field(128, gt=0)
+    """Width of the tiny model."""
+    num_layers: int = Field(2, gt=0)
+    """Decoder layers of the tiny model."""
+    num_heads: int = Field(4, gt=0)
+    """Attention heads of the tiny model (hidden_size must divide by it)."""
+    intermediate_size: int = Field(512, gt=0)
+    """MLP width of the tiny model."""
+    max_position_embeddings: int = Field(128, gt=0)
+    """Longest prompt + completion the tiny model handles, in tokens."""
+
+
+class EnvConfig(_Section):
+    domains: dict[str, float] = {"arithmetic": 1.0}
+    """Domain name -> sampling ratio (normalised). Known: arithmetic, reverse, code."""
+    train_size: int = Field(4000, gt=0)
+    """Tasks per domain in the seeded training split."""
+    heldout_size: int = Field(200, gt=0)
+    """Tasks per domain in the seeded held-out split (disjoint from training)."""
+    max_operand: int = Field(99, gt=0)
+    """arithmetic: operands are drawn from [0, max_operand]."""
+    max_word_len: int = Field(6, gt=0)
+    """reverse: words have 3..max_word_len letters."""
+
+
+class RolloutConfig(_Section):
+    engine: Literal["hf"] = "hf"
+    """Rollout backend: hf (transformers, CPU/GPU)."""
+    prompts_per_step: int = Field(16, gt=0)
+    """Tasks sampled per RL step."""
+    group_size: int = Field(8, gt=0)
+    """Completions sampled per task (the GRPO group)."""
+    max_new_tokens: int = Field(8, gt=0)
+    """Longest completion, in tokens."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    batch_size: int = Field(128, gt=0)
+    """Sequences generated together in one forward batch."""
+    stop: tuple[str, ...] = ("\n",)
+    """Stop strings: generation of a sequence ends at the first of them (kept out of the text)."""
+
+
+class AlgoConfig(_Section):
+    advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
+    """grpo: (r - mean)/std; drgrpo: r - mean; rloo: r - mean of the others."""
+    clip_eps: float = Field(0.2, gt=0)
+    """PPO clip range of the importance ratio."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL penalty to the frozen reference policy (0 = no reference kept)."""
+    loss_agg: Literal["token_mean", "seq_mean_token_sum"] = "token_mean"
+    """How token losses are averaged into the batch loss."""
+
+
+class TrainConfig(_Section):
+    steps: int = Field(20, gt=0)
+    """RL steps."""
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the RL phase."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global grad norm."""
+    micro_batch_size: int = Field(64, gt=0)
+    """Sequences per forward/backward; gradients accumulate over the step's batch."""
+    epochs_per_step: int = Field(1, gt=0)
+    """Passes of the optimizer over each step's batch."""
+
+
+class WarmstartConfig(_Section):
+    steps: int = Field(300, ge=0)
+    """Supervised steps on reference answers before RL (0 = none)."""
+    batch_size: int = Field(64, gt=0)
+    """Sequences per supervised step."""
+    lr: float = Field(3e-3, gt=0)
+    """AdamW learning rate of the warm-start."""
+
+
+class EvalConfig(_Section):
+    every_steps: int = Field(0, ge=0)
+    """Held-out evaluation every N RL steps (0 = only before and after RL)."""
+
+
+class StorageConfig(_Section):
+    lake_uri: str = "./rlpipe-lake"
+    """Where trajectories, manifests and checkpoints go: a folder or s3://bucket/prefix."""
+    s3_endpoint_url: str | None = None
+    """S3 endpoint (MinIO, moto...). None = AWS_ENDPOINT_URL or the AWS default."""
+    s3_access_key: str | None = None
+    """None = AWS_ACCESS_KEY_ID."""
+    s3_secret_key: str | None = None
+    """None = AWS_SECRET_ACCESS_KEY."""
+    s3_region: str | None = None
+    """None = AWS_REGION / AWS_DEFAULT_REGION, else us-east-1."""
+
+
+class TrackingConfig(_Section):
+    mlflow_uri: str | None = None
+    """MLflow tracking URI. None = `rlpipe up`'s server if running, else sqlite in ./mlruns.db."""
+    experiment: str = "rlpipe"
+    """MLflow experiment name."""
+
+
+class CheckpointConfig(_Section):
+    every_steps: int = Field(10, gt=0)
+    """Save a checkpoint every N RL steps (and always after the last)."""
+
+
+class SandboxConfig(_Section):
+    backend: Literal["bwrap", "docker"] = "bwrap"
+    """Isolation backend for verifiers that run code."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Wall-clock limit of one sandboxed run."""
+    memory_mb: int = Field(512, gt=0)
+    """Memory limit of one sandbox."""
+    pool_size: int | None = None
+    """Concurrent sandboxes. None = derived from host cores and memory."""
+
+
+class RunConfig(_Section):
+    seed: int = 0
+    """Seed of the run; each step's seed is derived from (seed, step)."""
+    model: ModelConfig = ModelConfig()
+    envs: EnvConfig = EnvConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algo: AlgoConfig = AlgoConfig()
+    train: TrainConfig = TrainConfig()
+    warmstart: WarmstartConfig = WarmstartConfig()
+    eval: EvalConfig = EvalConfig()
+    storage: StorageConfig = StorageConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+
+    def config_hash(self) -> str:
+        """Hash of everything that changes what a run computes (not where it is stored)."""
+        data = self.model_dump(mode="json", exclude={"storage", "tracking"})
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def flat(self) -> dict[str, str]:
+        """The config as `section.key -> str`, for MLflow params."""
+        return {key: str(value) for key, value in _flatten(self.model_dump(mode="json")).items()}
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    """Read a sparse TOML file (or none), apply `a.b=c` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}", "pass the path of a TOML file, e.g. configs/quickstart.toml")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}", "fix the syntax at that line") from exc
+    for override in overrides:
+        _apply_override(data, override)
+    return config_from_dict(data)
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(*_explain(exc)) from exc
+
+
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"bad override {override!r}", "write it as section.key=value, e.g. --set train.steps=5")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word: take it as a string
+    *parents, leaf = key.strip().split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"bad override {override!r}: {part} is not a section", "override a leaf key")
+    node[leaf] = value
+
+
+def _explain(exc: ValidationError) -> tuple[str, str]:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        known = _known_keys(error["loc"][:-1])
+        close = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(sorted(known))}"
+        return f"unknown config key {where!r}", hint
+    return (
+        f"bad value for {where!r}: {error['msg']} (got {error.get('input')!r})",
+        "see the field's docstring in rlpipe/core/config.py for its meaning and range",
+    )
+
+
+def _known_keys(parent_loc: tuple[Any, ...]) -> list[str]:
+    model: type[BaseModel] = RunConfig
+    for part in parent_loc:
+        annotation = model.model_fields[str(part)].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "domains":
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat

@@ -1,0 +1,67 @@
+"""The error tree of rlpipe.
+
+    RlpipeError                      base of everything rlpipe raises on purpose
+    ├── UserError                    bad input; the CLI prints it (no traceback) and exits 2
+    │   ├── ConfigError              a config key, value or file is wrong
+    │   ├── DatasetError             a dataset or a task cannot be read
+    │   ├── ModelNotFoundError       a model folder is missing or incomplete
+    │   └── RunNotFoundError         a run id that the lake does not hold
+    └── InfraError                   the machinery failed; Prefect retries these (with backoff)
+        ├── StorageUnavailable       the lake (S3 endpoint, disk) cannot be reached
+        ├── SandboxUnavailable       a sandbox backend (bwrap, docker daemon) is gone
+        └── EngineFailed             the rollout engine died
+
+A wrong answer, a timeout or an OOM inside a sandbox is not an error: it is a Verdict.
+Third-party exceptions are translated at the adapter that sees them (`raise X(...) from exc`).
+Every error carries `hint`: what the user can do about it.
+"""
+
+from __future__ import annotations
+
+
+class RlpipeError(Exception):
+    """Base of every error rlpipe raises on purpose."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class UserError(RlpipeError):
+    """Bad input from the user: never retried, shown without a traceback, exit code 2."""
+
+
+class ConfigError(UserError):
+    """A config file, key or value is wrong."""
+
+
+class DatasetError(UserError):
+    """A dataset or task file cannot be read or is malformed."""
+
+
+class ModelNotFoundError(UserError):
+    """A model folder is missing or lacks config/weights/tokenizer."""
+
+
+class RunNotFoundError(UserError):
+    """The lake holds no run with this id."""
+
+
+class InfraError(RlpipeError):
+    """The machinery failed (not the data): retried by Prefect with backoff and jitter."""
+
+
+class StorageUnavailable(InfraError):
+    """The lake cannot be reached (S3 endpoint down, disk error)."""
+
+
+class SandboxUnavailable(InfraError):
+    """A sandbox backend cannot be used (bwrap missing, docker daemon gone)."""
+
+
+class EngineFailed(InfraError):
+    """The rollout engine died or stopped answering."""

@@ -1,0 +1,1 @@
+"""Domains, their verifiers, and the mixture that samples domains by ratio."""

@@ -1,0 +1,1 @@
+"""Isolation backends (bubblewrap, docker) behind one protocol, and a pool of them."""
