@@ -79,13 +79,16 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Trajectory:
-    """One row of the lake: a task, one completion, its verdict and its advantage."""
+    """One row of the lake: a task, one completion, its verdict and its advantage.
+
+    Rows committed in a step always carry a verdict; staged rows between stages may not.
+    """
 
     run_id: str
     step: int
     policy_version: int
     task: Task
     completion: Completion
-    verdict: Verdict
-    advantage: float = 0.0
+    verdict: Verdict | None = None  # None until the verify stage has run
+    advantage: float | None = None  # None until computed, or when the reward is None
     schema_version: int = field(default=SCHEMA_VERSION)
