@@ -1,0 +1,147 @@
+"""The policy: a character-level tokenizer, a tiny decoder-only model, and a local loader.
+
+What it does:
+- `build_char_tokenizer` makes a `PreTrainedTokenizerFast` with one token per character of an
+  alphabet (built with the `tokenizers` library, no download), plus the special tokens
+  <pad> <eos> <bos> <unk>. It round-trips through `save_pretrained` /
+  `AutoTokenizer.from_pretrained`.
+- `build_tiny_model` makes a randomly initialised float32 Qwen2 or Llama causal LM from a
+  transformers config, seeded.
+- `load_local_model` loads a model folder written by `save_pretrained` (config, weights,
+  tokenizer) and raises ModelNotFoundError with a hint when a piece is missing.
+
+What it does not: download anything (no hub access), choose a device, or train.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from rlpipe.core.errors import ModelNotFoundError
+
+PAD_TOKEN = "<pad>"
+EOS_TOKEN = "<eos>"
+BOS_TOKEN = "<bos>"
+UNK_TOKEN = "<unk>"
+SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, UNK_TOKEN)
+
+DEFAULT_ALPHABET = string.digits + "+-*=/ \n" + string.ascii_lowercase + ".,:;?!'\"()_#<>[]{}"
+"""Digits, arithmetic operators, space and newline, lowercase letters, prompt punctuation."""
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
+    """A tokenizer with one id per character of `alphabet` (duplicates ignored).
+
+    Ids 0..3 are <pad> <eos> <bos> <unk>; characters follow in alphabet order. A character
+    outside the alphabet encodes as <unk>. Decoding concatenates characters with no spaces.
+    """
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    for char in alphabet:
+        if char not in vocab:
+            vocab[char] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        bos_token=BOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_tiny_model(
+    architecture: Literal["qwen2", "llama"],
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    seed: int,
+    pad_token_id: int = 0,
+    eos_token_id: int = 1,
+    bos_token_id: int = 2,
+) -> PreTrainedModel:
+    """A randomly initialised float32 causal LM; the same seed gives the same weights."""
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size {hidden_size} must be divisible by num_heads {num_heads}")
+    shared = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=bos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    if architecture == "qwen2":
+        model: PreTrainedModel = Qwen2ForCausalLM(Qwen2Config(**shared))
+    elif architecture == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**shared))
+    else:
+        raise ValueError(f"unknown architecture {architecture!r}; use 'qwen2' or 'llama'")
+    return model.float()
+
+
+def load_local_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Load (model, tokenizer) from a local folder written by `save_pretrained`."""
+    folder = Path(path)
+    hint = "pass a folder written by model.save_pretrained() and tokenizer.save_pretrained(), or leave model.path unset to build a tiny model"
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"model folder not found: {folder}", hint)
+    if not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"model folder {folder} has no config.json", hint)
+    if not any((folder / name).is_file() for name in _WEIGHT_FILES):
+        raise ModelNotFoundError(f"model folder {folder} has no weights ({', '.join(_WEIGHT_FILES)})", hint)
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelNotFoundError(f"model folder {folder} has no tokenizer (tokenizer.json)", hint)
+    try:
+        tokenizer = _load_tokenizer(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelNotFoundError(f"cannot load the model in {folder}: {exc}", hint) from exc
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+def _load_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
+    """AutoTokenizer, except for a generic tokenizers-backed tokenizer (like the char tokenizer).
+
+    transformers 5 swaps a generic `TokenizersBackend` for the architecture's own tokenizer class
+    (Qwen2Tokenizer for a qwen2 config.json), which rebuilds the pre-tokenizer and breaks a
+    character-level vocabulary; loading the generic class directly keeps tokenizer.json as saved.
+    """
+    config_file = folder / "tokenizer_config.json"
+    tokenizer_class = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
+    if tokenizer_class in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        return PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
