@@ -1,0 +1,436 @@
+"""The docker sandbox backend: one long-lived container per sandbox, commands run by `exec`.
+
+Guaranteed (each has an adversarial test in tests/sandbox/test_docker_attacks.py):
+- no network: `network_mode=none` (only `lo` inside; the host's loopback is unreachable);
+  `Limits.network=True` puts the container on the default bridge instead;
+- the root filesystem is the read-only image built by sandbox/image.py from host files
+  (no host path is mounted in, so host files, the project and /root are not visible);
+- writable places are size-limited tmpfs mounts: /work (`Limits.disk_mb`), /tmp and
+  /dev/shm (the same size); tmpfs pages count against the memory limit too;
+- memory: `mem_limit` = `memswap_limit` = `Limits.memory_mb` (no swap); the kernel's OOM
+  killer ends the biggest process and `ExecResult.oom_killed` says so (read from the
+  cgroup's `oom_kill` counter, else from `docker inspect`);
+- processes: `pids_limit` = `Limits.max_processes` + 4 (the reaper init, the exec wrapper,
+  a killer); CPU: `nano_cpus` (the `cpus` argument) and RLIMIT_CPU = `Limits.cpu_time_s`;
+- user 1000 (non-root), all capabilities dropped, `no-new-privileges`; the environment
+  holds only PATH and HOME (nothing of the host's);
+- every command ends with all of the sandbox user's processes killed (`kill -9 -1` in the
+  exec wrapper), so nothing a command started outlives it; on the wall-clock timeout the
+  same kill runs from a second exec, and if processes remain after that (a fork bomb that
+  fills the pid limit) the container itself is killed and replaced: the work dir is then
+  lost (empty), which the ExecResult cannot show (it says timed_out);
+- stdout and stderr are read as they come and kept up to `Limits.output_bytes` each; the
+  rest is read and dropped (never buffered), the `*_truncated` flags say so;
+- `close()` removes the container; every container carries the labels `rlpipe.sandbox=1`,
+  `rlpipe.host` and `rlpipe.pid`, and `remove_leaked_containers()` removes those whose
+  creating process on this host is gone (a crashed run).
+
+Snapshots: `docker commit` does not see tmpfs mounts, so `snapshot()` streams a tar of /work
+out of the container and keeps it in this process's memory (bounded by `disk_mb`);
+`restore()` empties /work and unpacks it. Files go in and out the same way (a tar over the
+exec's stdin/stdout): `docker cp`/`put_archive` would write under the tmpfs, not into it.
+
+Not guaranteed: isolation from kernel exploits (containers share the host kernel; use
+gVisor/kata as the runtime for hostile code at scale); one command at a time per sandbox
+(the end-of-command kill would hit a concurrent command); exit codes of signalled commands
+follow the shell (128 + signal). Docker's own daemon is trusted and must be running: when no
+engine answers, SandboxUnavailable says how to start one.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import select
+import socket
+import struct
+import tarfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from rlpipe.core.errors import SandboxUnavailable
+from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
+from rlpipe.sandbox.image import SANDBOX_UID, ensure_image
+
+LABEL = "rlpipe.sandbox"
+_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
+_START_HINT = "start an engine: `dockerd > /tmp/dockerd.log 2>&1 &` (as root) or `systemctl start docker`"
+_KILL_ALL = 'i=0; while kill -9 -1 2>/dev/null && [ $i -lt 2000 ]; do i=$((i+1)); done'
+_WRAPPER = ["/bin/sh", "-c", f'"$@"; rc=$?; {_KILL_ALL}; exit $rc', "rlpipe-exec"]
+_INIT = """
+import os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM})
+while signal.sigwait({signal.SIGCHLD, signal.SIGTERM}) == signal.SIGCHLD:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+"""
+_OOM_COUNT = """
+for path, key in (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"), ("/sys/fs/cgroup/memory.events", "oom_kill")):
+    try:
+        print(dict(line.split() for line in open(path))[key]); break
+    except (OSError, KeyError, ValueError):
+        pass
+else:
+    print(-1)
+"""
+_WIPE = """
+import os, shutil, sys
+def fix(function, path, _):
+    os.chmod(os.path.dirname(path), 0o700); os.chmod(path, 0o700) if os.path.isdir(path) else None; function(path)
+for root in sys.argv[1:]:
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, onerror=fix)
+        else:
+            os.unlink(path)
+"""
+_UNTAR = "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|').extractall('/work')"
+_TAR = """
+import os, sys, tarfile
+with tarfile.open(fileobj=sys.stdout.buffer, mode='w|') as archive:
+    for name in sorted(os.listdir('/work')):
+        archive.add(os.path.join('/work', name), arcname=name)
+"""
+_CAT = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
+
+_client_lock = threading.Lock()
+_shared_client = None
+
+
+def docker_client():
+    """One docker client per process (thread-safe); SandboxUnavailable when no engine answers."""
+    global _shared_client
+    with _client_lock:
+        if _shared_client is None:
+            try:
+                import docker
+
+                client = docker.from_env(timeout=60, max_pool_size=64)
+                client.ping()
+            except Exception as exc:  # docker raises DockerException, requests errors, OSError
+                raise SandboxUnavailable(f"no docker engine answers: {exc}", hint=_START_HINT) from exc
+            _shared_client = client
+        return _shared_client
+
+
+@dataclass
+class _RawRun:
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+    duration_s: float
+
+
+@dataclass
+class _Capture:
+    """Demultiplexes docker's framed exec stream, keeping at most `cap_bytes` per stream."""
+
+    cap_bytes: int | None
+    pending: bytearray = field(default_factory=bytearray)
+    chunks: dict[int, bytearray] = field(default_factory=lambda: {1: bytearray(), 2: bytearray()})
+    truncated: dict[int, bool] = field(default_factory=lambda: {1: False, 2: False})
+    frame_left: int = 0
+    frame_stream: int = 1
+
+    def feed(self, data: bytes) -> None:
+        self.pending += data
+        while self.pending:
+            if self.frame_left == 0:
+                if len(self.pending) < 8:
+                    return
+                self.frame_stream, self.frame_left = struct.unpack(">BxxxL", self.pending[:8])
+                del self.pending[:8]
+                continue
+            piece = self.pending[: self.frame_left]
+            del self.pending[: len(piece)]
+            self.frame_left -= len(piece)
+            self._keep(self.frame_stream if self.frame_stream in (1, 2) else 2, piece)
+
+    def _keep(self, stream: int, piece: bytes) -> None:
+        kept = self.chunks[stream]
+        room = len(piece) if self.cap_bytes is None else max(0, self.cap_bytes - len(kept))
+        kept += piece[:room]
+        if room < len(piece):
+            self.truncated[stream] = True
+
+
+class DockerSandbox:
+    """A sandbox in one docker container; see the module docstring for what it guarantees."""
+
+    def __init__(self, limits: Limits, image: str | None = None, cpus: float = 1.0) -> None:
+        self.limits = limits
+        self.cpus = cpus
+        self._client = docker_client()
+        self.image = image or ensure_image(self._client)
+        self._snapshots: dict[str, bytes] = {}
+        self._container_id: str | None = None
+        self._oom_baseline = 0
+        self._start_container()
+
+    # --- lifecycle -------------------------------------------------------------------
+    def _start_container(self) -> None:
+        import docker.errors
+        from docker.types import LogConfig, Ulimit
+
+        limits = self.limits
+        tmpfs_options = f"size={limits.disk_mb}m,nosuid,nodev"
+        try:
+            container = self._client.containers.run(
+                self.image, command=["python3", "-S", "-c", _INIT], detach=True, user=_USER,
+                mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
+                nano_cpus=int(self.cpus * 1e9), pids_limit=limits.max_processes + 4,
+                network_mode="bridge" if limits.network else "none", read_only=True,
+                tmpfs={"/work": f"{tmpfs_options},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700",
+                       "/tmp": f"{tmpfs_options},mode=1777"},
+                shm_size=f"{limits.disk_mb}m", working_dir="/work", environment={}, hostname="sandbox",
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], log_config=LogConfig(type="none"),
+                ulimits=[Ulimit(name="cpu", soft=limits.cpu_time_s, hard=limits.cpu_time_s)],
+                labels={LABEL: "1", "rlpipe.host": socket.gethostname(), "rlpipe.pid": str(os.getpid())},
+            )
+        except docker.errors.DockerException as exc:
+            raise SandboxUnavailable(f"docker could not start a sandbox container: {exc}",
+                                     hint="check `docker info` and the engine log") from exc
+        self._container_id = container.id
+        self._oom_baseline = self._oom_count()
+
+    def _replace_container(self) -> None:
+        """Kill and remove the container and start a fresh one (the work dir is lost)."""
+        self._remove_container()
+        self._start_container()
+
+    def _remove_container(self) -> None:
+        import docker.errors
+
+        if self._container_id is None:
+            return
+        try:
+            self._client.api.remove_container(self._container_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.DockerException as exc:
+            raise SandboxUnavailable(f"docker could not remove container {self._container_id[:12]}: {exc}",
+                                     hint=_START_HINT) from exc
+        self._container_id = None
+
+    def close(self) -> None:
+        self._remove_container()
+        self._snapshots.clear()
+
+    def __enter__(self) -> DockerSandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- running commands ------------------------------------------------------------
+    def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
+        timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
+        raw = self._run(_WRAPPER + list(argv), stdin, timeout_s, self.limits.output_bytes)
+        oom_killed = False
+        if raw.timed_out:
+            self._kill_everything()
+        elif raw.exit_code in (137, -9, None) or b"MemoryError" in raw.stderr[-4096:]:
+            oom_killed = self._oom_happened()
+        return ExecResult(
+            exit_code=None if raw.timed_out else raw.exit_code,
+            stdout=raw.stdout.decode("utf-8", errors="replace"),
+            stderr=raw.stderr.decode("utf-8", errors="replace"),
+            stdout_truncated=raw.stdout_truncated, stderr_truncated=raw.stderr_truncated,
+            duration_s=raw.duration_s, timed_out=raw.timed_out, oom_killed=oom_killed,
+        )
+
+    def _run(self, argv: list[str], stdin: bytes, timeout_s: float, cap_bytes: int | None) -> _RawRun:
+        """Run argv by `docker exec`, feeding stdin and reading both streams until EOF or the deadline."""
+        import docker.errors
+
+        if self._container_id is None:
+            raise SandboxUnavailable("this docker sandbox is closed", hint="create a new DockerSandbox")
+        started = time.monotonic()
+        try:
+            exec_id = self._client.api.exec_create(self._container_id, argv, stdin=True, user=_USER,
+                                                   workdir="/work", environment={"HOME": "/work"})["Id"]
+            connection = self._client.api.exec_start(exec_id, socket=True)
+        except docker.errors.DockerException as exc:
+            raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
+                                     hint=_START_HINT) from exc
+        raw_socket = getattr(connection, "_sock", connection)
+        writer = threading.Thread(target=_send_stdin, args=(raw_socket, stdin), daemon=True)
+        writer.start()
+        capture = _Capture(cap_bytes)
+        deadline = started + timeout_s
+        timed_out = _read_until(raw_socket, capture, deadline)
+        connection.close()
+        exit_code = None if timed_out else self._exit_code(exec_id)
+        return _RawRun(exit_code, bytes(capture.chunks[1]), bytes(capture.chunks[2]), capture.truncated[1],
+                       capture.truncated[2], timed_out, time.monotonic() - started)
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        import docker.errors
+
+        for _ in range(50):
+            try:
+                state = self._client.api.exec_inspect(exec_id)
+            except docker.errors.DockerException as exc:
+                raise SandboxUnavailable(f"docker exec inspect failed: {exc}", hint=_START_HINT) from exc
+            if not state.get("Running") and state.get("ExitCode") is not None:
+                return int(state["ExitCode"])
+            time.sleep(0.01)
+        return None
+
+    def _kill_everything(self) -> None:
+        """After a timeout: kill every sandbox process from inside; if that fails, replace the container."""
+        try:
+            raw = self._run(["/bin/sh", "-c", _KILL_ALL + "; exit 0"], b"", 5.0, 4096)
+            leftover = self._run(["/bin/sh", "-c", "kill -0 -1 2>/dev/null && exit 1; exit 0"], b"", 5.0, 4096)
+            if raw.exit_code == 0 and leftover.exit_code == 0:
+                return
+        except SandboxUnavailable:
+            pass
+        self._replace_container()
+
+    def _oom_count(self) -> int:
+        raw = self._run(["python3", "-S", "-c", _OOM_COUNT], b"", 10.0, 4096)
+        try:
+            return int(raw.stdout.strip() or -1)
+        except ValueError:
+            return -1
+
+    def _oom_happened(self) -> bool:
+        import docker.errors
+
+        count = self._oom_count()
+        if count >= 0:
+            happened = count > self._oom_baseline
+            self._oom_baseline = count
+            return happened
+        try:
+            return bool(self._client.api.inspect_container(self._container_id)["State"].get("OOMKilled"))
+        except docker.errors.DockerException:
+            return False
+
+    # --- files and state -------------------------------------------------------------
+    def write_files(self, files: dict[str, bytes]) -> None:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            for path, data in files.items():
+                member = tarfile.TarInfo(_checked_relative(path))
+                member.size, member.mode, member.mtime = len(data), 0o644, int(time.time())
+                archive.addfile(member, io.BytesIO(data))
+        self._internal(["python3", "-S", "-c", _UNTAR], buffer.getvalue(), "write files")
+
+    def read_file(self, path: str) -> bytes:
+        raw = self._run(["python3", "-S", "-c", _CAT, "/work/" + _checked_relative(path)], b"", 60.0, None)
+        if raw.exit_code != 0:
+            raise FileNotFoundError(f"{path} cannot be read in the sandbox: {raw.stderr[-300:].decode(errors='replace')}")
+        return raw.stdout
+
+    def snapshot(self) -> Snapshot:
+        archive = self._internal(["python3", "-S", "-c", _TAR], b"", "snapshot /work")
+        snapshot = Snapshot(snapshot_id=uuid.uuid4().hex)
+        self._snapshots[snapshot.snapshot_id] = archive
+        return snapshot
+
+    def restore(self, snapshot: Snapshot) -> None:
+        archive = self._snapshots.get(snapshot.snapshot_id)
+        if archive is None:
+            raise KeyError(f"snapshot {snapshot.snapshot_id} was not taken by this sandbox")
+        self.reset()
+        self._internal(["python3", "-S", "-c", _UNTAR], archive, "restore /work")
+
+    def reset(self) -> None:
+        """Kill every sandbox process and empty /work, /tmp and /dev/shm (replace the container if that fails)."""
+        try:
+            raw = self._run(["/bin/sh", "-c", _KILL_ALL + '; exec python3 -S -c "$0" /work /tmp /dev/shm', _WIPE],
+                            b"", 30.0, 4096)
+            if raw.exit_code == 0:
+                return
+        except SandboxUnavailable:
+            pass
+        self._replace_container()
+
+    def _internal(self, argv: list[str], stdin: bytes, what: str) -> bytes:
+        """A command of ours (not the sandboxed code's); its failure is an infrastructure error."""
+        raw = self._run(argv, stdin, 60.0, None)
+        if raw.exit_code != 0:
+            raise SandboxUnavailable(f"docker sandbox could not {what}: {raw.stderr[-500:].decode(errors='replace')}",
+                                     hint="the work dir may be full (Limits.disk_mb) or the container gone")
+        return raw.stdout
+
+
+def _checked_relative(path: str) -> str:
+    relative = PurePosixPath(path)
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        raise ValueError(f"sandbox paths are relative to the work dir and stay inside it: {path!r}")
+    return str(relative)
+
+
+def _send_stdin(raw_socket: socket.socket, data: bytes) -> None:
+    try:
+        if data:
+            raw_socket.sendall(data)
+        raw_socket.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the command exited without reading all of its stdin
+
+
+def _read_until(raw_socket: socket.socket, capture: _Capture, deadline: float) -> bool:
+    """Feed the stream into capture until EOF (False) or the deadline (True)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        readable, _, _ = select.select([raw_socket], [], [], min(left, 1.0))
+        if not readable:
+            continue
+        try:
+            data = raw_socket.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            continue
+        except OSError:
+            return False
+        if not data:
+            return False
+        capture.feed(data)
+
+
+def remove_leaked_containers(all_hosts: bool = False) -> int:
+    """Remove sandbox containers whose creating process (on this host) no longer runs; how many."""
+    import docker.errors
+
+    client = docker_client()
+    removed = 0
+    hostname = socket.gethostname()
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+        labels = container.labels
+        if labels.get("rlpipe.host") != hostname and not all_hosts:
+            continue
+        if labels.get("rlpipe.host") == hostname and _process_alive(int(labels.get("rlpipe.pid", "0"))):
+            continue
+        try:
+            container.remove(force=True)
+            removed += 1
+        except docker.errors.NotFound:
+            pass
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

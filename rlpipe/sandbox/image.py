@@ -1,0 +1,190 @@
+"""Build the docker sandbox image from files of this host (no registry is ever contacted).
+
+The image is a minimal root filesystem assembled from host files: the Debian python3.11
+interpreter and its standard library (without tests, tkinter, idle, ensurepip), the shared
+libraries they link against (found with `ldd`), `dash` as /bin/sh, an /etc/passwd with a
+non-root `sandbox` user (uid 1000), and empty mount points /work and /tmp. The tar stream
+is built in memory, entries sorted, mtimes and owners zeroed, so the same host files always
+give the same image; it is loaded with `docker import`.
+
+The tag is `rlpipe-sandbox:<hash>`, the hash taken over the builder version and the path,
+size, mode and mtime of every source file, so `ensure_image` costs a few hundred `stat`s
+and one `docker inspect` when the image already exists, and a host upgrade of python
+builds a new image.
+
+What it does not do: it ships no package manager, no compiler, no coreutils and no
+site-packages; code in the sandbox gets the standard library and nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlpipe.core.errors import SandboxUnavailable
+
+IMAGE_REPOSITORY = "rlpipe-sandbox"
+BUILDER_VERSION = "1"
+SANDBOX_UID = 1000
+PYTHON_BINARY = Path("/usr/bin/python3.11")
+STDLIB_DIR = Path("/usr/lib/python3.11")
+SHELL_BINARY = Path("/usr/bin/dash")
+STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages",
+               "dist-packages", "config-3.11-x86_64-linux-gnu", "lib2to3", "EXTERNALLY-MANAGED"}
+
+_PASSWD = b"root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/work:/bin/sh\n"
+_GROUP = b"root:x:0:\nsandbox:x:1000:\n"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One member of the image tar: a host file copied to `arcname`, or a symlink/dir."""
+
+    arcname: str
+    source: Path | None = None
+    link_target: str | None = None
+    mode: int = 0o755
+    data: bytes | None = None
+
+
+def _shared_libraries(binary: Path) -> list[Path]:
+    """The absolute paths `ldd` resolves for `binary` (empty if ldd fails)."""
+    try:
+        output = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    libraries = []
+    for line in output.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+            libraries.append(Path(parts[2]))
+        elif parts and parts[0].startswith("/"):
+            libraries.append(Path(parts[0]))  # the dynamic loader itself
+    return libraries
+
+
+def _stdlib_entries() -> list[_Entry]:
+    entries = []
+    for root, dirs, files in os.walk(STDLIB_DIR):
+        relative = Path(root).relative_to(STDLIB_DIR)
+        dirs[:] = sorted(d for d in dirs if not (relative == Path(".") and d in STDLIB_SKIP))
+        for name in sorted(files):
+            if relative == Path(".") and name in STDLIB_SKIP:
+                continue
+            path = Path(root) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            entries.append(_Entry(arcname=str(path), source=path, mode=path.stat().st_mode & 0o777))
+    return entries
+
+
+def image_entries() -> list[_Entry]:
+    """Every member of the image, sorted by path (a pure function of the host files)."""
+    if not PYTHON_BINARY.exists() or not STDLIB_DIR.is_dir():
+        raise SandboxUnavailable(
+            f"cannot build the docker sandbox image: {PYTHON_BINARY} or {STDLIB_DIR} is missing",
+            hint="install the interpreter: apt-get install -y python3-minimal python3.11",
+        )
+    binaries = [PYTHON_BINARY, SHELL_BINARY]
+    binaries += sorted((STDLIB_DIR / "lib-dynload").glob("*.so"))
+    libraries = sorted({lib for binary in binaries for lib in _shared_libraries(binary)})
+    entries = [
+        _Entry(arcname=str(PYTHON_BINARY), source=PYTHON_BINARY),
+        _Entry(arcname="/usr/bin/python3", link_target="python3.11"),
+        _Entry(arcname="/usr/bin/python", link_target="python3.11"),
+        _Entry(arcname=str(SHELL_BINARY), source=SHELL_BINARY),
+        _Entry(arcname="/bin/sh", link_target="/usr/bin/dash"),
+        _Entry(arcname="/etc/passwd", data=_PASSWD, mode=0o644),
+        _Entry(arcname="/etc/group", data=_GROUP, mode=0o644),
+    ]
+    entries += [_Entry(arcname=str(lib), source=lib.resolve()) for lib in libraries]
+    entries += _stdlib_entries()
+    directories = {"/work": 0o755, "/tmp": 0o1777, "/proc": 0o555, "/sys": 0o555, "/dev": 0o755,
+                   "/root": 0o700}
+    entries += [_Entry(arcname=path, mode=mode) for path, mode in directories.items()]
+    unique = {entry.arcname: entry for entry in entries}
+    return [unique[name] for name in sorted(unique)]
+
+
+def image_tag(entries: list[_Entry]) -> str:
+    """`rlpipe-sandbox:<hash>` over the builder version and each source's path, size, mode, mtime."""
+    digest = hashlib.sha256(BUILDER_VERSION.encode())
+    for entry in entries:
+        digest.update(f"{entry.arcname}\0{entry.link_target}\0{entry.mode}\0".encode())
+        if entry.source is not None:
+            stat = entry.source.stat()
+            digest.update(f"{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+        if entry.data is not None:
+            digest.update(entry.data)
+    return f"{IMAGE_REPOSITORY}:{digest.hexdigest()[:16]}"
+
+
+def build_rootfs_tar(entries: list[_Entry]) -> bytes:
+    """The root filesystem as a deterministic tar stream (parents created as needed)."""
+    buffer = io.BytesIO()
+    written_dirs: set[str] = set()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        for entry in entries:
+            parts = entry.arcname.strip("/").split("/")
+            for depth in range(1, len(parts)):
+                parent = "/".join(parts[:depth])
+                if parent not in written_dirs:
+                    written_dirs.add(parent)
+                    archive.addfile(_member(parent, tarfile.DIRTYPE, 0o755))
+            name = "/".join(parts)
+            if entry.link_target is not None:
+                member = _member(name, tarfile.SYMTYPE, 0o777)
+                member.linkname = entry.link_target
+                archive.addfile(member)
+            elif entry.source is None and entry.data is None:
+                written_dirs.add(name)
+                archive.addfile(_member(name, tarfile.DIRTYPE, entry.mode))
+            else:
+                data = entry.data if entry.data is not None else entry.source.read_bytes()
+                member = _member(name, tarfile.REGTYPE, entry.mode)
+                member.size = len(data)
+                archive.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _member(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
+    member = tarfile.TarInfo(name)
+    member.type = kind
+    member.mode = mode
+    member.mtime = 0
+    member.uid = member.gid = 0
+    member.uname = member.gname = "root"
+    return member
+
+
+def ensure_image(client) -> str:  # client: docker.DockerClient
+    """The tag of the sandbox image, importing it from host files if the engine lacks it."""
+    import docker.errors
+
+    entries = image_entries()
+    tag = image_tag(entries)
+    try:
+        client.images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    except docker.errors.DockerException as exc:
+        raise SandboxUnavailable(f"docker engine failed to look up image {tag}: {exc}",
+                                 hint="check `docker info`; start the engine with `dockerd &`") from exc
+    repository, version = tag.split(":")
+    try:
+        client.api.import_image_from_data(
+            build_rootfs_tar(entries), repository=repository, tag=version,
+            changes=[f"USER {SANDBOX_UID}:{SANDBOX_UID}", "WORKDIR /work", "ENV PATH=/usr/bin:/bin",
+                     "LABEL rlpipe.sandbox.image=1"],
+        )
+        client.images.get(tag)
+    except docker.errors.DockerException as exc:
+        raise SandboxUnavailable(f"docker engine failed to import the sandbox image {tag}: {exc}",
+                                 hint="check free disk space and `docker info`") from exc
+    return tag
