@@ -1,0 +1,338 @@
+"""The bubblewrap backend: a sandbox is a work dir plus a fresh set of namespaces per exec.
+
+Each `exec` starts `bwrap` with new user, pid, net, ipc, uts, mount and cgroup namespaces
+(`--unshare-all`), `--die-with-parent`, `--new-session` and `--disable-userns`. Inside: the
+host's /usr (and the /bin, /lib, /lib64 links into it) read-only, a minimal synthetic /etc,
+fresh /proc and /dev, a size-limited tmpfs /tmp, and the sandbox's work dir at /work; uid and
+gid 1000, an environment of PATH, HOME=/work, LANG and TMPDIR only; no network interface but
+loopback unless `Limits.network`. Nothing else of the host is mounted (not /root, /home, /work,
+the project, the venv).
+
+When this process is root (the usual case in a container), each sandbox gets:
+- its own unprivileged host uid (bwrap runs as it, so even an escape lands as nobody and
+  RLIMIT_NPROC counts this sandbox alone),
+- a host tmpfs of `disk_mb` as the work dir (files persist across execs; reset = remount),
+- cgroups (v1 memory+pids or delegated v2) for memory, process count, OOM detection and
+  killing the whole tree, where the host allows (see limits.py); rlimits always.
+Otherwise (not root): bwrap runs as the caller, the work dir is a plain directory whose
+files are bounded only by RLIMIT_FSIZE, and memory is bounded by RLIMIT_AS.
+
+Wall-clock timeout: the outer bwrap is SIGKILLed; `--die-with-parent` kills the pid
+namespace's init with it, and the kernel kills every process left in that namespace (and
+the cgroup is emptied as well). Nothing the sandboxed code starts survives its exec.
+
+Not guaranteed: protection from kernel exploits (no seccomp filter beyond bwrap's own), from
+timing side channels, or from CPU oversubscription (CPU time is limited per process, not CPU
+share); exit codes of signalled processes are reported as bwrap reports them (128 + signal).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from rlpipe.core.errors import SandboxUnavailable
+from rlpipe.sandbox import limits as limits_module
+from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
+from rlpipe.sandbox.output import pump
+from rlpipe.sandbox.workdir import copy_tree, owner_alive, read_beneath, write_beneath
+
+SANDBOX_UID_BASE = 1_200_000
+SANDBOX_UID_SPAN = 100_000
+INSIDE_UID = 1000
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+_libc = ctypes.CDLL(None, use_errno=True)
+_probed: dict[tuple[bool, bool], str] = {}  # (as_root, network) -> "" if ok else why not
+
+_ETC_FILES = {
+    "passwd": f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{INSIDE_UID}:{INSIDE_UID}::/work:/bin/sh\n",
+    "group": f"root:x:0:\nsandbox:x:{INSIDE_UID}:\n",
+    "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+    "hostname": "sandbox\n",
+}
+_ETC_HOST_PATHS = ["ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "ssl", "ca-certificates"]
+
+
+def default_runtime_root() -> Path:
+    return Path("/tmp") / f"rlpipe-sandboxes-{os.getuid()}"
+
+
+class BwrapSandbox:
+    """One bubblewrap sandbox: a work dir (`/work` inside) and the limits of every exec in it."""
+
+    def __init__(self, limits: Limits = Limits(), *, runtime_root: Path | None = None, python_prefix: str | None = None) -> None:
+        self.limits = limits
+        self.runtime_root = runtime_root or default_runtime_root()
+        self._as_root = os.geteuid() == 0
+        _require_tools()
+        _prepare_runtime_root(self.runtime_root)
+        self.name, self.host_uid = self._allocate()
+        self.dir = self.runtime_root / self.name
+        self.work_dir = self.dir / "work"
+        self._closed = False
+        self._snapshots: list[Path] = []
+        try:
+            self._make_work_dir()
+            layout = limits_module.detect_cgroups() if self._as_root else None
+            self.cgroups = limits_module.create_cgroups(layout, self.name, limits) if layout else None
+            self._python_prefix = python_prefix if python_prefix is not None else _default_python_prefix(self._as_root)
+            self._bwrap_args = self._mount_args()
+            self._probe()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the protocol -------------------------------------------------------------------
+
+    def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
+        timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
+        oom_before = self.cgroups.oom_kill_count() if self.cgroups else 0
+        started = time.monotonic()
+        process = subprocess.Popen(
+            self._launcher_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={"PATH": "/usr/bin:/bin"}, close_fds=True, process_group=0, **self._drop_privileges(),
+        )
+        captured = pump(process.stdin.fileno(), process.stdout.fileno(), process.stderr.fileno(),
+                        stdin, self.limits.output_bytes, started + timeout_s)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            stream.detach()  # pump closed the fds
+        if captured.deadline_passed:
+            self._kill(process)
+        returncode = process.wait()
+        duration_s = time.monotonic() - started
+        if self.cgroups:
+            self.cgroups.kill_all()  # nothing should be left; make sure
+        oom_killed = (self.cgroups.oom_kill_count() > oom_before) if self.cgroups else _looks_like_rlimit_oom(
+            returncode, captured.stderr.text())
+        killed = captured.deadline_passed or returncode < 0 or (oom_killed and returncode == 128 + signal.SIGKILL)
+        return ExecResult(
+            exit_code=None if killed else returncode,
+            stdout=captured.stdout.text(), stderr=captured.stderr.text(),
+            stdout_truncated=captured.stdout.truncated, stderr_truncated=captured.stderr.truncated,
+            duration_s=duration_s, timed_out=captured.deadline_passed, oom_killed=oom_killed,
+        )
+
+    def write_files(self, files: dict[str, bytes]) -> None:
+        for path, content in files.items():
+            write_beneath(self.work_dir, path, content, uid=self.host_uid)
+
+    def read_file(self, path: str) -> bytes:
+        return read_beneath(self.work_dir, path, max_bytes=self.limits.disk_mb * 1024 * 1024)
+
+    def snapshot(self) -> Snapshot:
+        snapshot_id = f"{self.name}-{uuid.uuid4().hex[:12]}"
+        target = self.runtime_root / "snapshots" / snapshot_id
+        copy_tree(self.work_dir, target, uid=None)
+        self._snapshots.append(target)
+        return Snapshot(snapshot_id=snapshot_id)
+
+    def restore(self, snapshot: Snapshot) -> None:
+        source = self.runtime_root / "snapshots" / snapshot.snapshot_id
+        if "/" in snapshot.snapshot_id or not source.is_dir():
+            raise ValueError(f"no snapshot {snapshot.snapshot_id!r} under {self.runtime_root}")
+        self.reset()
+        copy_tree(source, self.work_dir, uid=self.host_uid)
+
+    def reset(self) -> None:
+        if self.cgroups:
+            self.cgroups.kill_all()
+        if self._as_root:
+            _umount(self.work_dir)
+            self._mount_work_tmpfs()
+        else:
+            for child in list(self.work_dir.iterdir()):
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        if getattr(self, "cgroups", None):
+            self.cgroups.remove()
+        if self._as_root:
+            _umount(self.work_dir)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        for snapshot_dir in self._snapshots:
+            shutil.rmtree(snapshot_dir, ignore_errors=True)
+
+    def __enter__(self) -> BwrapSandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- setup ----------------------------------------------------------------------------
+
+    def _allocate(self) -> tuple[str, int]:
+        """A fresh sandbox dir (and, as root, a host uid no other live sandbox uses)."""
+        owner = f"{os.getpid()} {_start_ticks(os.getpid())}\n"
+        for _ in range(1000):
+            if self._as_root:
+                uid = SANDBOX_UID_BASE + random.randrange(SANDBOX_UID_SPAN)
+                name = f"u{uid}"
+            else:
+                uid, name = os.getuid(), f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            try:
+                (self.runtime_root / name).mkdir(mode=0o711)
+            except FileExistsError:
+                continue
+            (self.runtime_root / name / "owner").write_text(owner)
+            return name, uid
+        raise SandboxUnavailable(f"no free sandbox slot under {self.runtime_root}", hint="run `rlpipe sandbox selftest` to reap leaked sandboxes")
+
+    def _make_work_dir(self) -> None:
+        self.work_dir.mkdir(mode=0o700)
+        if self._as_root:
+            self._mount_work_tmpfs()
+
+    def _mount_work_tmpfs(self) -> None:
+        inodes = max(4096, self.limits.disk_mb * 64)
+        options = f"size={self.limits.disk_mb}m,nr_inodes={inodes},mode=0700,uid={self.host_uid},gid={self.host_uid}"
+        if _libc.mount(b"tmpfs", bytes(self.work_dir), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()) != 0:
+            errno = ctypes.get_errno()
+            raise SandboxUnavailable(f"cannot mount a tmpfs work dir at {self.work_dir}: {os.strerror(errno)}",
+                                     hint="run as root with CAP_SYS_ADMIN, or as a non-root user (plain work dir)")
+
+    def _mount_args(self) -> list[str]:
+        args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--disable-userns", "--hostname", "sandbox"]
+        if self.limits.network:
+            args += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+        args += ["--ro-bind", "/usr", "/usr"]
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / name
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), f"/{name}"]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), f"/{name}"]
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.limits.disk_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        args += ["--dir", "/etc"]
+        for name in _ETC_FILES:
+            args += ["--ro-bind", str(self.runtime_root / "etc" / name), f"/etc/{name}"]
+        for name in _ETC_HOST_PATHS:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        path = "/usr/local/bin:/usr/bin:/bin"
+        if self._python_prefix:
+            args += ["--ro-bind", self._python_prefix, self._python_prefix]
+            path = f"{self._python_prefix}/bin:{path}"
+        args += ["--bind", str(self.work_dir), "/work", "--chdir", "/work", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID)]
+        args += ["--clearenv", "--setenv", "PATH", path, "--setenv", "HOME", "/work", "--setenv", "LANG", "C.UTF-8",
+                 "--setenv", "TMPDIR", "/tmp", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+        return args
+
+    def _launcher_argv(self, argv: list[str]) -> list[str]:
+        """[sh joining cgroups] [setpriv dropping to the sandbox uid] prlimit -- bwrap ... -- argv."""
+        bwrap = ["bwrap", *self._bwrap_args, "--", *argv]
+        launcher = limits_module.prlimit_argv(self.limits, memory_by_cgroup=self.cgroups is not None) + bwrap
+        if self.cgroups:
+            joins = "; ".join(f"echo $$ > {procs}" for procs in self.cgroups.procs_files)
+            setpriv = ["setpriv", f"--reuid={self.host_uid}", f"--regid={self.host_uid}", "--clear-groups", "--"]
+            launcher = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *setpriv, *launcher]
+        return launcher
+
+    def _drop_privileges(self) -> dict[str, object]:
+        if self._as_root and not self.cgroups:  # with cgroups, setpriv drops after joining them
+            return {"user": self.host_uid, "group": self.host_uid, "extra_groups": []}
+        return {}
+
+    def _probe(self) -> None:
+        """Fail fast, with a hint, when bwrap cannot build namespaces on this host."""
+        key = (self._as_root, self.limits.network)
+        if key not in _probed:
+            result = self.exec(["/bin/true"], timeout_s=10.0)
+            _probed[key] = "" if result.exit_code == 0 else (result.stderr.strip() or f"exit code {result.exit_code}")
+        if _probed[key]:
+            raise SandboxUnavailable(
+                f"bubblewrap cannot create a sandbox here: {_probed[key]}",
+                hint="enable user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0) "
+                     "or, inside a container, run it with --privileged or a seccomp profile that allows clone(CLONE_NEWUSER)",
+            )
+
+    def _kill(self, process: subprocess.Popen[bytes]) -> None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # bwrap; --die-with-parent takes the namespace down with it
+        except ProcessLookupError:
+            pass
+        if self.cgroups:
+            self.cgroups.kill_all()
+
+
+def reap_leaked_sandboxes(runtime_root: Path | None = None) -> int:
+    """Remove sandbox dirs (and their tmpfs, cgroups, snapshots) whose owning process is gone."""
+    root = runtime_root or default_runtime_root()
+    if not root.is_dir():
+        return 0
+    layout = limits_module.detect_cgroups() if os.geteuid() == 0 else None
+    reaped = 0
+    for directory in root.iterdir():
+        if directory.name in ("etc", "snapshots") or owner_alive(directory / "owner"):
+            continue
+        if os.geteuid() == 0:
+            _umount(directory / "work")
+        limits_module.remove_cgroups_named(layout, directory.name)
+        shutil.rmtree(directory, ignore_errors=True)
+        for snapshot_dir in (root / "snapshots").glob(f"{directory.name}-*"):
+            shutil.rmtree(snapshot_dir, ignore_errors=True)
+        reaped += 1
+    return reaped
+
+
+def bwrap_available() -> str:
+    """"" when a BwrapSandbox can be made on this host, else the reason why not."""
+    try:
+        BwrapSandbox(Limits()).close()
+    except SandboxUnavailable as exc:
+        return str(exc)
+    return ""
+
+
+def _require_tools() -> None:
+    for tool in ("bwrap", "prlimit", "setpriv"):
+        if shutil.which(tool) is None:
+            raise SandboxUnavailable(f"`{tool}` is not installed", hint="apt-get install bubblewrap util-linux")
+
+
+def _prepare_runtime_root(root: Path) -> None:
+    (root / "etc").mkdir(parents=True, exist_ok=True, mode=0o711)
+    (root / "snapshots").mkdir(exist_ok=True, mode=0o700)
+    root.chmod(0o711)
+    (root / "etc").chmod(0o755)
+    for name, text in _ETC_FILES.items():
+        path = root / "etc" / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            path.chmod(0o644)
+
+
+def _default_python_prefix(as_root: bool) -> str | None:
+    """The host interpreter's prefix, when not under /usr and reachable by the sandbox uid."""
+    prefix = Path(sys.base_prefix).resolve()
+    if prefix.is_relative_to("/usr") or not (prefix / "bin").is_dir():
+        return None
+    if as_root:  # bwrap runs as an unprivileged uid: every ancestor must be world-searchable
+        for ancestor in [prefix, *prefix.parents]:
+            if not ancestor.stat().st_mode & stat.S_IXOTH:
+                return None
+    return str(prefix)
+
+
+def _looks_like_rlimit_oom(returncode: int, stderr: str) -> bool:
+    """Without a memory cgroup, RLIMIT_AS makes allocations fail: a Python MemoryError or a SIGKILL/SIGSEGV."""
+    tail = stderr.rstrip().rsplit("\n", 1)[-1]
+    return tail.startswith("MemoryError") or returncode in (128 + signal.SIGSEGV,)
+
+
+def _start_ticks(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def _umount(path: Path) -> None:
+    _libc.umount2(bytes(path), _MNT_DETACH)
