@@ -1,0 +1,161 @@
+"""The `rlpipe` command (typer): parses arguments, then calls flows (train) or, for
+read-only commands (runs, query), storage/ directly. Prefect is imported only once the
+local services (`rlpipe up`) are known, so `rlpipe train` reports to them unasked."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from rlpipe.cli import sandbox as sandbox_cli
+from rlpipe.cli import services as services_cli
+from rlpipe.cli.errors import report_errors
+from rlpipe.cli.verify import verify as verify_command
+from rlpipe.core.config import RunConfig, config_from_dict, load_config
+from rlpipe.core.errors import ConfigError, RunNotFoundError
+
+app = typer.Typer(help="RL post-training with verifiable rewards, as durable Prefect flows.", no_args_is_help=True)
+runs_app = typer.Typer(help="Inspect runs stored in the lake.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+app.add_typer(sandbox_cli.app, name="sandbox", help="Run commands in a sandbox; check its guarantees.")
+app.command("verify", help="Score a JSONL file of completions offline.")(report_errors(verify_command))
+app.command("up", help="Start a local Prefect server and MLflow UI on loopback.")(report_errors(services_cli.up))
+app.command("down", help="Stop what `rlpipe up` started.")(report_errors(services_cli.down))
+console = Console()
+
+SET_HELP = "Override a config value: section.key=value (repeatable)."
+LAKE_HELP = "Lake URI (folder or s3://bucket/prefix); default: from --config, else ./rlpipe-lake."
+
+
+def _new_run_id(config_path: Optional[Path]) -> str:
+    stem = config_path.stem if config_path else "run"
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+@app.command()
+@report_errors
+def train(
+    config: Optional[Path] = typer.Argument(None, help="Sparse TOML config (only what differs from defaults)."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Id of the new run (default: generated)."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Resume this run from the lake."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
+) -> None:
+    """Train a policy with GRPO; print the run id, the lake, the MLflow run and held-out accuracy."""
+    run_config = load_config(config, set_)
+    if resume is not None:
+        run_id, run_config = resume, _stored_config(run_config, resume, config_given=config is not None or bool(set_))
+    else:
+        run_id = run_id or _new_run_id(config)
+        _refuse_existing(run_config, run_id)
+    _run_train(run_config, run_id, verbose)
+
+
+@app.command()
+@report_errors
+def resume(
+    run_id: str = typer.Argument(..., help="The run to resume."),
+    lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
+) -> None:
+    """Resume a run: replay committed steps from the lake, then go on."""
+    base = _config_for_lake(None, lake)
+    _run_train(_stored_config(base, run_id, config_given=False), run_id, verbose)
+
+
+def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
+    from rlpipe.cli.progress import follow_run
+
+    services_cli.export_service_env(run_config, verbose)
+    from rlpipe.flows.train import train as train_flow
+
+    console.print(f"run [bold]{run_id}[/]  lake [cyan]{run_config.storage.lake_uri}[/]")
+    with follow_run(run_config, run_id, console):
+        summary = train_flow(run_config.model_dump_json(), run_id)
+    console.print(f"[green]finished[/] run [bold]{summary.run_id}[/]: {summary.steps_committed} steps committed")
+    console.print(f"lake:   {summary.lake_uri}")
+    console.print(f"mlflow: {summary.tracking_uri}  run {summary.mlflow_run_id}")
+    console.print(
+        f"held-out accuracy: {summary.accuracy_before_rl:.3f} before RL -> "
+        f"[bold]{summary.accuracy_after_rl:.3f}[/] after ({summary.accuracy_after_rl - summary.accuracy_before_rl:+.3f})"
+    )
+
+
+def _open_lake(run_config: RunConfig):
+    from rlpipe.tasks.runtime import build_lake
+
+    return build_lake(run_config)
+
+
+def _refuse_existing(run_config: RunConfig, run_id: str) -> None:
+    if _open_lake(run_config).read_run_info(run_id) is not None:
+        raise ConfigError(f"run {run_id!r} already exists in {run_config.storage.lake_uri}", f"resume it with --resume {run_id}, or pick another --run-id")
+
+
+def _stored_config(current: RunConfig, run_id: str, config_given: bool) -> RunConfig:
+    """The config a run was started with (storage/tracking from `current`)."""
+    info = _open_lake(current).read_run_info(run_id)
+    if info is None:
+        raise RunNotFoundError(f"no run {run_id!r} in {current.storage.lake_uri}", "list runs with `rlpipe runs list`, or point --lake/--config at the lake that holds it")
+    stored = config_from_dict(json.loads(info.config_json))
+    if config_given and current.config_hash() != stored.config_hash():
+        raise ConfigError(f"the config given differs from run {run_id!r}'s (hash {current.config_hash()} != {stored.config_hash()})", "resume with the run's own config: `rlpipe resume RUN_ID`")
+    return stored.model_copy(update={"storage": current.storage, "tracking": current.tracking})
+
+
+def _config_for_lake(config: Optional[Path], lake: Optional[str]) -> RunConfig:
+    run_config = load_config(config, [])
+    if lake is not None:
+        run_config = run_config.model_copy(update={"storage": run_config.storage.model_copy(update={"lake_uri": lake})})
+    return run_config
+
+
+@runs_app.command("list")
+@report_errors
+def runs_list(
+    config: Optional[Path] = typer.Option(None, "--config", help="Read the lake location from this config."),
+    lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List the runs in the lake, newest first."""
+    from rlpipe.cli.runs import print_runs
+
+    print_runs(_open_lake(_config_for_lake(config, lake)), json_out, console)
+
+
+@runs_app.command("show")
+@report_errors
+def runs_show(
+    run_id: str = typer.Argument(..., help="The run to show."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Read the lake location from this config."),
+    lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """A run's state, config, steps committed, last metrics, held-out accuracy before/after RL."""
+    from rlpipe.cli.runs import print_run
+
+    print_run(_open_lake(_config_for_lake(config, lake)), run_id, json_out, console)
+
+
+@app.command()
+@report_errors
+def query(
+    sql: str = typer.Argument(..., help="SQL over the view `trajectories` (committed steps only)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Read the lake location from this config."),
+    lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON rows."),
+) -> None:
+    """Query the trajectories with DuckDB, e.g. "select domain, avg(reward) from trajectories group by 1"."""
+    from rlpipe.cli.runs import print_query
+
+    print_query(_open_lake(_config_for_lake(config, lake)), sql, json_out, console)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,103 @@
+"""Read-only commands over the lake: `runs list`, `runs show`, `query`."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rlpipe.core.errors import RunNotFoundError
+from rlpipe.storage.lake import Lake
+from rlpipe.storage.query import query_trajectories
+
+
+def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
+    """Everything `runs show` prints, as plain JSON-able data."""
+    info = lake.read_run_info(run_id)
+    if info is None:
+        raise RunNotFoundError(f"no run {run_id!r} in {lake.uri}", "list runs with `rlpipe runs list` (add --lake or --config for another lake)")
+    status = lake.read_status(run_id)
+    steps = lake.committed_steps(run_id)
+    last = lake.read_manifest(run_id, steps[-1]) if steps else None
+    before = lake.read_json(run_id, "evals/before_rl.json")
+    after = lake.read_json(run_id, "evals/after_rl.json")
+    if status is None:
+        state = "unknown"
+    elif status.state.value == "failed":
+        state = f"failed at step {status.step} in stage {status.stage}: {status.error}"
+    elif status.state.value == "running":
+        state = f"running (step {status.step}, {status.stage})"
+    else:
+        state = "finished"
+    return {
+        "run_id": run_id,
+        "state": status.state.value if status else "unknown",
+        "state_detail": state,
+        "failed_step": status.step if status and status.state.value == "failed" else None,
+        "failed_stage": status.stage if status and status.state.value == "failed" else None,
+        "error": status.error if status else None,
+        "config": json.loads(info.config_json),
+        "config_hash": info.config_hash,
+        "mlflow_run_id": info.mlflow_run_id,
+        "prefect_flow_run_id": info.prefect_flow_run_id,
+        "steps_committed": len(steps),
+        "last_step": steps[-1] if steps else None,
+        "last_step_metrics": dict(last.metrics) if last else {},
+        "heldout_accuracy_before_rl": before.get("accuracy") if before else None,
+        "heldout_accuracy_after_rl": after.get("accuracy") if after else None,
+        "heldout_before_rl": before,
+        "heldout_after_rl": after,
+        "lake_uri": lake.uri,
+    }
+
+
+def print_runs(lake: Lake, json_out: bool, console: Console) -> None:
+    rows = []
+    for run_id in lake.list_runs():
+        status = lake.read_status(run_id)
+        rows.append({"run_id": run_id, "state": status.state.value if status else "unknown", "steps_committed": len(lake.committed_steps(run_id))})
+    if json_out:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("run", "state", "steps committed", title=f"runs in {lake.uri}")
+    for row in rows:
+        table.add_row(row["run_id"], row["state"], str(row["steps_committed"]))
+    console.print(table)
+
+
+def print_run(lake: Lake, run_id: str, json_out: bool, console: Console) -> None:
+    report = run_report(lake, run_id)
+    if json_out:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    console.print(f"[bold]{run_id}[/]  {report['state_detail']}")
+    console.print(f"lake {report['lake_uri']}  mlflow run {report['mlflow_run_id']}  config {report['config_hash']}")
+    console.print(f"steps committed: {report['steps_committed']} of {report['config']['train']['steps']}")
+    before, after = report["heldout_accuracy_before_rl"], report["heldout_accuracy_after_rl"]
+    console.print(f"held-out accuracy: before RL {_fmt(before)}  after RL {_fmt(after)}")
+    table = Table("metric", "value", title=f"step {report['last_step']}")
+    for name, value in sorted(report["last_step_metrics"].items()):
+        table.add_row(name, _fmt(value))
+    console.print(table)
+
+
+def print_query(lake: Lake, sql: str, json_out: bool, console: Console) -> None:
+    result = query_trajectories(lake, sql)
+    if json_out:
+        print(json.dumps([dict(zip(result.columns, row)) for row in result.rows], indent=2, default=str))
+        return
+    table = Table(*result.columns)
+    for row in result.rows:
+        table.add_row(*(_fmt(value) for value in row))
+    console.print(table)
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)

@@ -1,0 +1,1 @@
+"""Prefect flows: train (one flow run per RL run, a nested flow run per step)."""

@@ -1,0 +1,140 @@
+"""Tasks around the RL steps: open a run, warm-start, evaluate on held-out tasks,
+checkpoint, and restore a run from the lake (checkpoint + replay of committed steps)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+from prefect import task
+from prefect.runtime import flow_run
+
+from rlpipe import __version__
+from rlpipe.core.seeds import derive_seed
+from rlpipe.engines.base import SamplingParams
+from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoint
+from rlpipe.rl.warmstart import warm_start as supervised_warm_start
+from rlpipe.storage.lake_records import RunInfo
+from rlpipe.tasks.policy import STAGE_OPTIONS
+from rlpipe.tasks.runtime import get_runtime
+from rlpipe.tasks.track import log_step
+from rlpipe.tasks.update import apply_committed_update
+
+
+@task(name="open-run", **STAGE_OPTIONS)
+def open_run(run_id: str) -> bool:
+    """Write run.json and start the MLflow run for a new run, or reopen both for an
+    existing one. Returns True when the run already existed (a resume)."""
+    runtime = get_runtime(run_id)
+    info = runtime.lake.read_run_info(run_id)
+    resumed = info is not None
+    if info is None:
+        mlflow_run_id = runtime.tracker.start_run(
+            run_name=run_id,
+            tags={"rlpipe.run_id": run_id, "rlpipe.lake_uri": runtime.lake.uri},
+            params=runtime.config.flat(),
+        )
+        info = RunInfo(
+            run_id=run_id,
+            config_json=runtime.config.model_dump_json(),
+            config_hash=runtime.config.config_hash(),
+            code_version=__version__,
+            created_at_ms=int(time.time() * 1000),
+            mlflow_run_id=mlflow_run_id,
+            prefect_flow_run_id=str(flow_run.get_id() or ""),
+        )
+        runtime.lake.write_run_info(info)
+        runtime.tracker.log_text(mlflow_run_id, runtime.config.model_dump_json(indent=2), "config.json")
+    runtime.mlflow_run_id = info.mlflow_run_id
+    runtime.incarnation = str(info.created_at_ms)
+    runtime.tracker.set_tags(info.mlflow_run_id, {"prefect.flow_run_id": str(flow_run.get_id() or "")})
+    return resumed
+
+
+@task(name="warm-start", **STAGE_OPTIONS)
+def warm_start(run_id: str) -> float:
+    """Supervised steps on reference answers (a fixed budget); return the last loss."""
+    runtime = get_runtime(run_id)
+    config = runtime.config
+    tasks = runtime.mixture.sample(
+        config.warmstart.steps * config.warmstart.batch_size, rng_seed=derive_seed(config.seed, 0, "warmstart")
+    )
+    examples = [(t.prompt, t.reference_answer) for t in tasks if t.reference_answer is not None]
+    losses = supervised_warm_start(
+        runtime.policy,
+        runtime.tokenizer,
+        examples,
+        steps=config.warmstart.steps,
+        batch_size=config.warmstart.batch_size,
+        lr=config.warmstart.lr,
+        seed=derive_seed(config.seed, 0, "warmstart-order"),
+    )
+    runtime.engine.load_weights(runtime.trainer.named_weights(), 0)
+    return losses[-1] if losses else float("nan")
+
+
+@task(name="evaluate", **STAGE_OPTIONS)
+def evaluate(run_id: str, name: str) -> dict[str, float]:
+    """Greedy pass@1 on the held-out tasks, overall and per domain; stored in the lake
+    under `name` (e.g. before_rl, after_rl) and logged to MLflow."""
+    runtime = get_runtime(run_id)
+    stored = runtime.lake.read_json(run_id, f"evals/{name}.json")
+    if stored is not None and stored.get("policy_version") == runtime.policy_version:
+        return {key: value for key, value in stored.items() if key != "policy_version"}
+    params = SamplingParams(
+        n=1, temperature=1.0, top_p=1.0, max_new_tokens=runtime.config.rollout.max_new_tokens,
+        stop=runtime.config.rollout.stop, seed=0, greedy=True,
+    )
+    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in runtime.heldout], params)
+    by_id = {t.task_id: t for t in runtime.heldout}
+    passed: dict[str, list[float]] = defaultdict(list)
+    for completion in completions:
+        task_ = by_id[completion.task_id]
+        verdict = runtime.mixture.env_for(task_).verify(task_, completion.text)
+        passed[task_.domain].append(1.0 if verdict.passed else 0.0)
+    every = [value for values in passed.values() for value in values]
+    result = {"accuracy": sum(every) / len(every)}
+    result.update({f"accuracy/{domain}": sum(v) / len(v) for domain, v in sorted(passed.items())})
+    runtime.lake.write_json(run_id, f"evals/{name}.json", {"policy_version": runtime.policy_version, **result})
+    runtime.tracker.log_step_metrics(
+        runtime.mlflow_run_id, runtime.policy_version, {f"heldout/{k}": v for k, v in result.items()},
+        timestamp_ms=None,
+    )
+    return result
+
+
+@task(name="checkpoint", **STAGE_OPTIONS)
+def checkpoint(run_id: str, step: int) -> None:
+    """Save weights (HF layout) + optimizer state for `step`; the lake writes LATEST last."""
+    runtime = get_runtime(run_id)
+    meta = CheckpointMeta(step=step, policy_version=runtime.policy_version, config_hash=runtime.config.config_hash())
+    with tempfile.TemporaryDirectory() as folder:
+        save_checkpoint(Path(folder), runtime.policy, runtime.tokenizer, runtime.trainer.state_dict(), meta)
+        runtime.lake.save_checkpoint(run_id, step, Path(folder))
+
+
+@task(name="restore", **STAGE_OPTIONS)
+def restore(run_id: str) -> int:
+    """Bring the policy to the last committed step: load the newest checkpoint at or
+    before it, replay the updates of the committed steps after it from the stored rows.
+    Returns the last committed step (0 when no RL step is committed yet)."""
+    runtime = get_runtime(run_id)
+    committed = runtime.lake.committed_steps(run_id)
+    last = max(committed, default=0)
+    step = runtime.lake.latest_checkpoint(run_id, at_or_before=last)
+    if step is None:
+        return -1  # not even the warm-start finished: start over from the warm-start
+    with tempfile.TemporaryDirectory() as folder:
+        runtime.lake.load_checkpoint(run_id, step, Path(folder))
+        meta, trainer_state = load_checkpoint(Path(folder), runtime.policy)
+    runtime.trainer.load_state_dict(trainer_state)
+    runtime.policy_version = meta.policy_version
+    for replayed in range(step + 1, last + 1):
+        train_metrics = apply_committed_update(runtime, replayed)
+        log_step(runtime, replayed, train_metrics)
+    runtime.engine.load_weights(runtime.trainer.named_weights(), runtime.policy_version)
+    return last

@@ -1,0 +1,42 @@
+"""Stage tasks `sample` and `generate`: pick the step's tasks, sample completions."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from rlpipe.core.records import Trajectory
+from rlpipe.core.seeds import derive_seed
+from rlpipe.engines.base import SamplingParams
+from rlpipe.tasks.policy import STAGE_OPTIONS, stage_cache_key
+from rlpipe.tasks.runtime import get_runtime, step_tasks
+
+
+@task(name="sample", **STAGE_OPTIONS)
+def sample(run_id: str, step: int) -> tuple[str, ...]:
+    """The task ids of this step, drawn by domain ratio with a seed of (run seed, step)."""
+    return tuple(task.task_id for task in step_tasks(get_runtime(run_id), step))
+
+
+@task(name="generate", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
+def generate(run_id: str, step: int, task_ids: tuple[str, ...]) -> str:
+    """Sample group_size completions per task; stage them in the lake; return their URI."""
+    runtime = get_runtime(run_id)
+    rollout = runtime.config.rollout
+    tasks = step_tasks(runtime, step)
+    if tuple(t.task_id for t in tasks) != task_ids:
+        raise RuntimeError(f"step {step}: sampled tasks differ from {task_ids}; sampling must be a function of (seed, step)")
+    params = SamplingParams(
+        n=rollout.group_size,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        max_new_tokens=rollout.max_new_tokens,
+        stop=rollout.stop,
+        seed=derive_seed(runtime.config.seed, step, "generate"),
+    )
+    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+    by_id = {t.task_id: t for t in tasks}
+    rows = [
+        Trajectory(run_id, step, runtime.policy_version, by_id[c.task_id], c)
+        for c in completions
+    ]
+    return runtime.lake.write_staged(run_id, step, "generate", rows)

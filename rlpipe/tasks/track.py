@@ -1,0 +1,32 @@
+"""Stage task `track`: log a committed step's metrics to MLflow (timestamps from the
+step manifest, so a retried or resumed step adds no duplicate point) and refresh the
+Prefect table artifact of step metrics."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.artifacts import create_table_artifact
+
+from rlpipe.tasks.policy import STAGE_OPTIONS
+from rlpipe.tasks.runtime import Runtime, get_runtime
+
+
+def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, float]:
+    """Log manifest metrics + `extra` for `step`; return everything logged."""
+    manifest = runtime.lake.read_manifest(runtime.run_id, step)
+    metrics = {**dict(manifest.metrics), **extra}
+    runtime.tracker.log_step_metrics(runtime.mlflow_run_id, step, metrics, timestamp_ms=manifest.committed_at_ms)
+    return metrics
+
+
+@task(name="track", **STAGE_OPTIONS)
+def track(run_id: str, step: int, extra: dict[str, float]) -> None:
+    runtime = get_runtime(run_id)
+    metrics = log_step(runtime, step, extra)
+    runtime.step_metrics.append({"step": step, **metrics})
+    shown = ("step", "reward/mean", "train/loss", "train/kl", "train/grad_norm", "time/step_s")
+    create_table_artifact(
+        key=f"rlpipe-steps-{run_id.lower()}",
+        table=[{name: round(row.get(name, float("nan")), 4) for name in shown} for row in runtime.step_metrics],
+        description=f"Step metrics of run {run_id} (updated each step)",
+    )

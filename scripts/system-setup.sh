@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# System packages and services the tests need: bubblewrap and a docker engine.
+# Idempotent; installs only what is missing. Needs root (or sudo) to install; without it,
+# prints what is missing and the tests that need it skip with a reason.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
+
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v dockerd >/dev/null || missing+=(docker.io)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "system-setup: installing ${missing[*]}"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+    || echo "system-setup: could not install ${missing[*]}; the tests that need them will skip"
+fi
+
+if [ -f .ci/docker-setup.sh ]; then
+  bash .ci/docker-setup.sh || echo "system-setup: docker engine not available; docker tests will skip"
+fi
+exit 0
