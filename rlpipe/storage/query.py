@@ -1,0 +1,135 @@
+"""SQL over the lake with DuckDB: committed trajectories and step metrics as views.
+
+What it does: `query_trajectories(lake, sql)` runs one SQL statement in a fresh in-memory
+DuckDB connection that has these views:
+
+    trajectories   every row of every part listed in a committed manifest (TRAJECTORY_SCHEMA)
+    steps          run_id, step, policy_version, rows, committed_at_ms   (one per manifest)
+    step_metrics   run_id, step, name, value                              (manifest metrics)
+
+Parts are reached only through manifests, so a part orphaned by a crash is never counted.
+The parts are scanned through a pyarrow dataset on the lake's own filesystem (local or S3),
+which DuckDB reads lazily with column projection and filter pushdown. DuckDB's httpfs
+extension is not used: DuckDB downloads extensions from the internet on first use, which
+an offline machine cannot do, and the pyarrow route needs no second set of S3 settings.
+
+What it does not: verify part digests (Lake.read_parts does), cache anything between
+calls, or stop a statement from reading other files DuckDB can reach (it is a local,
+read-mostly analyst tool; the lake itself cannot be written through it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from rlpipe.core.errors import RunNotFoundError, StorageUnavailable, UserError
+from rlpipe.storage.lake import Lake
+from rlpipe.storage.lake_records import StepManifest
+from rlpipe.storage.schema import TRAJECTORY_SCHEMA
+
+_USER_SQL_ERRORS = (
+    duckdb.ParserException,
+    duckdb.BinderException,
+    duckdb.CatalogException,
+    duckdb.ConversionException,
+    duckdb.OutOfRangeException,
+    duckdb.TypeMismatchException,
+    duckdb.InvalidInputException,
+    duckdb.NotImplementedException,
+    duckdb.SyntaxException,
+    duckdb.ConstraintException,
+)
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """Column names and rows (tuples of Python values) of one statement."""
+
+    columns: tuple[str, ...]
+    rows: list[tuple[object, ...]]
+
+
+def _committed_manifests(lake: Lake, run_id: str | None) -> list[StepManifest]:
+    run_ids = [run_id] if run_id is not None else lake.list_runs()
+    manifests = []
+    for rid in run_ids:
+        for step in lake.committed_steps(rid):
+            manifest = lake.read_manifest(rid, step)
+            if manifest is not None:
+                manifests.append(manifest)
+    return manifests
+
+
+def _trajectory_dataset(lake: Lake, manifests: list[StepManifest]) -> pads.Dataset:
+    paths = [lake.location.path(part.path) for m in manifests for part in m.parts]
+    if not paths:
+        return pads.dataset(TRAJECTORY_SCHEMA.empty_table())
+    return pads.dataset(
+        paths, schema=TRAJECTORY_SCHEMA, format="parquet", filesystem=lake.location.filesystem
+    )
+
+
+def _steps_table(manifests: list[StepManifest]) -> pa.Table:
+    return pa.table(
+        {
+            "run_id": pa.array([m.run_id for m in manifests], pa.string()),
+            "step": pa.array([m.step for m in manifests], pa.int64()),
+            "policy_version": pa.array([m.policy_version for m in manifests], pa.int64()),
+            "rows": pa.array([m.rows for m in manifests], pa.int64()),
+            "committed_at_ms": pa.array([m.committed_at_ms for m in manifests], pa.int64()),
+        }
+    )
+
+
+def _step_metrics_table(manifests: list[StepManifest]) -> pa.Table:
+    entries = [(m.run_id, m.step, name, value) for m in manifests for name, value in m.metrics]
+    return pa.table(
+        {
+            "run_id": pa.array([e[0] for e in entries], pa.string()),
+            "step": pa.array([e[1] for e in entries], pa.int64()),
+            "name": pa.array([e[2] for e in entries], pa.string()),
+            "value": pa.array([e[3] for e in entries], pa.float64()),
+        }
+    )
+
+
+def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> QueryResult:
+    """Run `sql` over the committed lake (one run when `run_id` is given).
+
+    Bad SQL -> UserError with DuckDB's message; a lake that cannot be read ->
+    StorageUnavailable.
+    """
+    if run_id is not None and lake.read_run_info(run_id) is None and not lake.committed_steps(run_id):
+        raise RunNotFoundError(
+            f"the lake {lake.uri} holds no run {run_id!r}", hint="list runs with `rlpipe runs`"
+        )
+    manifests = _committed_manifests(lake, run_id)
+    connection = duckdb.connect(":memory:")
+    try:
+        connection.register("_trajectories", _trajectory_dataset(lake, manifests))
+        connection.register("_steps", _steps_table(manifests))
+        connection.register("_step_metrics", _step_metrics_table(manifests))
+        connection.execute("CREATE VIEW trajectories AS SELECT * FROM _trajectories")
+        connection.execute("CREATE VIEW steps AS SELECT * FROM _steps")
+        connection.execute("CREATE VIEW step_metrics AS SELECT * FROM _step_metrics")
+        try:
+            cursor = connection.execute(sql)
+            if cursor.description is None:
+                return QueryResult(columns=(), rows=[])
+            columns = tuple(column[0] for column in cursor.description)
+            return QueryResult(columns=columns, rows=[tuple(row) for row in cursor.fetchall()])
+        except _USER_SQL_ERRORS as exc:
+            raise UserError(
+                f"the query failed: {exc}", hint="views: trajectories, steps, step_metrics"
+            ) from exc
+        except duckdb.Error as exc:
+            raise StorageUnavailable(
+                f"the query could not read the lake {lake.uri}: {exc}",
+                hint="check that the lake's disk or S3 endpoint is reachable",
+            ) from exc
+    finally:
+        connection.close()

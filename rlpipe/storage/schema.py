@@ -1,0 +1,152 @@
+"""The Arrow/Parquet schema of one Trajectory row, and the conversions both ways.
+
+What it does: defines `TRAJECTORY_SCHEMA` (flat columns, so SQL over the lake needs no
+struct access) and converts `list[Trajectory] <-> pa.Table` exactly: `from_table(to_table(x))
+== x` for every trajectory whose logprobs are float32 values (what a model computes; a
+float64 logprob comes back rounded to float32). Task metadata is stored as a JSON object
+string in `task_metadata`, so SQL can read it with json_extract.
+
+What it does not: read or write files (storage/lake.py does), or migrate old schema
+versions (`schema_version` is stored per row so a future reader can).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from rlpipe.core.records import Completion, Task, Trajectory, Verdict, VerdictReason, VerifierSpec
+
+TRAJECTORY_SCHEMA = pa.schema(
+    [
+        pa.field("schema_version", pa.int32(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("policy_version", pa.int64(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("verifier_kind", pa.string(), nullable=False),
+        pa.field("verifier_payload", pa.string(), nullable=False),
+        pa.field("reference_answer", pa.string()),
+        pa.field("task_metadata", pa.string(), nullable=False),
+        pa.field("sample_idx", pa.int64(), nullable=False),
+        pa.field("completion_policy_version", pa.int64(), nullable=False),
+        pa.field("completion_text", pa.string(), nullable=False),
+        pa.field("prompt_token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
+        pa.field("finish_reason", pa.string(), nullable=False),
+        pa.field("reward", pa.float64()),
+        pa.field("passed", pa.bool_(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),
+        pa.field("verify_duration_s", pa.float64(), nullable=False),
+        pa.field("verifier_version", pa.string(), nullable=False),
+        pa.field("advantage", pa.float64(), nullable=False),
+    ]
+)
+"""One row per Trajectory. `completion_policy_version` is the policy that sampled the
+completion; `policy_version` the one the trajectory was trained at (equal when synchronous)."""
+
+
+def _metadata_to_json(task: Task) -> str:
+    keys = [key for key, _ in task.metadata]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"task {task.task_id!r} has duplicate metadata keys: {keys}")
+    return json.dumps(dict(task.metadata), ensure_ascii=False)
+
+
+def _metadata_from_json(text: str) -> tuple[tuple[str, str], ...]:
+    return tuple((str(key), str(value)) for key, value in json.loads(text).items())
+
+
+def _row(trajectory: Trajectory) -> dict[str, object]:
+    task, completion, verdict = trajectory.task, trajectory.completion, trajectory.verdict
+    if completion.task_id != task.task_id:
+        raise ValueError(
+            f"completion of task {completion.task_id!r} stored under task {task.task_id!r}"
+        )
+    return {
+        "schema_version": trajectory.schema_version,
+        "run_id": trajectory.run_id,
+        "step": trajectory.step,
+        "policy_version": trajectory.policy_version,
+        "task_id": task.task_id,
+        "domain": task.domain,
+        "prompt": task.prompt,
+        "verifier_kind": task.verifier.kind,
+        "verifier_payload": task.verifier.payload,
+        "reference_answer": task.reference_answer,
+        "task_metadata": _metadata_to_json(task),
+        "sample_idx": completion.sample_idx,
+        "completion_policy_version": completion.policy_version,
+        "completion_text": completion.text,
+        "prompt_token_ids": list(completion.prompt_token_ids),
+        "token_ids": list(completion.token_ids),
+        "logprobs": list(completion.logprobs),
+        "finish_reason": completion.finish_reason,
+        "reward": verdict.reward,
+        "passed": verdict.passed,
+        "reason": VerdictReason(verdict.reason).value,
+        "detail": verdict.detail,
+        "verify_duration_s": verdict.duration_s,
+        "verifier_version": verdict.verifier_version,
+        "advantage": trajectory.advantage,
+    }
+
+
+def to_table(trajectories: list[Trajectory]) -> pa.Table:
+    """Trajectories -> a table with TRAJECTORY_SCHEMA (row order kept)."""
+    return pa.Table.from_pylist([_row(t) for t in trajectories], schema=TRAJECTORY_SCHEMA)
+
+
+def from_table(table: pa.Table) -> list[Trajectory]:
+    """A table with TRAJECTORY_SCHEMA's columns (any order, extra columns ignored) -> rows."""
+    missing = [name for name in TRAJECTORY_SCHEMA.names if name not in table.column_names]
+    if missing:
+        raise ValueError(f"table lacks trajectory columns: {missing}")
+    columns = {name: table.column(name).to_pylist() for name in TRAJECTORY_SCHEMA.names}
+    trajectories = []
+    for i in range(table.num_rows):
+        c = {name: values[i] for name, values in columns.items()}
+        task = Task(
+            task_id=c["task_id"],
+            domain=c["domain"],
+            prompt=c["prompt"],
+            verifier=VerifierSpec(kind=c["verifier_kind"], payload=c["verifier_payload"]),
+            reference_answer=c["reference_answer"],
+            metadata=_metadata_from_json(c["task_metadata"]),
+        )
+        completion = Completion(
+            task_id=c["task_id"],
+            sample_idx=c["sample_idx"],
+            text=c["completion_text"],
+            prompt_token_ids=tuple(c["prompt_token_ids"]),
+            token_ids=tuple(c["token_ids"]),
+            logprobs=tuple(c["logprobs"]),
+            finish_reason=c["finish_reason"],
+            policy_version=c["completion_policy_version"],
+        )
+        verdict = Verdict(
+            reward=c["reward"],
+            passed=c["passed"],
+            reason=VerdictReason(c["reason"]),
+            detail=c["detail"],
+            duration_s=c["verify_duration_s"],
+            verifier_version=c["verifier_version"],
+        )
+        trajectories.append(
+            Trajectory(
+                run_id=c["run_id"],
+                step=c["step"],
+                policy_version=c["policy_version"],
+                task=task,
+                completion=completion,
+                verdict=verdict,
+                advantage=c["advantage"],
+                schema_version=c["schema_version"],
+            )
+        )
+    return trajectories

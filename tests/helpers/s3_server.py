@@ -1,0 +1,76 @@
+"""Start a moto S3 server as its own process on 127.0.0.1, for tests that need real HTTP S3.
+
+What it does: picks a free loopback port, launches the `moto_server` console script next to
+the running interpreter, waits until it answers, and returns its endpoint URL and a stop
+function that terminates the process. What it does not: create buckets or set credentials
+(moto accepts any keys; the code under test creates its buckets), or reach the network.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+STARTUP_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _moto_server_command(port: int) -> list[str]:
+    script = Path(sys.executable).parent / "moto_server"
+    if script.exists():
+        return [str(script), "-H", "127.0.0.1", "-p", str(port)]
+    return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+
+
+def _wait_until_up(endpoint_url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"moto_server exited with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{endpoint_url}/moto-api/", timeout=1.0):
+                return
+        except urllib.error.HTTPError:
+            return  # it answered, even if with an error status
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"moto_server did not answer at {endpoint_url} in {STARTUP_TIMEOUT_S}s")
+
+
+def start_moto_server() -> tuple[str, Callable[[], None]]:
+    """Start moto_server on a free loopback port; return (endpoint_url, stop)."""
+    port = free_port()
+    endpoint_url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    process = subprocess.Popen(
+        _moto_server_command(port),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    _wait_until_up(endpoint_url, process)
+
+    def stop() -> None:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+
+    return endpoint_url, stop

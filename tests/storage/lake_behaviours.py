@@ -1,0 +1,158 @@
+"""Lake behaviours checked on every backend: test_lake_local.py and test_lake_s3.py call
+each function with a fresh, empty Lake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlpipe.core.errors import StorageUnavailable, UserError
+from rlpipe.storage.lake import Lake
+from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus, StepManifest
+from rlpipe.storage.query import query_trajectories
+from tests.helpers.trajectories import make_trajectories
+
+
+def _commit(lake: Lake, run_id: str, step: int, counts: tuple[int, ...]) -> StepManifest:
+    parts = tuple(
+        lake.write_part(run_id, step, f"rollout-{i}", make_trajectories(run_id, step, count))
+        for i, count in enumerate(counts)
+    )
+    manifest = StepManifest(
+        run_id=run_id, step=step, policy_version=step, parts=parts, rows=sum(counts),
+        metrics=(("reward/mean", 0.5), ("train/loss", 1.5)), committed_at_ms=1_700_000_000_000 + step,
+    )
+    return lake.commit_step(manifest)
+
+
+def run_info_and_status(lake: Lake) -> None:
+    assert lake.read_run_info("r1") is None
+    assert lake.read_status("r1") is None
+    info = RunInfo(run_id="r1", config_json='{"a": 1}', config_hash="h", code_version="abc",
+                   created_at_ms=123, mlflow_run_id=None, prefect_flow_run_id="p-1")
+    lake.write_run_info(info)
+    lake.write_run_info(RunInfo(run_id="r0", config_json="{}", config_hash="h0", code_version="x", created_at_ms=1))
+    assert lake.read_run_info("r1") == info
+    assert lake.list_runs() == ["r0", "r1"]
+    status = RunStatus(run_id="r1", state=RunState.RUNNING, step=3, stage="verify", error=None, updated_at_ms=9)
+    lake.write_status(status)
+    assert lake.read_status("r1") == status
+    failed = RunStatus(run_id="r1", state=RunState.FAILED, step=3, stage="train", error="boom", updated_at_ms=10)
+    lake.write_status(failed)
+    assert lake.read_status("r1") == failed
+
+
+def parts_round_trip_exactly(lake: Lake) -> None:
+    trajectories = make_trajectories("r1", 2, 10)
+    ref = lake.write_part("r1", 2, "a", trajectories)
+    assert ref.rows == 10
+    assert ref.path == "trajectories/run_id=r1/step=2/part-a.parquet"
+    assert lake.read_parts([ref]) == trajectories
+    again = lake.write_part("r1", 2, "a", trajectories)  # a retried write: same key, same bytes
+    assert again == ref
+
+
+def committed_steps_need_a_manifest(lake: Lake) -> None:
+    _commit(lake, "r1", 0, (3, 2))
+    _commit(lake, "r1", 1, (4,))
+    lake.write_part("r1", 2, "rollout-0", make_trajectories("r1", 2, 4))  # crash before commit
+    assert lake.committed_steps("r1") == [0, 1]
+    assert lake.read_manifest("r1", 2) is None
+    manifest = lake.read_manifest("r1", 0)
+    assert manifest is not None and manifest.rows == 5 and len(manifest.parts) == 2
+    assert manifest.metric("reward/mean") == 0.5
+    assert len(lake.read_parts(manifest.parts)) == 5
+
+
+def recommit_keeps_the_first_manifest(lake: Lake) -> None:
+    first = _commit(lake, "r1", 0, (3,))
+    retry = StepManifest(run_id="r1", step=0, policy_version=0, parts=first.parts, rows=3,
+                         metrics=(("reward/mean", 0.9),), committed_at_ms=first.committed_at_ms + 999)
+    assert lake.commit_step(retry) == first
+    assert lake.read_manifest("r1", 0) == first
+
+
+def commit_rejects_missing_parts(lake: Lake) -> None:
+    ref = lake.write_part("r1", 0, "a", make_trajectories("r1", 0, 2))
+    bad = StepManifest(run_id="r1", step=0, policy_version=0, parts=(ref,), rows=3, metrics=(), committed_at_ms=1)
+    with pytest.raises(ValueError):
+        lake.commit_step(bad)
+    assert lake.committed_steps("r1") == []
+
+
+def query_counts_only_committed_parts(lake: Lake) -> None:
+    lake.write_run_info(RunInfo(run_id="r1", config_json="{}", config_hash="h", code_version="x", created_at_ms=1))
+    _commit(lake, "r1", 0, (3, 2))
+    _commit(lake, "r1", 1, (4,))
+    lake.write_part("r1", 2, "rollout-0", make_trajectories("r1", 2, 7))  # orphan
+    result = query_trajectories(lake, "select step, count(*) as n from trajectories group by step order by step")
+    assert result.columns == ("step", "n")
+    assert result.rows == [(0, 5), (1, 4)]
+    # rewards: index 0..2 -> 1,0,1; 0..1 -> 1,0; 0..3 -> 1,0,1,0 ; none unscored below index 4
+    assert query_trajectories(lake, "select sum(reward) from trajectories").rows == [(5.0,)]
+    metrics = query_trajectories(lake, "select step, value from step_metrics where name = 'train/loss' order by step")
+    assert metrics.rows == [(0, 1.5), (1, 1.5)]
+    one_run = query_trajectories(lake, "select count(*) from trajectories", run_id="r1")
+    assert one_run.rows == [(9,)]
+    with pytest.raises(UserError):
+        query_trajectories(lake, "selec nonsense")
+    with pytest.raises(UserError):
+        query_trajectories(lake, "select no_such_column from trajectories")
+
+
+def query_on_empty_lake(lake: Lake) -> None:
+    assert query_trajectories(lake, "select count(*) from trajectories").rows == [(0,)]
+
+
+def checkpoints_and_latest(lake: Lake, tmp_path: Path) -> None:
+    assert lake.latest_checkpoint("r1") is None
+    for step in (10, 20):
+        source = tmp_path / f"ckpt-{step}"
+        (source / "trainer").mkdir(parents=True)
+        (source / "model.safetensors").write_bytes(bytes(range(256)) * (step + 1))
+        (source / "trainer" / "state.json").write_text(f'{{"step": {step}}}')
+        info = lake.save_checkpoint("r1", step, source)
+        assert [f.path for f in info.files] == ["model.safetensors", "trainer/state.json"]
+    assert lake.latest_checkpoint("r1") == 20
+    assert lake.latest_checkpoint("r1", at_or_before=19) == 10
+    assert lake.latest_checkpoint("r1", at_or_before=20) == 20
+    assert lake.latest_checkpoint("r1", at_or_before=9) is None
+    target = tmp_path / "restored"
+    info = lake.load_checkpoint("r1", 10, target)
+    assert info is not None and info.step == 10
+    assert (target / "model.safetensors").read_bytes() == bytes(range(256)) * 11
+    assert (target / "trainer" / "state.json").read_text() == '{"step": 10}'
+    assert lake.load_checkpoint("r1", 15, tmp_path / "nothing") is None
+
+
+def checkpoint_without_marker_is_ignored(lake: Lake, tmp_path: Path) -> None:
+    source = tmp_path / "ckpt"
+    source.mkdir()
+    (source / "w.bin").write_bytes(b"x")
+    lake.save_checkpoint("r1", 5, source)
+    # a crash mid-upload of step 8: files but no CHECKPOINT.json and no new LATEST
+    lake._put("checkpoints/r1/step=000008/w.bin", b"partial")
+    assert lake.latest_checkpoint("r1") == 5
+    assert lake.latest_checkpoint("r1", at_or_before=100) == 5
+
+
+def altered_part_is_detected(lake: Lake) -> None:
+    manifest = _commit(lake, "r1", 0, (3,))
+    lake._put(manifest.parts[0].path, b"not parquet")
+    with pytest.raises(StorageUnavailable):
+        lake.read_parts(manifest.parts)
+
+
+ALL_BEHAVIOURS = (
+    run_info_and_status,
+    parts_round_trip_exactly,
+    committed_steps_need_a_manifest,
+    recommit_keeps_the_first_manifest,
+    commit_rejects_missing_parts,
+    query_counts_only_committed_parts,
+    query_on_empty_lake,
+    altered_part_is_detected,
+)
+"""Behaviours that take only a lake (checkpoint ones also take tmp_path)."""
+

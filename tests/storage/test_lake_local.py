@@ -1,0 +1,58 @@
+"""The lake on a local folder: the shared behaviours plus local-only properties."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rlpipe.core.errors import ConfigError, StorageUnavailable
+from rlpipe.storage.lake import Lake
+from tests.storage import lake_behaviours
+from tests.storage.lake_behaviours import ALL_BEHAVIOURS
+
+
+@pytest.mark.parametrize("behaviour", ALL_BEHAVIOURS, ids=lambda b: b.__name__)
+def test_behaviour(local_lake: Lake, behaviour: Callable[[Lake], None]) -> None:
+    behaviour(local_lake)
+
+
+def test_checkpoints_and_latest(local_lake: Lake, tmp_path: Path) -> None:
+    lake_behaviours.checkpoints_and_latest(local_lake, tmp_path)
+
+
+def test_checkpoint_without_marker_is_ignored(local_lake: Lake, tmp_path: Path) -> None:
+    lake_behaviours.checkpoint_without_marker_is_ignored(local_lake, tmp_path)
+
+
+def test_layout_on_disk(tmp_path: Path) -> None:
+    lake = Lake.open(str(tmp_path / "lake"))
+    lake_behaviours.committed_steps_need_a_manifest(lake)
+    root = tmp_path / "lake"
+    assert (root / "runs/r1/steps/000000/MANIFEST.json").is_file()
+    assert (root / "trajectories/run_id=r1/step=0/part-rollout-0.parquet").is_file()
+    assert not [p for p in root.rglob("*") if p.name.startswith(".tmp-")]  # no leftovers
+
+
+def test_file_uri_opens_the_same_folder(tmp_path: Path) -> None:
+    lake_behaviours.run_info_and_status(Lake.open(str(tmp_path / "lake")))
+    assert Lake.open(f"file://{tmp_path / 'lake'}").list_runs() == ["r0", "r1"]
+
+
+def test_bad_names_and_uris_are_config_errors(local_lake: Lake, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        local_lake.read_run_info("../escape")
+    with pytest.raises(ConfigError):
+        Lake.open("gs://bucket/prefix")
+    with pytest.raises(ConfigError):
+        Lake.open("s3:///no-bucket")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
+def test_unwritable_folder_is_storage_unavailable(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(StorageUnavailable):
+        Lake.open(str(locked / "lake"))
