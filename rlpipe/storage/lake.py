@@ -9,11 +9,16 @@ Layout under the root (a folder or s3://bucket/prefix):
     checkpoints/{run_id}/step={step:06d}/...       the files of a local folder
     checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json   file list + digests, after the files
     checkpoints/{run_id}/LATEST                    the newest saved step, written last
+    staging/run_id={run_id}/step={step}/{stage}-{digest}.parquet   rows passed between stages
+    runs/{run_id}/{document}.json                  small JSON documents (evaluations, ...)
 
 What it guarantees: a step is committed iff its manifest exists, and readers reach parts
 only through manifests, so a part orphaned by a crash is never read. Every document is
 written atomically (tmp file + fsync + rename on disk; one PUT on S3). Writing the same part
 twice is harmless: the caller picks a deterministic name, and the bytes are the same.
+Staged rows (the hand-over between stages inside a step) are content-addressed, so a
+reference to them never changes meaning; they sit outside trajectories/ and are never
+queried.
 Re-committing a step keeps the first manifest (and so its metric timestamps). Storage
 failures raise StorageUnavailable (an InfraError: retried); a missing document reads as None.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import time
@@ -50,6 +56,7 @@ from rlpipe.storage.lake_records import (
 )
 from rlpipe.storage.schema import TRAJECTORY_SCHEMA, from_table, to_table
 
+_STAGED_PATTERN = re.compile(r"^staging/run_id=[A-Za-z0-9][A-Za-z0-9._-]*/step=\d+/[A-Za-z0-9._-]+-[0-9a-f]{16}\.parquet$")
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -134,9 +141,7 @@ class Lake:
             f"trajectories/run_id={_check_name('run id', run_id)}/step={step}/"
             f"part-{_check_name('part name', name)}.parquet"
         )
-        buffer = io.BytesIO()
-        pq.write_table(to_table(trajectories), buffer, compression="zstd")
-        data = buffer.getvalue()
+        data = _parquet_bytes(trajectories)
         self._put(relative, data)
         return PartRef(path=relative, rows=len(trajectories), sha256=hashlib.sha256(data).hexdigest())
 
@@ -205,6 +210,45 @@ class Lake:
                 if manifest is not None:
                     parts.extend(manifest.parts)
         return parts
+
+    def write_staged(self, run_id: str, step: int, stage: str, trajectories: list[Trajectory]) -> str:
+        """Store the rows a stage hands to the next; return their reference (content-addressed)."""
+        data = _parquet_bytes(trajectories)
+        digest = hashlib.sha256(data).hexdigest()[:16]
+        relative = (
+            f"staging/run_id={_check_name('run id', run_id)}/step={step}/"
+            f"{_check_name('stage', stage)}-{digest}.parquet"
+        )
+        self._put(relative, data)
+        return relative
+
+    def read_staged(self, staged_uri: str) -> list[Trajectory]:
+        """The rows behind a reference from write_staged; StorageUnavailable if gone."""
+        if not _STAGED_PATTERN.match(staged_uri):
+            raise ValueError(f"not a staged-rows reference: {staged_uri!r}")
+        data = self._get(staged_uri)
+        if data is None:
+            raise StorageUnavailable(
+                f"lake {self.uri}: staged rows {staged_uri} are missing",
+                hint="rerun the step's earlier stages (they were cleaned or never written)",
+            )
+        return from_table(pq.read_table(pa.BufferReader(data)))
+
+    def write_json(self, run_id: str, name: str, document: dict[str, object]) -> None:
+        """Store a small JSON document (e.g. "evals/before_rl.json") under runs/{run_id}/."""
+        self._put(self._document_path(run_id, name), json.dumps(document, indent=2).encode())
+
+    def read_json(self, run_id: str, name: str) -> dict[str, object] | None:
+        data = self._get(self._document_path(run_id, name))
+        return None if data is None else json.loads(data.decode())
+
+    def _document_path(self, run_id: str, name: str) -> str:
+        pieces = name.split("/")
+        if not name.endswith(".json") or any(not _NAME_PATTERN.match(piece) for piece in pieces):
+            raise ValueError(f"bad document name {name!r}: use folder/name.json with plain names")
+        if pieces[0] in ("run.json", "status.json", "steps"):
+            raise ValueError(f"document name {name!r} collides with the lake's own files")
+        return f"runs/{_check_name('run id', run_id)}/{name}"
 
     def _manifest_path(self, run_id: str, step: int) -> str:
         return f"runs/{_check_name('run id', run_id)}/steps/{step:06d}/MANIFEST.json"
@@ -320,6 +364,12 @@ class Lake:
                 ) from exc
             os.replace(partial, local_path)
         return digest.hexdigest()
+
+
+def _parquet_bytes(trajectories: list[Trajectory]) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(to_table(trajectories), buffer, compression="zstd")
+    return buffer.getvalue()
 
 
 def _atomic_local_write(path: Path, data: bytes) -> None:

@@ -144,7 +144,27 @@ def altered_part_is_detected(lake: Lake) -> None:
         lake.read_parts(manifest.parts)
 
 
+def staged_rows_and_documents(lake: Lake) -> None:
+    rows = make_trajectories("r1", 3, 6)
+    staged = lake.write_staged("r1", 3, "generate", rows)
+    assert staged.startswith("staging/run_id=r1/step=3/generate-")
+    assert lake.write_staged("r1", 3, "generate", rows) == staged  # content-addressed
+    assert lake.write_staged("r1", 3, "generate", rows[:2]) != staged
+    assert lake.read_staged(staged) == rows
+    with pytest.raises(ValueError):
+        lake.read_staged("runs/r1/run.json")
+    assert query_trajectories(lake, "select count(*) from trajectories").rows == [(0,)]
+    assert lake.read_json("r1", "evals/before_rl.json") is None
+    lake.write_json("r1", "evals/before_rl.json", {"accuracy": 0.25, "policy_version": 0})
+    assert lake.read_json("r1", "evals/before_rl.json") == {"accuracy": 0.25, "policy_version": 0}
+    with pytest.raises(ValueError):
+        lake.write_json("r1", "../x.json", {})
+    with pytest.raises(ValueError):
+        lake.write_json("r1", "run.json", {})
+
+
 ALL_BEHAVIOURS = (
+    staged_rows_and_documents,
     run_info_and_status,
     parts_round_trip_exactly,
     committed_steps_need_a_manifest,
