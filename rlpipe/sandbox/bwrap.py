@@ -213,7 +213,9 @@ class BwrapSandbox:
                 args += ["--symlink", os.readlink(host), f"/{name}"]
             elif host.is_dir():
                 args += ["--ro-bind", str(host), f"/{name}"]
-        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.limits.disk_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        disk_bytes = str(self.limits.disk_mb * 1024 * 1024)
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", disk_bytes, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+        args += ["--size", disk_bytes, "--tmpfs", "/tmp"]
         args += ["--dir", "/etc"]
         for name in _ETC_FILES:
             args += ["--ro-bind", str(self.runtime_root / "etc" / name), f"/etc/{name}"]
@@ -226,7 +228,7 @@ class BwrapSandbox:
         args += ["--bind", str(self.work_dir), "/work", "--chdir", "/work", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID)]
         args += ["--clearenv", "--setenv", "PATH", path, "--setenv", "HOME", "/work", "--setenv", "LANG", "C.UTF-8",
                  "--setenv", "TMPDIR", "/tmp", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
-        return args
+        return [*args, "--remount-ro", "/"]  # the root tmpfs bwrap builds: /, /etc
 
     def _launcher_argv(self, argv: list[str]) -> list[str]:
         """[sh joining cgroups] [setpriv dropping to the sandbox uid] prlimit -- bwrap ... -- argv."""

@@ -101,23 +101,30 @@ with tarfile.open(fileobj=sys.stdout.buffer, mode='w|') as archive:
 _CAT = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
 
 _client_lock = threading.Lock()
-_shared_client = None
+_clients: dict[str | None, object] = {}
 
 
-def docker_client():
-    """One docker client per process (thread-safe); SandboxUnavailable when no engine answers."""
-    global _shared_client
+def docker_client(base_url: str | None = None):
+    """One docker client per engine address and process (thread-safe), checked with a ping.
+
+    `base_url` None means the environment's engine (DOCKER_HOST, else the local socket).
+    Raises SandboxUnavailable, with how to start an engine, when none answers.
+    """
     with _client_lock:
-        if _shared_client is None:
+        if base_url not in _clients:
             try:
                 import docker
 
-                client = docker.from_env(timeout=60, max_pool_size=64)
+                if base_url is None:
+                    client = docker.from_env(timeout=60, max_pool_size=64)
+                else:
+                    client = docker.DockerClient(base_url=base_url, timeout=60, max_pool_size=64)
                 client.ping()
             except Exception as exc:  # docker raises DockerException, requests errors, OSError
-                raise SandboxUnavailable(f"no docker engine answers: {exc}", hint=_START_HINT) from exc
-            _shared_client = client
-        return _shared_client
+                where = base_url or os.environ.get("DOCKER_HOST", "the local socket")
+                raise SandboxUnavailable(f"no docker engine answers at {where}: {exc}", hint=_START_HINT) from exc
+            _clients[base_url] = client
+        return _clients[base_url]
 
 
 @dataclass
@@ -167,10 +174,13 @@ class _Capture:
 class DockerSandbox:
     """A sandbox in one docker container; see the module docstring for what it guarantees."""
 
-    def __init__(self, limits: Limits, image: str | None = None, cpus: float = 1.0) -> None:
+    def __init__(self, limits: Limits, image: str | None = None, cpus: float = 1.0,
+                 base_url: str | None = None) -> None:
+        """A started container; `image` defaults to the one ensure_image builds from host files,
+        `cpus` is its CPU share (nano_cpus), `base_url` the engine (None: DOCKER_HOST or the local socket)."""
         self.limits = limits
         self.cpus = cpus
-        self._client = docker_client()
+        self._client = docker_client(base_url)
         self.image = image or ensure_image(self._client)
         self._snapshots: dict[str, bytes] = {}
         self._container_id: str | None = None
@@ -403,11 +413,14 @@ def _read_until(raw_socket: socket.socket, capture: _Capture, deadline: float) -
         capture.feed(data)
 
 
-def remove_leaked_containers(all_hosts: bool = False) -> int:
-    """Remove sandbox containers whose creating process (on this host) no longer runs; how many."""
+def remove_leaked_containers(all_hosts: bool = False, base_url: str | None = None) -> int:
+    """Remove sandbox containers whose creating process (on this host) no longer runs; how many.
+
+    With `all_hosts`, containers created from other hosts (same engine) are removed too.
+    """
     import docker.errors
 
-    client = docker_client()
+    client = docker_client(base_url)
     removed = 0
     hostname = socket.gethostname()
     for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
