@@ -29,6 +29,7 @@ share); exit codes of signalled processes are reported as bwrap reports them (12
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import random
 import shutil
@@ -39,6 +40,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import BinaryIO
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox import limits as limits_module
@@ -97,16 +99,22 @@ class BwrapSandbox:
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         oom_before = self.cgroups.oom_kill_count() if self.cgroups else 0
         started = time.monotonic()
-        process = subprocess.Popen(
-            self._launcher_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={"PATH": "/usr/bin:/bin"}, close_fds=True, process_group=0, **self._drop_privileges(),
-        )
-        captured = pump(process.stdin.fileno(), process.stdout.fileno(), process.stderr.fileno(),
-                        stdin, self.limits.output_bytes, started + timeout_s)
-        for stream in (process.stdin, process.stdout, process.stderr):
-            stream.detach()  # pump closed the fds
-        if captured.deadline_passed:
-            self._kill(process)
+        info_read_fd, info_write_fd = os.pipe()
+        try:
+            process = subprocess.Popen(
+                self._launcher_argv(argv, info_write_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, close_fds=True, pass_fds=(info_write_fd,),
+                process_group=0, **self._drop_privileges(),
+            )
+        finally:
+            os.close(info_write_fd)
+        with os.fdopen(info_read_fd, "rb") as info:
+            captured = pump(process.stdin.fileno(), process.stdout.fileno(), process.stderr.fileno(),
+                            stdin, self.limits.output_bytes, started + timeout_s)
+            for stream in (process.stdin, process.stdout, process.stderr):
+                stream.detach()  # pump closed the fds
+            if captured.deadline_passed:
+                self._kill(process, info)
         returncode = process.wait()
         duration_s = time.monotonic() - started
         if self.cgroups:
@@ -203,7 +211,7 @@ class BwrapSandbox:
                                      hint="run as root with CAP_SYS_ADMIN, or as a non-root user (plain work dir)")
 
     def _mount_args(self) -> list[str]:
-        args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--disable-userns", "--hostname", "sandbox"]
+        args = ["--unshare-all", "--unshare-user", "--as-pid-1", "--die-with-parent", "--new-session", "--disable-userns", "--hostname", "sandbox"]
         if self.limits.network:
             args += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
         args += ["--ro-bind", "/usr", "/usr"]
@@ -230,9 +238,9 @@ class BwrapSandbox:
                  "--setenv", "TMPDIR", "/tmp", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
         return [*args, "--remount-ro", "/"]  # the root tmpfs bwrap builds: /, /etc
 
-    def _launcher_argv(self, argv: list[str]) -> list[str]:
+    def _launcher_argv(self, argv: list[str], info_fd: int) -> list[str]:
         """[sh joining cgroups] [setpriv dropping to the sandbox uid] prlimit -- bwrap ... -- argv."""
-        bwrap = ["bwrap", *self._bwrap_args, "--", *argv]
+        bwrap = ["bwrap", *self._bwrap_args, "--info-fd", str(info_fd), "--", *argv]
         launcher = limits_module.prlimit_argv(self.limits, memory_by_cgroup=self.cgroups is not None) + bwrap
         if self.cgroups:
             joins = "; ".join(f"echo $$ > {procs}" for procs in self.cgroups.procs_files)
@@ -258,13 +266,31 @@ class BwrapSandbox:
                      "or, inside a container, run it with --privileged or a seccomp profile that allows clone(CLONE_NEWUSER)",
             )
 
-    def _kill(self, process: subprocess.Popen[bytes]) -> None:
+    def _kill(self, process: subprocess.Popen[bytes], info: BinaryIO) -> None:
+        """Kill the namespace's pid 1 (the command; the kernel then kills the rest of the namespace).
+
+        Killing pid 1 rather than bwrap lets bwrap reap it, so no zombie is left to a host init
+        that may not reap. If bwrap has not reported pid 1 yet, kill bwrap itself
+        (`--die-with-parent` then takes pid 1 down).
+        """
+        os.set_blocking(info.fileno(), False)
         try:
-            os.killpg(process.pid, signal.SIGKILL)  # bwrap; --die-with-parent takes the namespace down with it
+            child_pid = json.loads(info.read() or b"{}").get("child-pid")
+        except (OSError, ValueError, TypeError):
+            child_pid = None
+        try:
+            if isinstance(child_pid, int):
+                os.kill(child_pid, signal.SIGKILL)
+            else:
+                os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         if self.cgroups:
             self.cgroups.kill_all()
+        try:
+            process.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def reap_leaked_sandboxes(runtime_root: Path | None = None) -> int:
