@@ -1,0 +1,231 @@
+"""MLflow tracking of RL runs: one MLflow run per RL run, metrics per step, plots, artifacts.
+
+What it does: `resolve_tracking_uri` picks the tracking URI (configured; else the MLflow of
+a running `rlpipe up`; else sqlite:///<cwd>/mlruns.db with artifacts in <cwd>/mlartifacts).
+`Tracker` wraps an `MlflowClient` (never MLflow's fluent global state, so one process can
+track several runs) and takes the MLflow run id in every call. Step metrics are
+idempotent: a key that already has a point at a step is not logged again, and callers pass
+the step manifest's commit time as the timestamp, so a retried or resumed step adds no
+duplicate point. MLflow and connection errors are translated: unreachable or failing
+tracking server -> StorageUnavailable; unknown run -> RunNotFoundError; rejected value ->
+UserError.
+
+What it does not: decide what to log (tasks/ does), start an MLflow server (`rlpipe up`
+does), or retry (an http server that vanishes mid-run is retried by MLflow's own HTTP
+client, then by Prefect).
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from matplotlib.figure import Figure
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
+
+from rlpipe.core.errors import RunNotFoundError, StorageUnavailable, UserError
+from rlpipe.storage.lake import Lake
+from rlpipe.storage.local_services import live_mlflow_uri, url_answers
+
+MAX_PARAM_CHARS = 6000
+PARAMS_PER_BATCH = 100
+RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+
+def resolve_tracking_uri(
+    configured: str | None, state_dir: Path | None = None, cwd: Path | None = None
+) -> str:
+    """`configured`; else the MLflow of a live `rlpipe up` (state in `state_dir`, default
+    $RLPIPE_HOME or ~/.rlpipe); else sqlite:///<cwd>/mlruns.db."""
+    if configured:
+        return configured
+    running = live_mlflow_uri(state_dir)
+    if running is not None:
+        return running
+    return f"sqlite:///{(cwd or Path.cwd()).resolve() / 'mlruns.db'}"
+
+
+def default_artifact_location(uri: str) -> str | None:
+    """For a sqlite store: the mlartifacts folder beside the database (a file:// URI)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    database = Path(uri.removeprefix("sqlite:///"))
+    return (database.parent / "mlartifacts").resolve().as_uri()
+
+
+@contextmanager
+def _tracking_errors(uri: str, action: str) -> Iterator[None]:
+    try:
+        yield
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
+            raise RunNotFoundError(
+                f"MLflow at {uri}: {action}: {exc.message}",
+                hint="the tracking store lacks this run; check tracking.mlflow_uri",
+            ) from exc
+        if exc.error_code in ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "MALFORMED_REQUEST"):
+            raise UserError(f"MLflow at {uri} rejected {action}: {exc.message}") from exc
+        raise StorageUnavailable(
+            f"MLflow at {uri}: {action} failed: {exc.message}",
+            hint="check that the tracking server is running (`rlpipe up`) or fix tracking.mlflow_uri",
+        ) from exc
+    except OSError as exc:
+        raise StorageUnavailable(
+            f"MLflow at {uri}: {action} failed: {exc}",
+            hint="check the tracking server or the artifact store",
+        ) from exc
+
+
+class Tracker:
+    """Logs to one MLflow experiment. Every method takes the MLflow run id explicitly."""
+
+    def __init__(self, uri: str, experiment: str, artifact_location: str | None = None) -> None:
+        self.uri = uri
+        self.experiment = experiment
+        if urlsplit(uri).scheme in ("http", "https") and not url_answers(uri, timeout_s=3.0):
+            raise StorageUnavailable(
+                f"MLflow tracking server {uri} does not answer",
+                hint="start it (`rlpipe up`) or fix tracking.mlflow_uri",
+            )
+        self._client = MlflowClient(tracking_uri=uri)
+        self.experiment_id = self._experiment_id(artifact_location or default_artifact_location(uri))
+
+    def _experiment_id(self, artifact_location: str | None) -> str:
+        with _tracking_errors(self.uri, f"opening experiment {self.experiment!r}"):
+            found = self._client.get_experiment_by_name(self.experiment)
+            if found is not None:
+                if found.lifecycle_stage == "deleted":
+                    self._client.restore_experiment(found.experiment_id)
+                return str(found.experiment_id)
+            try:
+                return str(self._client.create_experiment(self.experiment, artifact_location))
+            except MlflowException as exc:  # created by another process meanwhile
+                again = self._client.get_experiment_by_name(self.experiment)
+                if again is None:
+                    raise exc
+                return str(again.experiment_id)
+
+    def start_run(
+        self, run_name: str, tags: Mapping[str, str], params: Mapping[str, object]
+    ) -> str:
+        """Create a run with tags and params; return its MLflow run id."""
+        with _tracking_errors(self.uri, f"starting run {run_name!r}"):
+            run = self._client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags))
+            run_id = str(run.info.run_id)
+            entries = [Param(str(k), str(v)[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
+            for start in range(0, len(entries), PARAMS_PER_BATCH):
+                self._client.log_batch(run_id, params=entries[start : start + PARAMS_PER_BATCH])
+        return run_id
+
+    def resume_run(self, mlflow_run_id: str) -> None:
+        """Mark an existing run as running again (RunNotFoundError if the store lacks it)."""
+        with _tracking_errors(self.uri, f"resuming run {mlflow_run_id}"):
+            self._client.get_run(mlflow_run_id)
+            self._client.update_run(mlflow_run_id, status="RUNNING")
+
+    def log_step_metrics(
+        self,
+        mlflow_run_id: str,
+        step: int,
+        metrics: Mapping[str, float],
+        timestamp_ms: int | None = None,
+    ) -> int:
+        """Log metrics at `step`, skipping keys that already have a point at this step.
+        Returns how many points were logged."""
+        stamp = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
+        with _tracking_errors(self.uri, f"logging metrics of step {step}"):
+            fresh = [
+                Metric(key, float(value), stamp, step)
+                for key, value in sorted(metrics.items())
+                if not any(point.step == step for point in self._client.get_metric_history(mlflow_run_id, key))
+            ]
+            if fresh:
+                self._client.log_batch(mlflow_run_id, metrics=fresh)
+        return len(fresh)
+
+    def metric_history(self, mlflow_run_id: str, key: str) -> list[tuple[int, float, int]]:
+        """(step, value, timestamp_ms) of every point of a metric, by step."""
+        with _tracking_errors(self.uri, f"reading metric {key}"):
+            points = self._client.get_metric_history(mlflow_run_id, key)
+        return sorted((p.step, p.value, p.timestamp) for p in points)
+
+    def set_tags(self, mlflow_run_id: str, tags: Mapping[str, str]) -> None:
+        with _tracking_errors(self.uri, "setting tags"):
+            for key, value in tags.items():
+                self._client.set_tag(mlflow_run_id, key, value)
+
+    def log_artifact(self, mlflow_run_id: str, local_path: Path, artifact_path: str | None = None) -> None:
+        """Upload a local file (or folder) into the run's artifacts."""
+        with _tracking_errors(self.uri, f"logging artifact {local_path}"):
+            self._client.log_artifact(mlflow_run_id, str(local_path), artifact_path)
+
+    def log_text(self, mlflow_run_id: str, text: str, artifact_file: str) -> None:
+        with _tracking_errors(self.uri, f"logging {artifact_file}"):
+            self._client.log_text(mlflow_run_id, text, artifact_file)
+
+    def log_curve(
+        self,
+        mlflow_run_id: str,
+        points: list[tuple[int, float]],
+        artifact_file: str = "plots/reward.png",
+        title: str = "mean reward per step",
+    ) -> None:
+        """Plot (step, value) points as a PNG artifact."""
+        png = reward_curve_png(points, title)
+        with tempfile.TemporaryDirectory() as folder:
+            target = Path(folder) / Path(artifact_file).name
+            target.write_bytes(png)
+            parent = str(Path(artifact_file).parent)
+            self.log_artifact(mlflow_run_id, target, None if parent == "." else parent)
+
+    def log_reward_curve(
+        self, mlflow_run_id: str, lake: Lake, run_id: str, metric: str = "reward/mean"
+    ) -> list[tuple[int, float]]:
+        """Plot `metric` of every committed step of `run_id` (from the manifests); return the points."""
+        points = []
+        for step in lake.committed_steps(run_id):
+            manifest = lake.read_manifest(run_id, step)
+            value = manifest.metric(metric) if manifest is not None else None
+            if value is not None:
+                points.append((step, value))
+        self.log_curve(mlflow_run_id, points, title=f"{metric} per step of {run_id}")
+        return points
+
+    def end_run(self, mlflow_run_id: str, status: str = "FINISHED") -> None:
+        if status not in RUN_STATUSES:
+            raise ValueError(f"status must be one of {RUN_STATUSES}, not {status!r}")
+        with _tracking_errors(self.uri, f"ending run {mlflow_run_id}"):
+            self._client.set_terminated(mlflow_run_id, status=status)
+
+    def run_status(self, mlflow_run_id: str) -> str:
+        with _tracking_errors(self.uri, f"reading run {mlflow_run_id}"):
+            return str(self._client.get_run(mlflow_run_id).info.status)
+
+    def run_url(self, mlflow_run_id: str) -> str | None:
+        """The run's page in the MLflow UI for an http(s) server, else None."""
+        if urlsplit(self.uri).scheme not in ("http", "https"):
+            return None
+        return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}"
+
+
+def reward_curve_png(points: list[tuple[int, float]], title: str = "mean reward per step") -> bytes:
+    """A PNG line plot of (step, value) points (matplotlib's Agg canvas, no pyplot state)."""
+    figure = Figure(figsize=(6, 4), dpi=100)
+    axes = figure.add_subplot()
+    steps = [step for step, _ in points]
+    values = [value for _, value in points]
+    axes.plot(steps, values, marker="o")
+    axes.set_xlabel("step")
+    axes.set_ylabel("value")
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()

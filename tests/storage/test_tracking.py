@@ -1,0 +1,125 @@
+"""MLflow tracking against a sqlite store in a temp folder (no server), plus URI resolution."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlpipe.core.errors import RunNotFoundError, StorageUnavailable
+from rlpipe.storage.lake import Lake
+from rlpipe.storage.lake_records import StepManifest
+from rlpipe.storage.local_services import LocalServices, read_services, write_services
+from rlpipe.storage.tracking import Tracker, resolve_tracking_uri
+from tests.helpers.s3_server import free_port
+from tests.helpers.trajectories import make_trajectories
+
+
+@pytest.fixture(scope="module")
+def tracker(tmp_path_factory: pytest.TempPathFactory) -> Tracker:
+    folder = tmp_path_factory.mktemp("mlflow")
+    return Tracker(f"sqlite:///{folder / 'mlruns.db'}", "rlpipe-test")
+
+
+def test_params_tags_and_status(tracker: Tracker) -> None:
+    run_id = tracker.start_run("run-a", tags={"rlpipe.run_id": "a"}, params={"train.lr": 0.0001, "train.steps": 20})
+    tracker.set_tags(run_id, {"prefect.flow_run_id": "f-1"})
+    run = tracker._client.get_run(run_id)
+    assert run.data.params == {"train.lr": "0.0001", "train.steps": "20"}
+    assert run.data.tags["rlpipe.run_id"] == "a" and run.data.tags["prefect.flow_run_id"] == "f-1"
+    assert run.info.run_name == "run-a"
+    tracker.end_run(run_id, "FAILED")
+    assert tracker.run_status(run_id) == "FAILED"
+    tracker.resume_run(run_id)
+    assert tracker.run_status(run_id) == "RUNNING"
+    tracker.end_run(run_id, "FINISHED")
+    assert tracker.run_status(run_id) == "FINISHED"
+    assert tracker.run_url(run_id) is None  # no UI for a sqlite store
+
+
+def test_relogging_a_step_adds_no_point(tracker: Tracker) -> None:
+    run_id = tracker.start_run("run-b", tags={}, params={})
+    assert tracker.log_step_metrics(run_id, 1, {"reward/mean": 0.5, "train/loss": 2.0}, timestamp_ms=1000) == 2
+    assert tracker.log_step_metrics(run_id, 2, {"reward/mean": 0.75}, timestamp_ms=2000) == 1
+    # a retried step 1 (same manifest) and a resumed one with a new extra metric
+    assert tracker.log_step_metrics(run_id, 1, {"reward/mean": 0.5, "train/loss": 2.0}, timestamp_ms=1000) == 0
+    assert tracker.log_step_metrics(run_id, 1, {"reward/mean": 0.9, "train/kl": 0.1}, timestamp_ms=5000) == 1
+    assert tracker.metric_history(run_id, "reward/mean") == [(1, 0.5, 1000), (2, 0.75, 2000)]
+    assert tracker.metric_history(run_id, "train/kl") == [(1, 0.1, 5000)]
+
+
+def test_artifacts_text_and_reward_curve(tracker: Tracker, tmp_path: Path) -> None:
+    run_id = tracker.start_run("run-c", tags={}, params={})
+    report = tmp_path / "qa.md"
+    report.write_text("# QA\nall good\n")
+    tracker.log_artifact(run_id, report, "reports")
+    tracker.log_text(run_id, '{"a": 1}', "config.json")
+    lake = Lake.open(str(tmp_path / "lake"))
+    for step, reward in ((1, 0.25), (2, 0.5)):
+        part = lake.write_part("r1", step, "p", make_trajectories("r1", step, 2))
+        lake.commit_step(StepManifest("r1", step, step, (part,), 2, (("reward/mean", reward),), 1000 + step))
+    assert tracker.log_reward_curve(run_id, lake, "r1") == [(1, 0.25), (2, 0.5)]
+    listed = {a.path for a in tracker._client.list_artifacts(run_id)}
+    assert {"reports", "config.json", "plots"} <= listed
+    plots = [a.path for a in tracker._client.list_artifacts(run_id, "plots")]
+    assert plots == ["plots/reward.png"]
+    local = tracker._client.download_artifacts(run_id, "plots/reward.png", str(tmp_path / "dl"))
+    assert Path(local).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (Path(tracker._client.download_artifacts(run_id, "reports/qa.md", str(tmp_path / "dl"))).read_text()
+            == "# QA\nall good\n")
+
+
+def test_two_trackers_in_one_process_do_not_mix(tracker: Tracker, tmp_path: Path) -> None:
+    other = Tracker(f"sqlite:///{tmp_path / 'other.db'}", "other")
+    first = tracker.start_run("x", tags={}, params={})
+    second = other.start_run("y", tags={}, params={})
+    tracker.log_step_metrics(first, 0, {"m": 1.0})
+    other.log_step_metrics(second, 0, {"m": 2.0})
+    assert [v for _, v, _ in tracker.metric_history(first, "m")] == [1.0]
+    assert [v for _, v, _ in other.metric_history(second, "m")] == [2.0]
+
+
+def test_unknown_run_is_run_not_found(tracker: Tracker) -> None:
+    with pytest.raises(RunNotFoundError):
+        tracker.resume_run("0123456789abcdef0123456789abcdef")
+
+
+def test_unreachable_server_fails_fast() -> None:
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailable):
+        Tracker(f"http://127.0.0.1:{free_port()}", "x")
+    assert time.monotonic() - started < 5.0
+
+
+def test_resolve_prefers_configured_then_live_service_then_sqlite(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    assert resolve_tracking_uri("http://mlflow:5000", home, tmp_path) == "http://mlflow:5000"
+    assert resolve_tracking_uri(None, home, tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlruns.db"
+    # a recorded service whose process is gone is ignored
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write_services(LocalServices(None, f"http://127.0.0.1:{free_port()}", None, dead.pid, 1), home)
+    assert read_services(home) is not None
+    assert resolve_tracking_uri(None, home, tmp_path).startswith("sqlite:///")
+    # a live one (this test process listening on a port) is used
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        uri = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        write_services(LocalServices("http://127.0.0.1:4200/api", uri, None, os.getpid(), 1), home)
+        assert resolve_tracking_uri(None, home, tmp_path) == uri
+
+
+def test_services_home_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLPIPE_HOME", str(tmp_path / "rh"))
+    services = LocalServices("http://127.0.0.1:4200/api", "http://127.0.0.1:5000", 11, 12, 99)
+    path = write_services(services)
+    assert path == tmp_path / "rh" / "services.json"
+    assert read_services() == services
+    path.write_text("{torn")
+    assert read_services() is None
