@@ -285,12 +285,12 @@ class BwrapSandbox:
                 os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        if self.cgroups:
-            self.cgroups.kill_all()
         try:
-            process.wait(timeout=2.0)
+            process.wait(timeout=2.0)  # bwrap reaps pid 1, then exits
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
+        if self.cgroups:
+            self.cgroups.kill_all()
 
 
 def reap_leaked_sandboxes(runtime_root: Path | None = None) -> int:
