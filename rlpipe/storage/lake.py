@@ -118,9 +118,11 @@ class Lake:
         data = self._get(f"runs/{_check_name('run id', run_id)}/run.json")
         return None if data is None else RunInfo.from_json(data.decode())
 
-    def list_runs(self) -> list[str]:
-        """Run ids that have a run.json, sorted."""
+    def list_runs(self, require_info: bool = True) -> list[str]:
+        """Run ids that have a run.json (any folder under runs/ when not `require_info`), sorted."""
         candidates = [info.base_name for info in self._list("runs") if info.type == pafs.FileType.Directory]
+        if not require_info:
+            return sorted(candidates)
         paths = [self.location.path(f"runs/{run_id}/run.json") for run_id in candidates]
         with _storage_errors("listing runs", self.location):
             infos = self._fs.get_file_info(paths) if paths else []
@@ -202,7 +204,7 @@ class Lake:
 
     def committed_parts(self, run_id: str | None = None) -> list[PartRef]:
         """Parts listed in committed manifests, of one run or of every run."""
-        run_ids = [run_id] if run_id is not None else self.list_runs()
+        run_ids = [run_id] if run_id is not None else self.list_runs(require_info=False)
         parts: list[PartRef] = []
         for rid in run_ids:
             for step in self.committed_steps(rid):
@@ -233,6 +235,13 @@ class Lake:
                 hint="rerun the step's earlier stages (they were cleaned or never written)",
             )
         return from_table(pq.read_table(pa.BufferReader(data)))
+
+    def clean_staged(self, run_id: str, step: int) -> None:
+        """Delete the staged rows of a step (call after it is committed; missing is fine)."""
+        path = self.location.path(f"staging/run_id={_check_name('run id', run_id)}/step={step}")
+        with _storage_errors(f"cleaning staged rows of step {step}", self.location):
+            if self._fs.get_file_info(path).type == pafs.FileType.Directory:
+                self._fs.delete_dir(path)
 
     def write_json(self, run_id: str, name: str, document: dict[str, object]) -> None:
         """Store a small JSON document (e.g. "evals/before_rl.json") under runs/{run_id}/."""

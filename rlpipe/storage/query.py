@@ -45,6 +45,11 @@ _USER_SQL_ERRORS = (
 )
 
 
+def _is_scan_failure(exc: duckdb.Error) -> bool:
+    """DuckDB reports a failed read of a registered Arrow dataset as invalid input."""
+    return "reading the stream registered as" in str(exc)
+
+
 @dataclass(frozen=True)
 class QueryResult:
     """Column names and rows (tuples of Python values) of one statement."""
@@ -54,7 +59,7 @@ class QueryResult:
 
 
 def _committed_manifests(lake: Lake, run_id: str | None) -> list[StepManifest]:
-    run_ids = [run_id] if run_id is not None else lake.list_runs()
+    run_ids = [run_id] if run_id is not None else lake.list_runs(require_info=False)
     manifests = []
     for rid in run_ids:
         for step in lake.committed_steps(rid):
@@ -108,9 +113,16 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
             f"the lake {lake.uri} holds no run {run_id!r}", hint="list runs with `rlpipe runs`"
         )
     manifests = _committed_manifests(lake, run_id)
+    try:
+        dataset = _trajectory_dataset(lake, manifests)
+    except (OSError, pa.ArrowException) as exc:  # FileNotFoundError included: a lost part
+        raise StorageUnavailable(
+            f"the query could not open the committed parts of {lake.uri}: {exc}",
+            hint="check that the lake is reachable; a missing part means a committed file was lost",
+        ) from exc
     connection = duckdb.connect(":memory:")
     try:
-        connection.register("_trajectories", _trajectory_dataset(lake, manifests))
+        connection.register("_trajectories", dataset)
         connection.register("_steps", _steps_table(manifests))
         connection.register("_step_metrics", _step_metrics_table(manifests))
         connection.execute("CREATE VIEW trajectories AS SELECT * FROM _trajectories")
@@ -123,6 +135,11 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
             columns = tuple(column[0] for column in cursor.description)
             return QueryResult(columns=columns, rows=[tuple(row) for row in cursor.fetchall()])
         except _USER_SQL_ERRORS as exc:
+            if _is_scan_failure(exc):
+                raise StorageUnavailable(
+                    f"the query could not read the lake {lake.uri}: {exc}",
+                    hint="check that the lake is reachable; a missing part means a committed file was lost",
+                ) from exc
             raise UserError(
                 f"the query failed: {exc}", hint="views: trajectories, steps, step_metrics"
             ) from exc

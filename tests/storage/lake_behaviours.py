@@ -154,6 +154,10 @@ def staged_rows_and_documents(lake: Lake) -> None:
     with pytest.raises(ValueError):
         lake.read_staged("runs/r1/run.json")
     assert query_trajectories(lake, "select count(*) from trajectories").rows == [(0,)]
+    lake.clean_staged("r1", 3)
+    with pytest.raises(StorageUnavailable):
+        lake.read_staged(staged)
+    lake.clean_staged("r1", 3)  # again: nothing to do
     assert lake.read_json("r1", "evals/before_rl.json") is None
     lake.write_json("r1", "evals/before_rl.json", {"accuracy": 0.25, "policy_version": 0})
     assert lake.read_json("r1", "evals/before_rl.json") == {"accuracy": 0.25, "policy_version": 0}
@@ -163,7 +167,15 @@ def staged_rows_and_documents(lake: Lake) -> None:
         lake.write_json("r1", "run.json", {})
 
 
+def query_with_a_lost_part_is_storage_unavailable(lake: Lake) -> None:
+    manifest = _commit(lake, "r1", 0, (3,))
+    lake.location.filesystem.delete_file(lake.location.path(manifest.parts[0].path))
+    with pytest.raises(StorageUnavailable):
+        query_trajectories(lake, "select count(*) from trajectories")
+
+
 ALL_BEHAVIOURS = (
+    query_with_a_lost_part_is_storage_unavailable,
     staged_rows_and_documents,
     run_info_and_status,
     parts_round_trip_exactly,

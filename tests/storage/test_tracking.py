@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 
 from rlpipe.core.errors import RunNotFoundError, StorageUnavailable
@@ -123,3 +124,19 @@ def test_services_home_from_environment(tmp_path: Path, monkeypatch: pytest.Monk
     assert read_services() == services
     path.write_text("{torn")
     assert read_services() is None
+
+
+def test_artifacts_can_live_on_s3(tracker: Tracker, s3_endpoint: str, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's own S3 artifact repository (boto3) against the moto server."""
+    monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    Lake.open("s3://mlflow-artifacts", endpoint_url=s3_endpoint)  # creates the bucket
+    on_s3 = Tracker(tracker.uri, "s3-artifacts", artifact_location="s3://mlflow-artifacts/exp")
+    run_id = on_s3.start_run("s3-run", tags={}, params={})
+    on_s3.log_text(run_id, "hello", "notes/hello.txt")
+    lake = Lake.open("s3://mlflow-artifacts", endpoint_url=s3_endpoint)
+    stored = lake.location.filesystem.get_file_info(pafs.FileSelector("mlflow-artifacts/exp", recursive=True))
+    assert any(info.path.endswith("notes/hello.txt") for info in stored)
