@@ -53,7 +53,7 @@ SANDBOX_UID_SPAN = 100_000
 INSIDE_UID = 1000
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
 _libc = ctypes.CDLL(None, use_errno=True)
-_probed: dict[tuple[bool, bool], str] = {}  # (as_root, network) -> "" if ok else why not
+_probed: dict[tuple[str, bool, bool], str] = {}  # (runtime root, as_root, network) -> "" if ok, else why not
 
 _ETC_FILES = {
     "passwd": f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{INSIDE_UID}:{INSIDE_UID}::/work:/bin/sh\n",
@@ -109,10 +109,12 @@ class BwrapSandbox:
         finally:
             os.close(info_write_fd)
         with os.fdopen(info_read_fd, "rb") as info:
-            captured = pump(process.stdin.fileno(), process.stdout.fileno(), process.stderr.fileno(),
-                            stdin, self.limits.output_bytes, started + timeout_s)
-            for stream in (process.stdin, process.stdout, process.stderr):
-                stream.detach()  # pump closed the fds
+            try:
+                captured = pump(process.stdin, process.stdout.fileno(), process.stderr.fileno(),
+                                stdin, self.limits.output_bytes, started + timeout_s)
+            finally:
+                process.stdout.close()
+                process.stderr.close()
             if captured.deadline_passed:
                 self._kill(process, info)
         returncode = process.wait()
@@ -255,7 +257,7 @@ class BwrapSandbox:
 
     def _probe(self) -> None:
         """Fail fast, with a hint, when bwrap cannot build namespaces on this host."""
-        key = (self._as_root, self.limits.network)
+        key = (str(self.runtime_root), self._as_root, self.limits.network)
         if key not in _probed:
             result = self.exec(["/bin/true"], timeout_s=10.0)
             _probed[key] = "" if result.exit_code == 0 else (result.stderr.strip() or f"exit code {result.exit_code}")
@@ -329,6 +331,11 @@ def _require_tools() -> None:
 
 
 def _prepare_runtime_root(root: Path) -> None:
+    if os.geteuid() == 0:  # bwrap runs as an unprivileged uid that must reach root/<sandbox>/work
+        for ancestor in root.resolve().parents:
+            if not ancestor.stat().st_mode & stat.S_IXOTH:
+                raise SandboxUnavailable(f"sandbox uids cannot reach {root}: {ancestor} is not world-searchable",
+                                         hint="pick a runtime root under /tmp or /run (e.g. the default)")
     (root / "etc").mkdir(parents=True, exist_ok=True, mode=0o711)
     (root / "snapshots").mkdir(exist_ok=True, mode=0o700)
     root.chmod(0o711)

@@ -12,6 +12,7 @@ import os
 import selectors
 import time
 from dataclasses import dataclass
+from typing import IO
 
 _CHUNK_BYTES = 1 << 16
 
@@ -47,11 +48,14 @@ class Captured:
     deadline_passed: bool
 
 
-def pump(stdin_fd: int | None, stdout_fd: int, stderr_fd: int, stdin: bytes, cap_bytes: int, deadline: float) -> Captured:
+def pump(stdin_stream: IO[bytes] | None, stdout_fd: int, stderr_fd: int, stdin: bytes, cap_bytes: int, deadline: float) -> Captured:
     """Write `stdin`, read both outputs until they close or `time.monotonic()` passes `deadline`.
 
-    Takes ownership of the fds (closes them). The cap applies to each stream separately.
+    Closes `stdin_stream` once all of `stdin` is written (so the child sees EOF); leaves the
+    output fds open for the caller to close (closing them here would race with other threads
+    that reuse the fd numbers). The cap applies to each stream separately.
     """
+    stdin_fd = stdin_stream.fileno() if stdin_stream is not None else None
     stdout = CappedBuffer(cap_bytes, bytearray())
     stderr = CappedBuffer(cap_bytes, bytearray())
     buffers = {stdout_fd: stdout, stderr_fd: stderr}
@@ -65,7 +69,7 @@ def pump(stdin_fd: int | None, stdout_fd: int, stderr_fd: int, stdin: bytes, cap
                 os.set_blocking(stdin_fd, False)
                 selector.register(stdin_fd, selectors.EVENT_WRITE)
             else:
-                os.close(stdin_fd)
+                stdin_stream.close()
                 stdin_fd = None
         deadline_passed = False
         while buffers:
@@ -79,7 +83,7 @@ def pump(stdin_fd: int | None, stdout_fd: int, stderr_fd: int, stdin: bytes, cap
                     pending_stdin = _write_some(fd, pending_stdin)
                     if not pending_stdin:
                         selector.unregister(fd)
-                        os.close(fd)
+                        _close_quietly(stdin_stream)
                         stdin_fd = None
                     continue
                 chunk = _read_some(fd)
@@ -87,11 +91,17 @@ def pump(stdin_fd: int | None, stdout_fd: int, stderr_fd: int, stdin: bytes, cap
                     buffers[fd].add(chunk)
                 elif chunk is not None:  # EOF
                     selector.unregister(fd)
-                    os.close(fd)
                     del buffers[fd]
-        for fd in [*buffers, *([stdin_fd] if stdin_fd is not None else [])]:
-            os.close(fd)
+        if stdin_fd is not None:
+            _close_quietly(stdin_stream)
     return Captured(stdout=stdout, stderr=stderr, deadline_passed=deadline_passed)
+
+
+def _close_quietly(stream: IO[bytes]) -> None:
+    try:
+        stream.close()
+    except OSError:  # BrokenPipeError when the child exited without reading
+        pass
 
 
 def _read_some(fd: int) -> bytes | None:
