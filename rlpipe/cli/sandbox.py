@@ -1,0 +1,120 @@
+"""`rlpipe sandbox run|selftest`: run one command in a sandbox, or check which guarantees hold here.
+
+Talks to sandbox/ directly (no flow, no Prefect). The docker backend is imported only when
+asked for, so `--backend bwrap` works where the docker SDK or engine is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from enum import Enum
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rlpipe.cli.errors import report_errors
+from rlpipe.sandbox.base import ExecResult, Limits, Sandbox
+
+app = typer.Typer(help="Run commands in a sandbox; check its guarantees.", no_args_is_help=True)
+console = Console()
+
+
+class Backend(str, Enum):
+    bwrap = "bwrap"
+    docker = "docker"
+
+
+def sandbox_factory(backend: Backend) -> Callable[[Limits], Sandbox]:
+    """A `limits -> Sandbox` constructor for the backend (imports it only now)."""
+    if backend is Backend.docker:
+        from rlpipe.sandbox.docker_backend import DockerSandbox
+
+        return lambda limits: DockerSandbox(limits)
+    from rlpipe.sandbox.bwrap import BwrapSandbox
+
+    return lambda limits: BwrapSandbox(limits)
+
+
+@app.command("run")
+@report_errors
+def run(
+    command: list[str] = typer.Argument(..., help="The command and its arguments (put them after `--`)."),
+    backend: Backend = typer.Option(Backend.bwrap, "--backend", help="Isolation backend."),
+    timeout_s: float = typer.Option(10.0, "--timeout-s", help="Wall-clock limit in seconds."),
+    memory_mb: int = typer.Option(512, "--memory-mb", help="Memory limit in MiB."),
+    network: bool = typer.Option(False, "--network", help="Allow network access (off by default)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the ExecResult as JSON."),
+) -> None:
+    """Run COMMAND in a fresh sandbox and print what it did (exit code, output, limits hit)."""
+    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, network=network)
+    sandbox = sandbox_factory(backend)(limits)
+    try:
+        result = sandbox.exec(list(command))
+    finally:
+        sandbox.close()
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(result)))
+    else:
+        console.print(_result_table(result))
+
+
+def _result_table(result: ExecResult) -> Table:
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    exit_text = "killed" if result.exit_code is None else str(result.exit_code)
+    table.add_row("exit code", exit_text)
+    table.add_row("duration", f"{result.duration_s:.3f} s")
+    table.add_row("timed out", _flag(result.timed_out))
+    table.add_row("oom killed", _flag(result.oom_killed))
+    table.add_row("stdout" + (" (truncated)" if result.stdout_truncated else ""), result.stdout.rstrip("\n"), end_section=True)
+    table.add_row("stderr" + (" (truncated)" if result.stderr_truncated else ""), result.stderr.rstrip("\n"))
+    return table
+
+
+def _flag(value: bool) -> str:
+    return "[red]yes[/]" if value else "no"
+
+
+@app.command("selftest")
+@report_errors
+def selftest(
+    backend: Backend = typer.Option(Backend.bwrap, "--backend", help="Isolation backend to attack."),
+    as_json: bool = typer.Option(False, "--json", help="Print the outcomes as JSON."),
+) -> None:
+    """Run the attack suite on this host and print which guarantees hold (exit 1 if any does not)."""
+    from rlpipe.sandbox.selftest import ATTACKS, run_attack
+
+    factory = sandbox_factory(backend)
+    factory(Limits()).close()  # fail fast, with the backend's own hint, if it cannot start at all
+    reaped = _reap_leaked(backend)
+    outcomes = []
+    with console.status("attacking...") as status:
+        for attack in ATTACKS:
+            status.update(f"attack: {attack.guarantee}")
+            outcomes.append((attack, run_attack(attack, factory)))
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(outcome) for _, outcome in outcomes]))
+    else:
+        table = Table(title=f"sandbox guarantees on this host ({backend.value})")
+        for column in ("guarantee", "held", "what was tried", "detail"):
+            table.add_column(column, overflow="fold")
+        for attack, outcome in outcomes:
+            held = "[green]yes[/]" if outcome.held else "[bold red]NO[/]"
+            table.add_row(outcome.guarantee, held, attack.description, outcome.detail)
+        console.print(table)
+        if reaped:
+            console.print(f"reaped {reaped} sandbox(es) leaked by earlier processes")
+    if not all(outcome.held for _, outcome in outcomes):
+        raise typer.Exit(1)
+
+
+def _reap_leaked(backend: Backend) -> int:
+    if backend is Backend.bwrap:
+        from rlpipe.sandbox.bwrap import reap_leaked_sandboxes
+
+        return reap_leaked_sandboxes()
+    return 0
