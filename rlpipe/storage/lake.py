@@ -8,7 +8,7 @@ Layout under the root (a folder or s3://bucket/prefix):
     trajectories/run_id={run_id}/step={step}/part-{name}.parquet   immutable, zstd
     checkpoints/{run_id}/step={step:06d}/...       the files of a local folder
     checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json   file list + digests, after the files
-    checkpoints/{run_id}/LATEST                    the newest saved step, written last
+    checkpoints/{run_id}/LATEST                    the highest complete step, written last
     staging/run_id={run_id}/step={step}/{stage}-{digest}.parquet   rows passed between stages
     runs/{run_id}/{document}.json                  small JSON documents (evaluations, ...)
 
@@ -265,8 +265,13 @@ class Lake:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save_checkpoint(self, run_id: str, step: int, local_dir: Path) -> CheckpointInfo:
-        """Upload every file under `local_dir`, then CHECKPOINT.json, then LATEST."""
+        """Upload every file under `local_dir`, then CHECKPOINT.json, then LATEST.
+        Saving a step that already has a complete checkpoint keeps the stored one."""
         base = self._checkpoint_dir(run_id, step)
+        existing = self._get(f"{base}/CHECKPOINT.json")
+        if existing is not None:  # a retried save: the complete checkpoint stays as it is
+            self._advance_latest(run_id, step)
+            return CheckpointInfo.from_json(existing.decode())
         local_files = sorted(p for p in Path(local_dir).rglob("*") if p.is_file())
         if not local_files:
             raise ValueError(f"checkpoint folder {local_dir} holds no files")
@@ -277,15 +282,23 @@ class Lake:
             files.append(CheckpointFile(path=relative, size_bytes=size_bytes, sha256=digest))
         info = CheckpointInfo(run_id=run_id, step=step, files=tuple(files), saved_at_ms=_now_ms())
         self._put(f"{base}/CHECKPOINT.json", info.to_json().encode())
-        self._put(f"checkpoints/{run_id}/LATEST", str(step).encode())
+        self._advance_latest(run_id, step)
         return info
+
+    def _advance_latest(self, run_id: str, step: int) -> None:
+        """LATEST holds the highest complete step: never move it backwards."""
+        data = self._get(f"checkpoints/{run_id}/LATEST")
+        if data is None or int(data.decode().strip()) <= step:
+            self._put(f"checkpoints/{run_id}/LATEST", str(step).encode())
 
     def latest_checkpoint(self, run_id: str, at_or_before: int | None = None) -> int | None:
         """The newest complete checkpoint step (at or before a step when given), or None."""
         if at_or_before is None:
             data = self._get(f"checkpoints/{_check_name('run id', run_id)}/LATEST")
             if data is not None:
-                return int(data.decode().strip())
+                latest = int(data.decode().strip())
+                if self._get(f"{self._checkpoint_dir(run_id, latest)}/CHECKPOINT.json") is not None:
+                    return latest
         steps = sorted(
             (int(info.base_name.removeprefix("step=")) for info in self._list(f"checkpoints/{run_id}")
              if info.type == pafs.FileType.Directory and info.base_name.removeprefix("step=").isdigit()),
@@ -391,5 +404,10 @@ def _atomic_local_write(path: Path, data: bytes) -> None:
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(partial, path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power cut
+        finally:
+            os.close(directory)
     finally:
         partial.unlink(missing_ok=True)

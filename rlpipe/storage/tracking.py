@@ -141,14 +141,29 @@ class Tracker:
         Returns how many points were logged."""
         stamp = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
         with _tracking_errors(self.uri, f"logging metrics of step {step}"):
+            latest_steps = self._latest_steps(mlflow_run_id)
             fresh = [
                 Metric(key, float(value), stamp, step)
                 for key, value in sorted(metrics.items())
-                if not any(point.step == step for point in self._client.get_metric_history(mlflow_run_id, key))
+                if not self._has_point(mlflow_run_id, key, step, latest_steps.get(key))
             ]
             if fresh:
                 self._client.log_batch(mlflow_run_id, metrics=fresh)
         return len(fresh)
+
+    def _latest_steps(self, mlflow_run_id: str) -> dict[str, int]:
+        """Key -> highest step logged so far (MLflow keeps the max-step point as "latest")."""
+        data = self._client.get_run(mlflow_run_id).data
+        latest = getattr(data, "_metric_objs", None)  # Metric objects with their step
+        if latest is None:
+            return {key: 2**62 for key in data.metrics}  # unknown: force a history look-up
+        return {metric.key: metric.step for metric in latest}
+
+    def _has_point(self, mlflow_run_id: str, key: str, step: int, latest_step: int | None) -> bool:
+        """Whether `key` has a point at `step`; reads the history only when it could."""
+        if latest_step is None or latest_step < step:
+            return False  # the common case: steps only grow, one request per step
+        return any(point.step == step for point in self._client.get_metric_history(mlflow_run_id, key))
 
     def metric_history(self, mlflow_run_id: str, key: str) -> list[tuple[int, float, int]]:
         """(step, value, timestamp_ms) of every point of a metric, by step."""

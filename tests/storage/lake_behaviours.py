@@ -124,6 +124,11 @@ def checkpoints_and_latest(lake: Lake, tmp_path: Path) -> None:
     assert (target / "model.safetensors").read_bytes() == bytes(range(256)) * 11
     assert (target / "trainer" / "state.json").read_text() == '{"step": 10}'
     assert lake.load_checkpoint("r1", 15, tmp_path / "nothing") is None
+    # a retried save of step 10 keeps the complete one, and LATEST never moves back
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x.bin").write_bytes(b"different")
+    assert lake.save_checkpoint("r1", 10, tmp_path / "other") == info
+    assert lake.latest_checkpoint("r1") == 20
 
 
 def checkpoint_without_marker_is_ignored(lake: Lake, tmp_path: Path) -> None:
@@ -133,6 +138,8 @@ def checkpoint_without_marker_is_ignored(lake: Lake, tmp_path: Path) -> None:
     lake.save_checkpoint("r1", 5, source)
     # a crash mid-upload of step 8: files but no CHECKPOINT.json and no new LATEST
     lake._put("checkpoints/r1/step=000008/w.bin", b"partial")
+    assert lake.latest_checkpoint("r1") == 5
+    lake._put("checkpoints/r1/LATEST", b"8")  # even a LATEST that points at it is not trusted
     assert lake.latest_checkpoint("r1") == 5
     assert lake.latest_checkpoint("r1", at_or_before=100) == 5
 

@@ -140,3 +140,12 @@ def test_artifacts_can_live_on_s3(tracker: Tracker, s3_endpoint: str, tmp_path: 
     lake = Lake.open("s3://mlflow-artifacts", endpoint_url=s3_endpoint)
     stored = lake.location.filesystem.get_file_info(pafs.FileSelector("mlflow-artifacts/exp", recursive=True))
     assert any(info.path.endswith("notes/hello.txt") for info in stored)
+
+
+def test_out_of_order_steps_are_still_deduplicated(tracker: Tracker) -> None:
+    run_id = tracker.start_run("run-d", tags={}, params={})
+    tracker.log_step_metrics(run_id, 5, {"heldout/accuracy": 0.5}, timestamp_ms=10)
+    assert tracker.log_step_metrics(run_id, 3, {"heldout/accuracy": 0.4}, timestamp_ms=11) == 1
+    assert tracker.log_step_metrics(run_id, 3, {"heldout/accuracy": 0.4}, timestamp_ms=11) == 0
+    assert tracker.log_step_metrics(run_id, 5, {"heldout/accuracy": 0.5}, timestamp_ms=10) == 0
+    assert [s for s, _, _ in tracker.metric_history(run_id, "heldout/accuracy")] == [3, 5]
