@@ -4,7 +4,7 @@ an update replays exactly from the lake without re-sampling or re-verification."
 from __future__ import annotations
 
 from rlpipe.core.records import Trajectory
-from rlpipe.rl.trainer import TrainSample
+from rlpipe.rl.batching import TrainSample
 
 
 def train_samples(rows: list[Trajectory]) -> list[TrainSample]:

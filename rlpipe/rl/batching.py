@@ -1,0 +1,88 @@
+"""From training samples to padded tensors, and per-token logprobs of a model on them.
+
+Layout: each row is prompt_token_ids + token_ids, RIGHT-padded to the longest row. Logprobs
+live on the shifted grid [batch, length - 1]: column j holds log p(token j+1 | tokens <= j).
+The completion mask is 1 exactly on the columns that predict completion tokens, so
+`old_logprobs` from the engine (one per completion token) land on the same columns.
+
+This module does not decide which samples train (the trainer does) nor shuffle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One completion as the trainer sees it. advantage None = excluded (reward could not be scored)."""
+
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    old_logprobs: tuple[float, ...]
+    advantage: float | None
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """Tensors of one micro-batch; see the module docstring for the layout."""
+
+    input_ids: torch.Tensor  # [batch, length] long
+    attention_mask: torch.Tensor  # [batch, length] long
+    targets: torch.Tensor  # [batch, length - 1] long: input_ids shifted left
+    completion_mask: torch.Tensor  # [batch, length - 1] float
+    old_logprobs: torch.Tensor  # [batch, length - 1] float, 0 outside the mask
+    advantages: torch.Tensor  # [batch] float
+
+
+def pad_samples(samples: list[TrainSample], pad_token_id: int = 0, device: str | torch.device = "cpu") -> PaddedBatch:
+    """Right-pad prompt + completion of every sample into one batch."""
+    if not samples:
+        raise ValueError("pad_samples needs at least one sample")
+    for sample in samples:
+        if len(sample.old_logprobs) != len(sample.token_ids):
+            raise ValueError(f"{len(sample.token_ids)} completion tokens but {len(sample.old_logprobs)} logprobs")
+        if not sample.prompt_token_ids:
+            raise ValueError("a sample needs at least one prompt token")
+    length = max(len(sample.prompt_token_ids) + len(sample.token_ids) for sample in samples)
+    batch = len(samples)
+    input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, length), dtype=torch.long)
+    completion_mask = torch.zeros((batch, length - 1), dtype=torch.float32)
+    old_logprobs = torch.zeros((batch, length - 1), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        prompt_len, completion_len = len(sample.prompt_token_ids), len(sample.token_ids)
+        ids = sample.prompt_token_ids + sample.token_ids
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+        completion_mask[row, prompt_len - 1 : prompt_len - 1 + completion_len] = 1.0
+        old_logprobs[row, prompt_len - 1 : prompt_len - 1 + completion_len] = torch.tensor(sample.old_logprobs, dtype=torch.float32)
+    advantages = torch.tensor([sample.advantage or 0.0 for sample in samples], dtype=torch.float32)
+    return PaddedBatch(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        targets=input_ids[:, 1:].to(device),
+        completion_mask=completion_mask.to(device),
+        old_logprobs=old_logprobs.to(device),
+        advantages=advantages.to(device),
+    )
+
+
+def token_logprobs(model: PreTrainedModel, batch: PaddedBatch) -> torch.Tensor:
+    """log p(target) of every shifted position, [batch, length - 1], at temperature 1."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1, :].float()
+    return torch.log_softmax(logits, dim=-1).gather(2, batch.targets[:, :, None])[:, :, 0]
+
+
+def micro_batches(samples: list[TrainSample], size: int) -> list[list[TrainSample]]:
+    """Consecutive chunks of at most `size` samples."""
+    if size < 1:
+        raise ValueError(f"micro batch size must be >= 1, got {size}")
+    return [samples[start : start + size] for start in range(0, len(samples), size)]
+
+
+def completion_tokens(samples: list[TrainSample]) -> int:
+    return sum(len(sample.token_ids) for sample in samples)

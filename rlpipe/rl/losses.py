@@ -1,0 +1,76 @@
+"""The clipped token-level policy-gradient loss of PPO/GRPO, with an optional k3 KL penalty.
+
+Per completion token t of sequence i (A_i = the sequence's advantage):
+
+    ratio_t   = exp(new_logprob_t - old_logprob_t)
+    pg_t      = -min(ratio_t * A_i, clip(ratio_t, 1 - clip_eps, 1 + clip_eps) * A_i)
+    kl_t      = exp(ref_t - new_t) - (ref_t - new_t) - 1        (k3 estimator of KL(new || ref))
+    loss_t    = pg_t + kl_coef * kl_t
+
+Aggregation (mask = 1 on completion tokens):
+- token_mean:          sum_t mask * loss_t / (number of completion tokens)
+- seq_mean_token_sum:  sum_t mask * loss_t / (number of sequences)   (sum over tokens, mean over sequences)
+
+`normalizer` overrides the denominator so that gradient accumulation over micro-batches
+gives exactly the full-batch loss: pass the token (or sequence) count of the WHOLE batch.
+
+Metrics: clip_frac = fraction of completion tokens where the clipped branch is the one that
+binds (A > 0 and ratio > 1 + eps, or A < 0 and ratio < 1 - eps: the gradient is zero there);
+kl = mean k3 per completion token (0.0 without a reference).
+
+This module does not compute logprobs (see batching.py) nor entropy (needs full logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+LossAggregation = Literal["token_mean", "seq_mean_token_sum"]
+
+
+@dataclass(frozen=True)
+class LossMetrics:
+    """Diagnostics of one loss evaluation (over the completion tokens it saw)."""
+
+    clip_frac: float
+    kl: float
+    tokens: int
+
+
+def policy_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    loss_agg: LossAggregation = "token_mean",
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, LossMetrics]:
+    """Loss over [batch, tokens] logprob tensors; `advantages` is [batch]; see the module docstring."""
+    if loss_agg not in ("token_mean", "seq_mean_token_sum"):
+        raise ValueError(f"unknown loss_agg {loss_agg!r}; use token_mean or seq_mean_token_sum")
+    mask = mask.to(new_logprobs.dtype)
+    advantage = advantages.to(new_logprobs.dtype)[:, None]
+    ratio = torch.exp(new_logprobs - old_logprobs)
+    unclipped = ratio * advantage
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage
+    per_token = -torch.minimum(unclipped, clipped)
+    kl_per_token = torch.zeros_like(per_token)
+    if ref_logprobs is not None:
+        delta = ref_logprobs - new_logprobs
+        kl_per_token = torch.exp(delta) - delta - 1.0
+        per_token = per_token + kl_coef * kl_per_token
+    if normalizer is None:
+        normalizer = float(mask.sum()) if loss_agg == "token_mean" else float(mask.shape[0])
+    loss = (per_token * mask).sum() / max(normalizer, 1.0)
+    with torch.no_grad():
+        tokens = int(mask.sum())
+        binds = ((advantage > 0) & (ratio > 1.0 + clip_eps)) | ((advantage < 0) & (ratio < 1.0 - clip_eps))
+        clip_frac = float((binds.to(mask.dtype) * mask).sum()) / max(tokens, 1)
+        kl = float((kl_per_token * mask).sum()) / max(tokens, 1)
+    return loss, LossMetrics(clip_frac=clip_frac, kl=kl, tokens=tokens)

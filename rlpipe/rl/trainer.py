@@ -1,0 +1,144 @@
+"""The policy trainer: one clipped policy-gradient update per RL step, AdamW, grad clipping.
+
+What it does: `update(samples)` runs `epochs_per_step` optimizer steps over the step's
+samples; each optimizer step accumulates gradients over micro-batches whose losses are
+normalised by the WHOLE batch's token (token_mean) or sequence (seq_mean_token_sum) count,
+so the accumulated gradient equals the full-batch gradient whatever the micro-batch size.
+Samples with advantage None are excluded entirely; samples with advantage 0.0 add nothing
+to the policy-gradient term, so without a KL penalty they are skipped for speed, but still
+count in the normaliser and in `tokens`. With kl_coef > 0 a frozen reference model is kept
+(a deep copy of the initial model unless one is passed) and every scored sample trains.
+
+`state_dict()` / `load_state_dict()` cover the optimizer (the model's weights are saved by
+the caller); `named_weights()` yields the tensors to sync into a rollout engine.
+
+What it does not: sample, verify, compute advantages, save files, or handle more than one
+device (FSDP/torchrun come later behind the same methods).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from rlpipe.rl.batching import TrainSample, completion_tokens, micro_batches, pad_samples, token_logprobs
+from rlpipe.rl.losses import LossAggregation, policy_loss
+
+__all__ = ["Trainer", "TrainSample", "UpdateMetrics"]
+
+
+@dataclass(frozen=True)
+class UpdateMetrics:
+    """What one `update` did. loss/kl/clip_frac are averaged over epochs; grad_norm is the
+    pre-clip norm of the first epoch; tokens = completion tokens of the scored samples."""
+
+    loss: float
+    kl: float
+    grad_norm: float
+    clip_frac: float
+    tokens: int
+
+
+class Trainer:
+    """Owns the policy's optimizer (and the reference model when kl_coef > 0)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        lr: float,
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+        micro_batch_size: int = 64,
+        epochs_per_step: int = 1,
+        clip_eps: float = 0.2,
+        kl_coef: float = 0.0,
+        loss_agg: LossAggregation = "token_mean",
+        reference_model: PreTrainedModel | None = None,
+        pad_token_id: int = 0,
+    ) -> None:
+        self.model = model
+        self.grad_clip = grad_clip
+        self.micro_batch_size = micro_batch_size
+        self.epochs_per_step = epochs_per_step
+        self.clip_eps = clip_eps
+        self.kl_coef = kl_coef
+        self.loss_agg = loss_agg
+        self.pad_token_id = pad_token_id
+        self.reference_model = reference_model
+        if kl_coef > 0 and reference_model is None:
+            self.reference_model = copy.deepcopy(model)
+        if self.reference_model is not None:
+            self.reference_model.eval().requires_grad_(False)
+        self._device = next(model.parameters()).device
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+
+    def update(self, samples: list[TrainSample]) -> UpdateMetrics:
+        """One RL update on the step's samples; see the module docstring."""
+        scored = [sample for sample in samples if sample.advantage is not None]
+        tokens = completion_tokens(scored)
+        trained = scored if self.kl_coef > 0 else [s for s in scored if s.advantage != 0.0]
+        if not trained:
+            return UpdateMetrics(loss=0.0, kl=0.0, grad_norm=0.0, clip_frac=0.0, tokens=tokens)
+        normalizer = float(tokens if self.loss_agg == "token_mean" else len(scored))
+        self.model.train()
+        losses, kls, clips, grad_norms = [], [], [], []
+        for _ in range(self.epochs_per_step):
+            loss, kl, clip_frac = self._accumulate(trained, normalizer, tokens)
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)))
+            self.optimizer.step()
+            losses.append(loss), kls.append(kl), clips.append(clip_frac)
+        self.model.eval()
+        grad_norm = grad_norms[0] if math.isfinite(grad_norms[0]) else float("nan")
+        return UpdateMetrics(
+            loss=sum(losses) / len(losses),
+            kl=sum(kls) / len(kls),
+            grad_norm=grad_norm,
+            clip_frac=sum(clips) / len(clips),
+            tokens=tokens,
+        )
+
+    def _accumulate(self, trained: list[TrainSample], normalizer: float, tokens: int) -> tuple[float, float, float]:
+        """Backward over all micro-batches; returns (loss, token-mean kl, clip_frac over `tokens`)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss, kl_sum, clip_sum = 0.0, 0.0, 0.0
+        for chunk in micro_batches(trained, self.micro_batch_size):
+            batch = pad_samples(chunk, self.pad_token_id, self._device)
+            new_logprobs = token_logprobs(self.model, batch)
+            ref_logprobs = None
+            if self.reference_model is not None and self.kl_coef > 0:
+                with torch.no_grad():
+                    ref_logprobs = token_logprobs(self.reference_model, batch)
+            loss, metrics = policy_loss(
+                new_logprobs,
+                batch.old_logprobs,
+                batch.advantages,
+                batch.completion_mask,
+                self.clip_eps,
+                ref_logprobs=ref_logprobs,
+                kl_coef=self.kl_coef,
+                loss_agg=self.loss_agg,
+                normalizer=normalizer,
+            )
+            loss.backward()
+            total_loss += loss.item()
+            kl_sum += metrics.kl * metrics.tokens
+            clip_sum += metrics.clip_frac * metrics.tokens
+        return total_loss, kl_sum / max(tokens, 1), clip_sum / max(tokens, 1)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) of every parameter, detached, for `RolloutEngine.load_weights`."""
+        for name, parameter in self.model.named_parameters():
+            yield name, parameter.detach()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer state (torch's own format; save with torch.save or safetensors+json)."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)

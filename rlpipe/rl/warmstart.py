@@ -1,0 +1,65 @@
+"""Supervised warm-start: next-token loss on reference answers before RL.
+
+What it does: for a fixed budget of `steps` AdamW steps of `batch_size` examples each
+(sampled with replacement, seeded), trains the model on prompt + answer + EOS with the loss
+on the answer tokens and the EOS token only (the prompt is context, not a target). Ending
+every answer with EOS is what teaches the policy to stop; the rollout engine stops on EOS.
+A tiny random model needs this to be partially right (non-zero pass rate) before GRPO has
+any reward signal. The budget is exactly steps * batch_size sequences, constant learning
+rate, gradients clipped to norm 1.0.
+
+What it does not: evaluate, schedule the learning rate, or read datasets from disk.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from rlpipe.rl.batching import TrainSample, pad_samples, token_logprobs
+
+
+def warm_start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[tuple[str, str]],
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    weight_decay: float = 0.0,
+) -> list[float]:
+    """Train on (prompt, answer) pairs; returns the mean answer-token loss of every step."""
+    if steps <= 0:
+        return []
+    if not examples:
+        raise ValueError("warm_start needs at least one (prompt, answer) example")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("warm_start needs a tokenizer with an EOS token (it marks the end of an answer)")
+    encoded = [_encode(tokenizer, prompt, answer) for prompt, answer in examples]
+    rng = random.Random(seed)
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    model.train()
+    losses: list[float] = []
+    for _ in range(steps):
+        batch = pad_samples([rng.choice(encoded) for _ in range(batch_size)], pad_id, device)
+        logprobs = token_logprobs(model, batch)
+        loss = -(logprobs * batch.completion_mask).sum() / batch.completion_mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str) -> TrainSample:
+    """The answer + EOS as the 'completion' of a sample (advantage unused here)."""
+    prompt_ids = tuple(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    answer_ids = tuple(tokenizer(answer, add_special_tokens=False)["input_ids"]) + (tokenizer.eos_token_id,)
+    return TrainSample(prompt_token_ids=prompt_ids, token_ids=answer_ids, old_logprobs=(0.0,) * len(answer_ids), advantage=None)
