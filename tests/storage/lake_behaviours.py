@@ -137,16 +137,16 @@ def checkpoint_without_marker_is_ignored(lake: Lake, tmp_path: Path) -> None:
     (source / "w.bin").write_bytes(b"x")
     lake.save_checkpoint("r1", 5, source)
     # a crash mid-upload of step 8: files but no CHECKPOINT.json and no new LATEST
-    lake._put("checkpoints/r1/step=000008/w.bin", b"partial")
+    lake.objects.put("checkpoints/r1/step=000008/w.bin", b"partial")
     assert lake.latest_checkpoint("r1") == 5
-    lake._put("checkpoints/r1/LATEST", b"8")  # even a LATEST that points at it is not trusted
+    lake.objects.put("checkpoints/r1/LATEST", b"8")  # even a LATEST that points at it is not trusted
     assert lake.latest_checkpoint("r1") == 5
     assert lake.latest_checkpoint("r1", at_or_before=100) == 5
 
 
 def altered_part_is_detected(lake: Lake) -> None:
     manifest = _commit(lake, "r1", 0, (3,))
-    lake._put(manifest.parts[0].path, b"not parquet")
+    lake.objects.put(manifest.parts[0].path, b"not parquet")
     with pytest.raises(StorageUnavailable):
         lake.read_parts(manifest.parts)
 

@@ -1,0 +1,124 @@
+"""Bytes in and out of a lake's filesystem: whole small objects, listings, streamed files.
+
+What it does: `ObjectStore` puts and gets whole objects (atomically: tmp file + fsync +
+rename + folder fsync on disk; one PUT on S3), lists folders (hiding tmp files), and streams
+large local files up and down with their sha256. Storage failures become StorageUnavailable;
+a missing object reads as None.
+
+What it does not: know the lake's layout or records (storage/lake.py does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from rlpipe.core.errors import StorageUnavailable
+from rlpipe.storage.filesystem import LakeLocation
+
+CHUNK_BYTES = 8 * 1024 * 1024
+TMP_PREFIX = ".tmp-"
+
+
+@contextmanager
+def storage_errors(action: str, location: LakeLocation) -> Iterator[None]:
+    """Translate pyarrow/OS errors into StorageUnavailable (FileNotFoundError passes)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise StorageUnavailable(
+            f"lake {location.uri}: {action} failed: {exc}",
+            hint="check that the lake's disk or S3 endpoint is reachable; the step is retried",
+        ) from exc
+
+
+class ObjectStore:
+    """Objects addressed by lake-relative paths ("runs/r1/run.json")."""
+
+    def __init__(self, location: LakeLocation) -> None:
+        self.location = location
+        self._fs = location.filesystem
+
+    def put(self, relative: str, data: bytes) -> None:
+        path = self.location.path(relative)
+        with storage_errors(f"writing {relative}", self.location):
+            if self.location.is_local:
+                _atomic_local_write(Path(path), data)
+            else:
+                with self._fs.open_output_stream(path) as stream:
+                    stream.write(data)
+
+    def get(self, relative: str) -> bytes | None:
+        try:
+            with storage_errors(f"reading {relative}", self.location):
+                with self._fs.open_input_stream(self.location.path(relative)) as stream:
+                    return stream.read()
+        except FileNotFoundError:
+            return None
+
+    def list(self, relative: str, recursive: bool = False) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(self.location.path(relative), allow_not_found=True, recursive=recursive)
+        with storage_errors(f"listing {relative}", self.location):
+            infos = self._fs.get_file_info(selector)
+        return [info for info in infos if not info.base_name.startswith(TMP_PREFIX)]
+
+    def upload(self, local_path: Path, relative: str) -> tuple[int, str]:
+        path = self.location.path(relative)
+        digest, size_bytes = hashlib.sha256(), 0
+        with storage_errors(f"uploading {relative}", self.location):
+            if self.location.is_local:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with open(local_path, "rb") as source, self._fs.open_output_stream(path) as target:
+                while chunk := source.read(CHUNK_BYTES):
+                    digest.update(chunk)
+                    size_bytes += len(chunk)
+                    target.write(chunk)
+        return size_bytes, digest.hexdigest()
+
+    def download(self, relative: str, local_path: Path) -> str:
+        digest = hashlib.sha256()
+        local_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = local_path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{local_path.name}")
+        with storage_errors(f"downloading {relative}", self.location):
+            try:
+                source_path = self.location.path(relative)
+                with self._fs.open_input_stream(source_path) as source, open(partial, "wb") as target:
+                    while chunk := source.read(CHUNK_BYTES):
+                        digest.update(chunk)
+                        target.write(chunk)
+            except FileNotFoundError as exc:
+                partial.unlink(missing_ok=True)
+                raise StorageUnavailable(
+                    f"lake {self.location.uri}: {relative} (listed in CHECKPOINT.json) is missing",
+                    hint="the checkpoint is incomplete; load an older one",
+                ) from exc
+            os.replace(partial, local_path)
+        return digest.hexdigest()
+
+
+def _atomic_local_write(path: Path, data: bytes) -> None:
+    """Write to a tmp file in the same folder, fsync, rename over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.name}")
+    try:
+        with open(partial, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(partial, path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power cut
+        finally:
+            os.close(directory)
+    finally:
+        partial.unlink(missing_ok=True)
