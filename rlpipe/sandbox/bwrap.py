@@ -32,6 +32,7 @@ import ctypes
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import stat
@@ -40,7 +41,6 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import BinaryIO
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox import limits as limits_module
@@ -88,6 +88,7 @@ class BwrapSandbox:
             self.cgroups = limits_module.create_cgroups(layout, self.name, limits) if layout else None
             self._python_prefix = python_prefix if python_prefix is not None else _default_python_prefix(self._as_root)
             self._bwrap_args = self._mount_args()
+            self._prlimit_argv = limits_module.prlimit_argv(limits, memory_by_cgroup=self.cgroups is not None)
             self._probe()
         except BaseException:
             self.close()
@@ -99,24 +100,15 @@ class BwrapSandbox:
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         oom_before = self.cgroups.oom_kill_count() if self.cgroups else 0
         started = time.monotonic()
-        info_read_fd, info_write_fd = os.pipe()
+        process, child_pid = self._start(argv)
         try:
-            process = subprocess.Popen(
-                self._launcher_argv(argv, info_write_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, close_fds=True, pass_fds=(info_write_fd,),
-                process_group=0, **self._drop_privileges(),
-            )
+            captured = pump(process.stdin, process.stdout.fileno(), process.stderr.fileno(),
+                            stdin, self.limits.output_bytes, started + timeout_s)
         finally:
-            os.close(info_write_fd)
-        with os.fdopen(info_read_fd, "rb") as info:
-            try:
-                captured = pump(process.stdin, process.stdout.fileno(), process.stderr.fileno(),
-                                stdin, self.limits.output_bytes, started + timeout_s)
-            finally:
-                process.stdout.close()
-                process.stderr.close()
-            if captured.deadline_passed:
-                self._kill(process, info)
+            process.stdout.close()
+            process.stderr.close()
+        if captured.deadline_passed:
+            self._kill(process, child_pid)
         returncode = process.wait()
         duration_s = time.monotonic() - started
         if self.cgroups:
@@ -130,6 +122,36 @@ class BwrapSandbox:
             stdout_truncated=captured.stdout.truncated, stderr_truncated=captured.stderr.truncated,
             duration_s=duration_s, timed_out=captured.deadline_passed, oom_killed=oom_killed,
         )
+
+    def _start(self, argv: list[str]) -> tuple[subprocess.Popen[bytes], int | None]:
+        """Start prlimit -> bwrap; move bwrap's child into the cgroups while it waits on --block-fd.
+
+        The child (the namespace's pid 1, which becomes the command) has not run a single
+        instruction of the command when it joins, and bwrap itself stays outside the cgroups
+        (an OOM kill never hits it). Returns bwrap and the child's host pid (None when
+        bwrap failed before making the child: its error is then in the ExecResult).
+        """
+        info_read_fd, info_write_fd = os.pipe()
+        block_read_fd, block_write_fd = os.pipe()
+        fds = ["--info-fd", str(info_write_fd), "--block-fd", str(block_read_fd)]
+        try:
+            process = subprocess.Popen(
+                [*self._prlimit_argv, "bwrap", *self._bwrap_args, *fds, "--", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, close_fds=True,
+                pass_fds=(info_write_fd, block_read_fd), process_group=0, **self._drop_privileges(),
+            )
+        finally:
+            os.close(info_write_fd)
+            os.close(block_read_fd)
+        try:
+            child_pid = _read_child_pid(info_read_fd)
+            if child_pid is not None and self.cgroups:
+                self.cgroups.add(child_pid)
+        finally:
+            os.write(block_write_fd, b"go")
+            os.close(block_write_fd)
+            os.close(info_read_fd)
+        return process, child_pid
 
     def write_files(self, files: dict[str, bytes]) -> None:
         for path, content in files.items():
@@ -240,18 +262,8 @@ class BwrapSandbox:
                  "--setenv", "TMPDIR", "/tmp", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
         return [*args, "--remount-ro", "/"]  # the root tmpfs bwrap builds: /, /etc
 
-    def _launcher_argv(self, argv: list[str], info_fd: int) -> list[str]:
-        """[sh joining cgroups] [setpriv dropping to the sandbox uid] prlimit -- bwrap ... -- argv."""
-        bwrap = ["bwrap", *self._bwrap_args, "--info-fd", str(info_fd), "--", *argv]
-        launcher = limits_module.prlimit_argv(self.limits, memory_by_cgroup=self.cgroups is not None) + bwrap
-        if self.cgroups:
-            joins = "; ".join(f"echo $$ > {procs}" for procs in self.cgroups.procs_files)
-            setpriv = ["setpriv", f"--reuid={self.host_uid}", f"--regid={self.host_uid}", "--clear-groups", "--"]
-            launcher = ["/bin/sh", "-c", f'{joins} && exec "$@"', "sh", *setpriv, *launcher]
-        return launcher
-
     def _drop_privileges(self) -> dict[str, object]:
-        if self._as_root and not self.cgroups:  # with cgroups, setpriv drops after joining them
+        if self._as_root:
             return {"user": self.host_uid, "group": self.host_uid, "extra_groups": []}
         return {}
 
@@ -268,20 +280,14 @@ class BwrapSandbox:
                      "or, inside a container, run it with --privileged or a seccomp profile that allows clone(CLONE_NEWUSER)",
             )
 
-    def _kill(self, process: subprocess.Popen[bytes], info: BinaryIO) -> None:
+    def _kill(self, process: subprocess.Popen[bytes], child_pid: int | None) -> None:
         """Kill the namespace's pid 1 (the command; the kernel then kills the rest of the namespace).
 
         Killing pid 1 rather than bwrap lets bwrap reap it, so no zombie is left to a host init
-        that may not reap. If bwrap has not reported pid 1 yet, kill bwrap itself
-        (`--die-with-parent` then takes pid 1 down).
+        that may not reap. Without a child pid, kill bwrap (`--die-with-parent` takes pid 1 down).
         """
-        os.set_blocking(info.fileno(), False)
         try:
-            child_pid = json.loads(info.read() or b"{}").get("child-pid")
-        except (OSError, ValueError, TypeError):
-            child_pid = None
-        try:
-            if isinstance(child_pid, int):
+            if child_pid is not None:
                 os.kill(child_pid, signal.SIGKILL)
             else:
                 os.killpg(process.pid, signal.SIGKILL)
@@ -325,7 +331,7 @@ def bwrap_available() -> str:
 
 
 def _require_tools() -> None:
-    for tool in ("bwrap", "prlimit", "setpriv"):
+    for tool in ("bwrap", "prlimit"):
         if shutil.which(tool) is None:
             raise SandboxUnavailable(f"`{tool}` is not installed", hint="apt-get install bubblewrap util-linux")
 
@@ -363,6 +369,24 @@ def _looks_like_rlimit_oom(returncode: int, stderr: str) -> bool:
     """Without a memory cgroup, RLIMIT_AS makes allocations fail: a Python MemoryError or a SIGKILL/SIGSEGV."""
     tail = stderr.rstrip().rsplit("\n", 1)[-1]
     return tail.startswith("MemoryError") or returncode in (128 + signal.SIGSEGV,)
+
+
+def _read_child_pid(info_fd: int, timeout_s: float = 10.0) -> int | None:
+    """The host pid of bwrap's child, from the JSON bwrap writes to --info-fd (None if it wrote none)."""
+    text = b""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([info_fd], [], [], deadline - time.monotonic())
+        chunk = os.read(info_fd, 4096) if ready else b""
+        if not chunk:
+            break  # EOF: bwrap closed it (or exited)
+        text += chunk
+        try:
+            child_pid = json.loads(text).get("child-pid")
+            return child_pid if isinstance(child_pid, int) else None
+        except ValueError:
+            continue  # not complete yet
+    return None
 
 
 def _start_ticks(pid: int) -> str:

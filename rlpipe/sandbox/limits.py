@@ -6,7 +6,7 @@ Two layers, from strongest to weakest:
   tree (RSS + tmpfs pages, no swap), a process-count limit, an OOM-kill counter, and
   "kill every process in the group". Used when this process may create child cgroups
   (root on a v1 host, or a delegated v2 subtree with `memory` and `pids` enabled).
-- rlimits (set by util-linux `prlimit` just before bwrap starts): RLIMIT_CPU (CPU seconds,
+- rlimits (set by util-linux `prlimit` on itself just before it execs bwrap): RLIMIT_CPU (CPU seconds,
   per process), RLIMIT_FSIZE (largest file), RLIMIT_NPROC (processes of the sandbox's uid),
   RLIMIT_CORE=0, and RLIMIT_AS (address space) when no memory cgroup exists.
 
@@ -49,6 +49,11 @@ class SandboxCgroups:
     def procs_files(self) -> list[Path]:
         dirs = [self.memory_dir] if self.memory_dir == self.pids_dir else [self.memory_dir, self.pids_dir]
         return [directory / "cgroup.procs" for directory in dirs]
+
+    def add(self, pid: int) -> None:
+        """Move `pid` (bwrap's child, before it runs the command) into the cgroup(s)."""
+        for procs in self.procs_files:
+            _write(procs, str(pid))
 
     def oom_kill_count(self) -> int:
         name = "memory.events" if self.layout.version == 2 else "memory.oom_control"
@@ -115,7 +120,7 @@ def detect_cgroups() -> CgroupLayout | None:
 
 
 def create_cgroups(layout: CgroupLayout, name: str, limits: Limits) -> SandboxCgroups | None:
-    """Make the cgroup(s) for one sandbox; its launcher joins them (as root) before dropping privileges."""
+    """Make the cgroup(s) for one sandbox; bwrap's child is moved in by pid (SandboxCgroups.add)."""
     memory_dir = layout.memory_parent / f"{CGROUP_PREFIX}{name}"
     pids_dir = layout.pids_parent / f"{CGROUP_PREFIX}{name}"
     memory_bytes = str(limits.memory_mb * 1024 * 1024)
@@ -128,12 +133,11 @@ def create_cgroups(layout: CgroupLayout, name: str, limits: Limits) -> SandboxCg
         else:
             _write(memory_dir / "memory.limit_in_bytes", memory_bytes)
             _write(memory_dir / "memory.memsw.limit_in_bytes", memory_bytes, missing_ok=True)
-        # + 2 for bwrap's own two processes (the outer one and the namespace's init)
-        _write(pids_dir / "pids.max", str(limits.max_processes + 2))
+        _write(pids_dir / "pids.max", str(limits.max_processes))  # bwrap itself stays outside
     except OSError:
         SandboxCgroups(layout, memory_dir, pids_dir).remove()
         return None
-    return SandboxCgroups(layout, memory_dir, pids_dir)
+    return SandboxCgroups(layout, memory_dir, pids_dir)  # joined by pid: SandboxCgroups.add
 
 
 def remove_cgroups_named(layout: CgroupLayout | None, name: str) -> None:
@@ -144,16 +148,15 @@ def remove_cgroups_named(layout: CgroupLayout | None, name: str) -> None:
 
 
 def prlimit_argv(limits: Limits, memory_by_cgroup: bool) -> list[str]:
-    """`prlimit ... --` setting the rlimits that back (or replace) the cgroup limits."""
+    """`prlimit ... --`: the rlimits that back (or, without cgroups, replace) the cgroup limits.
+
+    util-linux `prlimit` sets them on itself, already running as the sandbox's uid, then
+    execs bwrap (setting them on another uid's process would need CAP_SYS_RESOURCE, which
+    containers often drop). RLIMIT_NPROC counts bwrap itself too, hence the + 1.
+    """
     mib = 1024 * 1024
-    argv = [
-        "prlimit",
-        f"--cpu={limits.cpu_time_s}",
-        f"--fsize={limits.disk_mb * mib}",
-        f"--nproc={limits.max_processes + 2}",
-        "--core=0",
-        "--nofile=1024",
-    ]
+    argv = ["prlimit", f"--cpu={limits.cpu_time_s}", f"--fsize={limits.disk_mb * mib}",
+            f"--nproc={limits.max_processes + 1}", "--core=0", "--nofile=1024"]
     if not memory_by_cgroup:
         argv.append(f"--as={limits.memory_mb * mib}")
     return [*argv, "--"]
