@@ -2,8 +2,8 @@
 
 What it does: reads and writes a small JSON file, $RLPIPE_HOME/services.json (default
 ~/.rlpipe/services.json), holding the Prefect API URL, the MLflow tracking URI and the
-process ids; and says whether a recorded service is alive (its process exists and its
-port accepts a TCP connection within a second).
+process ids; and says whether the recorded services are alive (a process still exists)
+and whether a URL answers (its port accepts a TCP connection within a second).
 
 What it does not: start or stop processes (the CLI's `up` / `down` do), or talk HTTP to the
 services beyond opening a socket.
@@ -24,21 +24,24 @@ STATE_FILE_NAME = "services.json"
 
 @dataclass(frozen=True)
 class LocalServices:
-    """What `rlpipe up` started. A None URL or pid = that service was not started."""
+    """What `rlpipe up` started: the Prefect API URL, the MLflow URI and their process ids."""
 
-    prefect_api_url: str | None
-    mlflow_uri: str | None
-    prefect_pid: int | None
-    mlflow_pid: int | None
-    started_at_ms: int
+    prefect_api_url: str
+    mlflow_uri: str
+    pids: tuple[int, ...]
+    started_at_ms: int = 0
+
+    @property
+    def prefect_ui_url(self) -> str:
+        """The Prefect UI: the API URL without its trailing /api."""
+        return self.prefect_api_url.rstrip("/").removesuffix("/api")
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "prefect_api_url": self.prefect_api_url,
                 "mlflow_uri": self.mlflow_uri,
-                "prefect_pid": self.prefect_pid,
-                "mlflow_pid": self.mlflow_pid,
+                "pids": list(self.pids),
                 "started_at_ms": self.started_at_ms,
             },
             indent=2,
@@ -48,10 +51,9 @@ class LocalServices:
     def from_json(text: str) -> LocalServices:
         d = json.loads(text)
         return LocalServices(
-            prefect_api_url=d.get("prefect_api_url"),
-            mlflow_uri=d.get("mlflow_uri"),
-            prefect_pid=d.get("prefect_pid"),
-            mlflow_pid=d.get("mlflow_pid"),
+            prefect_api_url=str(d["prefect_api_url"]),
+            mlflow_uri=str(d["mlflow_uri"]),
+            pids=tuple(int(pid) for pid in d.get("pids", [])),
             started_at_ms=int(d.get("started_at_ms", 0)),
         )
 
@@ -121,23 +123,29 @@ def url_answers(url: str | None, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def service_alive(url: str | None, pid: int | None) -> bool:
-    """A recorded service is alive if its port answers and (when a pid is known) the
-    process still exists."""
-    return url_answers(url) and (pid is None or pid_alive(pid))
+def read_live_services(home: Path | None = None) -> LocalServices | None:
+    """The recorded services if any of their processes still exists, else None (a record
+    without pids counts as live when one of its URLs answers)."""
+    services = read_services(home)
+    if services is None:
+        return None
+    if services.pids:
+        return services if any(pid_alive(pid) for pid in services.pids) else None
+    alive = url_answers(services.mlflow_uri) or url_answers(services.prefect_api_url)
+    return services if alive else None
 
 
 def live_mlflow_uri(home: Path | None = None) -> str | None:
-    """The MLflow URI of a running `rlpipe up`, or None."""
-    services = read_services(home)
-    if services is None or not service_alive(services.mlflow_uri, services.mlflow_pid):
+    """The MLflow URI of a running `rlpipe up` whose port answers, or None."""
+    services = read_live_services(home)
+    if services is None or not url_answers(services.mlflow_uri):
         return None
     return services.mlflow_uri
 
 
 def live_prefect_api_url(home: Path | None = None) -> str | None:
-    """The Prefect API URL of a running `rlpipe up`, or None."""
-    services = read_services(home)
-    if services is None or not service_alive(services.prefect_api_url, services.prefect_pid):
+    """The Prefect API URL of a running `rlpipe up` whose port answers, or None."""
+    services = read_live_services(home)
+    if services is None or not url_answers(services.prefect_api_url):
         return None
     return services.prefect_api_url

@@ -104,7 +104,7 @@ def test_resolve_prefers_configured_then_live_service_then_sqlite(tmp_path: Path
     # a recorded service whose process is gone is ignored
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    write_services(LocalServices(None, f"http://127.0.0.1:{free_port()}", None, dead.pid, 1), home)
+    write_services(LocalServices("http://127.0.0.1:1/api", f"http://127.0.0.1:{free_port()}", (dead.pid,)), home)
     assert read_services(home) is not None
     assert resolve_tracking_uri(None, home, tmp_path).startswith("sqlite:///")
     # a live one (this test process listening on a port) is used
@@ -112,16 +112,17 @@ def test_resolve_prefers_configured_then_live_service_then_sqlite(tmp_path: Path
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         uri = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        write_services(LocalServices("http://127.0.0.1:4200/api", uri, None, os.getpid(), 1), home)
+        write_services(LocalServices("http://127.0.0.1:4200/api", uri, (os.getpid(),)), home)
         assert resolve_tracking_uri(None, home, tmp_path) == uri
 
 
 def test_services_home_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLPIPE_HOME", str(tmp_path / "rh"))
-    services = LocalServices("http://127.0.0.1:4200/api", "http://127.0.0.1:5000", 11, 12, 99)
+    services = LocalServices("http://127.0.0.1:4200/api", "http://127.0.0.1:5000", (11, 12), 99)
     path = write_services(services)
     assert path == tmp_path / "rh" / "services.json"
     assert read_services() == services
+    assert services.prefect_ui_url == "http://127.0.0.1:4200"
     path.write_text("{torn")
     assert read_services() is None
 
