@@ -29,6 +29,7 @@ share); exit codes of signalled processes are reported as bwrap reports them (12
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import random
@@ -85,7 +86,9 @@ class BwrapSandbox:
         try:
             self._make_work_dir()
             layout = limits_module.detect_cgroups() if self._as_root else None
-            self.cgroups = limits_module.create_cgroups(layout, self.name, limits) if layout else None
+            # RLIMIT_NPROC of this sandbox's own uid caps processes: no pids cgroup needed (saves a v1 move)
+            cgroup_name = _cgroup_name(self.runtime_root, self.name)
+            self.cgroups = limits_module.create_cgroups(layout, cgroup_name, limits, pids_cgroup=False) if layout else None
             self._python_prefix = python_prefix if python_prefix is not None else _default_python_prefix(self._as_root)
             self._bwrap_args = self._mount_args()
             self._prlimit_argv = limits_module.prlimit_argv(limits, memory_by_cgroup=self.cgroups is not None)
@@ -146,7 +149,12 @@ class BwrapSandbox:
         try:
             child_pid = _read_child_pid(info_read_fd)
             if child_pid is not None and self.cgroups:
-                self.cgroups.add(child_pid)
+                try:
+                    self.cgroups.add(child_pid)
+                except OSError as exc:
+                    os.kill(child_pid, signal.SIGKILL)
+                    raise SandboxUnavailable(f"cannot move the sandboxed process into {self.cgroups.memory_dir}: {exc}",
+                                             hint="the sandbox's cgroup vanished; close it and make a new one") from exc
         finally:
             os.write(block_write_fd, b"go")
             os.close(block_write_fd)
@@ -189,7 +197,7 @@ class BwrapSandbox:
             return
         self._closed = True
         if getattr(self, "cgroups", None):
-            self.cgroups.remove()
+            self.cgroups.remove_soon()
         if self._as_root:
             _umount(self.work_dir)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -313,12 +321,24 @@ def reap_leaked_sandboxes(runtime_root: Path | None = None) -> int:
             continue
         if os.geteuid() == 0:
             _umount(directory / "work")
-        limits_module.remove_cgroups_named(layout, directory.name)
+        limits_module.remove_cgroups_named(layout, _cgroup_name(root, directory.name))
         shutil.rmtree(directory, ignore_errors=True)
         for snapshot_dir in (root / "snapshots").glob(f"{directory.name}-*"):
             shutil.rmtree(snapshot_dir, ignore_errors=True)
         reaped += 1
+    if layout is not None:  # cgroups whose removal thread never ran (the owner exited first)
+        tag = _cgroup_name(root, "")
+        for parent in {layout.memory_parent, layout.pids_parent}:
+            for cgroup_dir in parent.glob(f"{limits_module.CGROUP_PREFIX}{tag}*"):
+                sandbox_name = cgroup_dir.name.removeprefix(limits_module.CGROUP_PREFIX + tag)
+                if not (root / sandbox_name).exists():
+                    limits_module.remove_cgroups_named(layout, tag + sandbox_name)
     return reaped
+
+
+def _cgroup_name(runtime_root: Path, sandbox_name: str) -> str:
+    """Cgroups are host-wide: tag them with the runtime root so one root's reaper spares another's."""
+    return f"{hashlib.sha256(str(runtime_root.resolve()).encode()).hexdigest()[:8]}-{sandbox_name}"
 
 
 def bwrap_available() -> str:

@@ -17,7 +17,9 @@ concurrency instead), disk I/O bandwidth, or kernel memory outside the memory cg
 from __future__ import annotations
 
 import os
+import queue
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +92,20 @@ class SandboxCgroups:
                     pass
             time.sleep(0.002)
 
+    def remove_soon(self) -> None:
+        """Kill what is left now; remove the (then empty) dirs on a background thread.
+
+        Removing a v1 memory cgroup takes milliseconds; a sandbox's close need not wait.
+        Dirs left by an exit before the thread ran are empty and are reaped by name.
+        """
+        self.kill_all()
+        _removals.put(self)
+        with _removal_lock:
+            global _removal_thread
+            if _removal_thread is None or not _removal_thread.is_alive():
+                _removal_thread = threading.Thread(target=_remove_forever, name="cgroup-removal", daemon=True)
+                _removal_thread.start()
+
     def remove(self) -> None:
         self.kill_all()
         for directory in {self.memory_dir, self.pids_dir}:
@@ -101,6 +117,16 @@ class SandboxCgroups:
                     break
                 except OSError:
                     time.sleep(0.01)
+
+
+_removals: queue.SimpleQueue[SandboxCgroups] = queue.SimpleQueue()
+_removal_lock = threading.Lock()
+_removal_thread: threading.Thread | None = None
+
+
+def _remove_forever() -> None:
+    while True:
+        _removals.get().remove()
 
 
 def detect_cgroups() -> CgroupLayout | None:
@@ -119,10 +145,12 @@ def detect_cgroups() -> CgroupLayout | None:
     return CgroupLayout(version=1, memory_parent=memory_parent, pids_parent=pids_parent)
 
 
-def create_cgroups(layout: CgroupLayout, name: str, limits: Limits) -> SandboxCgroups | None:
+def create_cgroups(layout: CgroupLayout, name: str, limits: Limits, pids_cgroup: bool = True) -> SandboxCgroups | None:
     """Make the cgroup(s) for one sandbox; bwrap's child is moved in by pid (SandboxCgroups.add)."""
     memory_dir = layout.memory_parent / f"{CGROUP_PREFIX}{name}"
-    pids_dir = layout.pids_parent / f"{CGROUP_PREFIX}{name}"
+    # v1 moves a task into each hierarchy separately (milliseconds each); where RLIMIT_NPROC of a
+    # per-sandbox uid already caps processes, the caller skips the pids hierarchy
+    pids_dir = layout.pids_parent / f"{CGROUP_PREFIX}{name}" if pids_cgroup or layout.version == 2 else memory_dir
     memory_bytes = str(limits.memory_mb * 1024 * 1024)
     try:
         for directory in {memory_dir, pids_dir}:
@@ -133,7 +161,8 @@ def create_cgroups(layout: CgroupLayout, name: str, limits: Limits) -> SandboxCg
         else:
             _write(memory_dir / "memory.limit_in_bytes", memory_bytes)
             _write(memory_dir / "memory.memsw.limit_in_bytes", memory_bytes, missing_ok=True)
-        _write(pids_dir / "pids.max", str(limits.max_processes))  # bwrap itself stays outside
+        if pids_cgroup or layout.version == 2:
+            _write(pids_dir / "pids.max", str(limits.max_processes))  # bwrap itself stays outside
     except OSError:
         SandboxCgroups(layout, memory_dir, pids_dir).remove()
         return None

@@ -58,4 +58,5 @@ def test_no_process_dir_or_cgroup_outlives_its_sandbox():
     if os.geteuid() == 0:  # otherwise the uid is ours and shared with this very process
         assert _processes_of_uid(uid) == []
     if cgroups is not None:
-        assert not cgroups.memory_dir.exists() and not cgroups.pids_dir.exists()
+        cgroups.remove()  # close() leaves the removal of the emptied dirs to a background thread
+        assert cgroups.pids() == [] and not cgroups.memory_dir.exists() and not cgroups.pids_dir.exists()

@@ -151,4 +151,4 @@ def _reap_in(tmp_path: Path) -> None:
                      reap_leaked=lambda: reap_leaked_sandboxes(tmp_path)) as pool:
         assert pool.reaped_at_start == 1 and not leaked_dir.exists()
     if leaked.cgroups is not None:
-        assert not leaked.cgroups.pids_dir.exists()
+        assert not leaked.cgroups.memory_dir.exists() and not leaked.cgroups.pids_dir.exists()
