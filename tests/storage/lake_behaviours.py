@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.core.errors import StorageUnavailable, UserError
+from rlpipe.core.errors import RunNotFoundError, StorageUnavailable, UserError
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus, StepManifest
 from rlpipe.storage.query import query_trajectories
@@ -95,6 +95,8 @@ def query_counts_only_committed_parts(lake: Lake) -> None:
     assert metrics.rows == [(0, 1.5), (1, 1.5)]
     one_run = query_trajectories(lake, "select count(*) from trajectories", run_id="r1")
     assert one_run.rows == [(9,)]
+    with pytest.raises(RunNotFoundError):
+        query_trajectories(lake, "select 1", run_id="no-such-run")
     with pytest.raises(UserError):
         query_trajectories(lake, "selec nonsense")
     with pytest.raises(UserError):

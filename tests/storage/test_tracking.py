@@ -20,6 +20,8 @@ from rlpipe.storage.tracking import Tracker, resolve_tracking_uri
 from tests.helpers.s3_server import free_port
 from tests.helpers.trajectories import make_trajectories
 
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
 
 @pytest.fixture(scope="module")
 def tracker(tmp_path_factory: pytest.TempPathFactory) -> Tracker:
