@@ -27,8 +27,8 @@ Guaranteed (each has an adversarial test in tests/sandbox/test_docker_attacks.py
 
 Snapshots: `docker commit` does not see tmpfs mounts, so `snapshot()` streams a tar of /work
 out of the container and keeps it in this process's memory (bounded by `disk_mb`);
-`restore()` empties /work and unpacks it. Files go in and out the same way (a tar over the
-exec's stdin/stdout): `docker cp`/`put_archive` would write under the tmpfs, not into it.
+`restore()` empties /work and unpacks it. Files go in and out the same way (framed bytes over
+the exec's stdin/stdout): `docker cp`/`put_archive` would write under the tmpfs, not into it.
 
 Not guaranteed: isolation from kernel exploits (containers share the host kernel; use
 gVisor/kata as the runtime for hostile code at scale); one command at a time per sandbox
@@ -39,12 +39,10 @@ engine answers, SandboxUnavailable says how to start one.
 
 from __future__ import annotations
 
-import io
 import os
 import select
 import socket
 import struct
-import tarfile
 import threading
 import time
 import uuid
@@ -80,16 +78,29 @@ else:
     print(-1)
 """
 _WIPE = """
-import os, shutil, sys
-def fix(function, path, _):
-    os.chmod(os.path.dirname(path), 0o700); os.chmod(path, 0o700) if os.path.isdir(path) else None; function(path)
-for root in sys.argv[1:]:
-    for name in os.listdir(root):
-        path = os.path.join(root, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, onerror=fix)
+import os, sys
+def wipe(path):
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            os.chmod(entry.path, 0o700)
+            wipe(entry.path)
+            os.rmdir(entry.path)
         else:
-            os.unlink(path)
+            os.unlink(entry.path)
+for root in sys.argv[1:]:
+    wipe(root)
+"""
+_UNPACK = """
+import os, sys
+data, at = sys.stdin.buffer.read(), 0
+while at < len(data):
+    path_size, data_size = int.from_bytes(data[at:at + 4], 'big'), int.from_bytes(data[at + 4:at + 12], 'big')
+    path = '/work/' + data[at + 12:at + 12 + path_size].decode()
+    at += 12 + path_size
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'wb') as f:
+        f.write(data[at:at + data_size])
+    at += data_size
 """
 _UNTAR = "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|').extractall('/work')"
 _TAR = """
@@ -330,13 +341,12 @@ class DockerSandbox:
 
     # --- files and state -------------------------------------------------------------
     def write_files(self, files: dict[str, bytes]) -> None:
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            for path, data in files.items():
-                member = tarfile.TarInfo(_checked_relative(path))
-                member.size, member.mode, member.mtime = len(data), 0o644, int(time.time())
-                archive.addfile(member, io.BytesIO(data))
-        self._internal(["python3", "-S", "-c", _UNTAR], buffer.getvalue(), "write files")
+        """Write files under /work (parents created, existing files replaced) in one exec."""
+        frames = bytearray()
+        for path, data in files.items():
+            encoded = _checked_relative(path).encode()
+            frames += len(encoded).to_bytes(4, "big") + len(data).to_bytes(8, "big") + encoded + data
+        self._internal(["python3", "-S", "-c", _UNPACK], bytes(frames), "write files")
 
     def read_file(self, path: str) -> bytes:
         raw = self._run(["python3", "-S", "-c", _CAT, "/work/" + _checked_relative(path)], b"", 60.0, None)

