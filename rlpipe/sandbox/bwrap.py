@@ -3,7 +3,8 @@
 Each `exec` starts `bwrap` with new user, pid, net, ipc, uts, mount and cgroup namespaces
 (`--unshare-all`), `--die-with-parent`, `--new-session` and `--disable-userns`. Inside: the
 host's /usr (and the /bin, /lib, /lib64 links into it) read-only, a minimal synthetic /etc,
-fresh /proc and /dev, a size-limited tmpfs /tmp, and the sandbox's work dir at /work; uid and
+fresh /proc and /dev, `/`, /etc and /dev remounted read-only, size-limited tmpfs /tmp and
+/dev/shm (`disk_mb` each), and the sandbox's work dir at /work; uid and
 gid 1000, an environment of PATH, HOME=/work, LANG and TMPDIR only; no network interface but
 loopback unless `Limits.network`. Nothing else of the host is mounted (not /root, /home, /work,
 the project, the venv).
@@ -12,14 +13,21 @@ When this process is root (the usual case in a container), each sandbox gets:
 - its own unprivileged host uid (bwrap runs as it, so even an escape lands as nobody and
   RLIMIT_NPROC counts this sandbox alone),
 - a host tmpfs of `disk_mb` as the work dir (files persist across execs; reset = remount),
-- cgroups (v1 memory+pids or delegated v2) for memory, process count, OOM detection and
-  killing the whole tree, where the host allows (see limits.py); rlimits always.
+- a memory cgroup (v1, or a delegated v2 subtree with pids too) for memory, OOM detection
+  and killing the whole tree, where the host allows (see limits.py); bwrap's child joins it
+  by pid while it waits on --block-fd, before the command runs; bwrap itself stays outside;
+- rlimits always (util-linux `prlimit` execs bwrap): CPU time, file size, core, and
+  RLIMIT_NPROC, which caps processes because the uid is this sandbox's alone.
 Otherwise (not root): bwrap runs as the caller, the work dir is a plain directory whose
-files are bounded only by RLIMIT_FSIZE, and memory is bounded by RLIMIT_AS.
+files are bounded only by RLIMIT_FSIZE per file (the disk_fill attack is *not* contained:
+`rlpipe sandbox selftest` says so), memory is bounded by RLIMIT_AS, and processes by
+RLIMIT_NPROC of the caller's uid (shared with everything else the caller runs).
 
-Wall-clock timeout: the outer bwrap is SIGKILLed; `--die-with-parent` kills the pid
-namespace's init with it, and the kernel kills every process left in that namespace (and
-the cgroup is emptied as well). Nothing the sandboxed code starts survives its exec.
+The command is the pid namespace's pid 1 (`--as-pid-1`). When it exits, or when the
+wall-clock timeout SIGKILLs it, the kernel kills every process left in the namespace (and
+the cgroup is emptied as well); bwrap reaps it, so no zombie is left to a host init that
+may not reap. If this process dies, `--die-with-parent` takes the sandbox down. Nothing the
+sandboxed code starts survives its exec.
 
 Not guaranteed: protection from kernel exploits (no seccomp filter beyond bwrap's own), from
 timing side channels, or from CPU oversubscription (CPU time is limited per process, not CPU
