@@ -91,6 +91,7 @@ class BwrapSandbox:
         self.work_dir = self.dir / "work"
         self._closed = False
         self._snapshots: list[Path] = []
+        self.work_on_tmpfs = False
         try:
             self._make_work_dir()
             layout = limits_module.detect_cgroups() if self._as_root else None
@@ -193,7 +194,7 @@ class BwrapSandbox:
     def reset(self) -> None:
         if self.cgroups:
             self.cgroups.kill_all()
-        if self._as_root:
+        if self.work_on_tmpfs:
             _umount(self.work_dir)
             self._mount_work_tmpfs()
         else:
@@ -206,7 +207,7 @@ class BwrapSandbox:
         self._closed = True
         if getattr(self, "cgroups", None):
             self.cgroups.remove_soon()
-        if self._as_root:
+        if self.work_on_tmpfs:
             _umount(self.work_dir)
         shutil.rmtree(self.dir, ignore_errors=True)
         for snapshot_dir in self._snapshots:
@@ -238,9 +239,14 @@ class BwrapSandbox:
         raise SandboxUnavailable(f"no free sandbox slot under {self.runtime_root}", hint="run `rlpipe sandbox selftest` to reap leaked sandboxes")
 
     def _make_work_dir(self) -> None:
+        """A tmpfs of disk_mb as root; a plain dir (bounded per file only) where mounting is not allowed."""
         self.work_dir.mkdir(mode=0o700)
         if self._as_root:
-            self._mount_work_tmpfs()
+            try:
+                self._mount_work_tmpfs()
+                self.work_on_tmpfs = True
+            except SandboxUnavailable:
+                os.chown(self.work_dir, self.host_uid, self.host_uid)
 
     def _mount_work_tmpfs(self) -> None:
         inodes = max(4096, self.limits.disk_mb * 64)
