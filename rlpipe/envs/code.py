@@ -38,9 +38,6 @@ import json
 import random
 import secrets
 import time
-from concurrent.futures import ThreadPoolExecutor
-from queue import Queue
-from typing import Callable
 
 from rlpipe.core.errors import DatasetError, InfraError
 from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
@@ -201,31 +198,3 @@ class CodeEnv:
             metadata=(("split", split), ("entry_point", problem["entry_point"])),
         )
 
-
-def verify_in_parallel(env, items: list[tuple[Task, str]], sandboxes: list[Sandbox],
-                       on_done: Callable[[int, Verdict], None] | None = None) -> list[Verdict]:
-    """Verify (task, completion) pairs on a fixed set of sandboxes, one thread per sandbox.
-
-    Each sandbox serves one pair at a time and is reset after each; verdicts come back in
-    the order of `items`. `on_done(index, verdict)` is called as each finishes (progress).
-    """
-    if not sandboxes:
-        raise ValueError("verify_in_parallel needs at least one sandbox")
-    free: Queue[Sandbox] = Queue()
-    for sandbox in sandboxes:
-        free.put(sandbox)
-
-    def one(index: int) -> Verdict:
-        sandbox = free.get()
-        try:
-            task, completion_text = items[index]
-            verdict = env.verify(task, completion_text, sandbox)
-            sandbox.reset()
-        finally:
-            free.put(sandbox)
-        if on_done is not None:
-            on_done(index, verdict)
-        return verdict
-
-    with ThreadPoolExecutor(max_workers=len(sandboxes)) as executor:
-        return list(executor.map(one, range(len(items))))
