@@ -121,9 +121,14 @@ def density(backend: Backend) -> list[Row]:
     cost_mb = max(0.0, (available_before_mb - _mem_available_mb()) / len(sandboxes))
     for sandbox in sandboxes:
         sandbox.close()
-    fits = "unbounded by memory" if cost_mb < 0.01 else f"~{int(available_before_mb / cost_mb):,} idle ones fit in available memory"
-    rows = [(f"{backend.name}: idle sandbox memory ({len(sandboxes)} held)", f"{cost_mb * 1024:7.0f} KiB each; {fits}")]
+    fits = "too small to see in MemAvailable" if cost_mb < 0.01 else f"~{int(available_before_mb / cost_mb):,} idle ones fit in available memory"
+    rows = [(f"{backend.name}: idle sandbox memory ({len(sandboxes)} held)", f"{cost_mb * 1024:7.0f} KiB each (MemAvailable delta, noisy); {fits}")]
     if backend.name == "bwrap":
+        from rlpipe.sandbox.bwrap import SANDBOX_UID_SPAN
+
+        mount_max = int(Path("/proc/sys/fs/mount-max").read_text()) if Path("/proc/sys/fs/mount-max").exists() else 0
+        rows.append(("bwrap: idle sandbox bound besides memory", f"no process held; one tmpfs mount + one cgroup each: "
+                     f"at most {SANDBOX_UID_SPAN:,} (uid range), fs.mount-max {mount_max:,}"))
         rows.append(_bwrap_running_cost())
     return rows
 
