@@ -97,3 +97,17 @@ def test_missing_bwrap_is_sandbox_unavailable_with_a_hint(monkeypatch, tmp_path:
     with pytest.raises(SandboxUnavailable) as raised:
         BwrapSandbox(Limits())
     assert "apt-get install" in raised.value.hint
+
+
+def test_network_true_shares_the_host_network():
+    require_bwrap()
+    import socket
+
+    from rlpipe.sandbox.bwrap import BwrapSandbox
+
+    with socket.socket() as listener, BwrapSandbox(Limits(network=True)) as sandbox:
+        listener.bind(("127.0.0.1", 0))  # loopback only: tests never reach beyond this machine
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        result = sandbox.exec(["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"])
+    assert result.exit_code == 0, result.stderr
