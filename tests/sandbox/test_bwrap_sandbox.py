@@ -111,3 +111,17 @@ def test_network_true_shares_the_host_network():
         port = listener.getsockname()[1]
         result = sandbox.exec(["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"])
     assert result.exit_code == 0, result.stderr
+
+
+def test_several_sandboxes_fork_from_one_snapshot():
+    require_bwrap()
+    from rlpipe.sandbox.bwrap import BwrapSandbox
+
+    with BwrapSandbox(Limits()) as origin, BwrapSandbox(Limits()) as first, BwrapSandbox(Limits()) as second:
+        origin.write_files({"repo/state.txt": b"initial"})
+        snapshot = origin.snapshot()
+        for index, sandbox in enumerate((first, second)):
+            sandbox.restore(snapshot)
+            sandbox.exec(["sh", "-c", f"echo {index} >> repo/state.txt"])
+        assert first.read_file("repo/state.txt") == b"initial0\n" and second.read_file("repo/state.txt") == b"initial1\n"
+        assert origin.read_file("repo/state.txt") == b"initial"
