@@ -148,26 +148,35 @@ class BwrapSandbox:
         fds = ["--info-fd", str(info_write_fd), "--block-fd", str(block_read_fd)]
         try:
             process = subprocess.Popen(
-                [*self._prlimit_argv, "bwrap", *self._bwrap_args, *fds, "--", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, close_fds=True,
+                [*self._prlimit_argv, "bwrap", *self._bwrap_args, *fds, "--", *argv], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, close_fds=True,
                 pass_fds=(info_write_fd, block_read_fd), process_group=0, **self._drop_privileges(),
             )
+        except OSError as exc:  # the host cannot fork or exec right now: not the code's doing
+            os.close(block_write_fd)
+            os.close(info_read_fd)
+            raise SandboxUnavailable(f"cannot start bwrap: {exc}", hint="the host is out of processes or memory") from exc
         finally:
             os.close(info_write_fd)
             os.close(block_read_fd)
+        child_pid = _read_child_pid(info_read_fd)
+        os.close(info_read_fd)
+        failure = None
+        if child_pid is not None and self.cgroups:
+            try:
+                self.cgroups.add(child_pid)
+            except OSError as exc:
+                os.kill(child_pid, signal.SIGKILL)
+                failure = exc
         try:
-            child_pid = _read_child_pid(info_read_fd)
-            if child_pid is not None and self.cgroups:
-                try:
-                    self.cgroups.add(child_pid)
-                except OSError as exc:
-                    os.kill(child_pid, signal.SIGKILL)
-                    raise SandboxUnavailable(f"cannot move the sandboxed process into {self.cgroups.memory_dir}: {exc}",
-                                             hint="the sandbox's cgroup vanished; close it and make a new one") from exc
-        finally:
             os.write(block_write_fd, b"go")
-            os.close(block_write_fd)
-            os.close(info_read_fd)
+        except BrokenPipeError:
+            pass  # bwrap is gone already; its exit status and stderr say why
+        os.close(block_write_fd)
+        if failure is not None:
+            process.communicate(timeout=5.0)
+            raise SandboxUnavailable(f"cannot move the sandboxed process into {self.cgroups.memory_dir}: {failure}",
+                                     hint="the sandbox's cgroup vanished; close it and make a new one") from failure
         return process, child_pid
 
     def write_files(self, files: dict[str, bytes]) -> None:
