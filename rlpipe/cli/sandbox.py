@@ -89,7 +89,9 @@ def selftest(
     from rlpipe.sandbox.selftest import ATTACKS, run_attack
 
     factory = sandbox_factory(backend)
-    factory(Limits()).close()  # fail fast, with the backend's own hint, if it cannot start at all
+    probe = factory(Limits())  # fail fast, with the backend's own hint, if it cannot start at all
+    enforcement = probe.enforcement() if hasattr(probe, "enforcement") else ""
+    probe.close()
     reaped = _reap_leaked(backend)
     outcomes = []
     with console.status("attacking...") as status:
@@ -106,6 +108,8 @@ def selftest(
             held = "[green]yes[/]" if outcome.held else "[bold red]NO[/]"
             table.add_row(outcome.guarantee, held, attack.description, outcome.detail)
         console.print(table)
+        if enforcement:
+            console.print(f"enforced by: {enforcement}")
         if reaped:
             console.print(f"reaped {reaped} sandbox(es) leaked by earlier processes")
     if not all(outcome.held for _, outcome in outcomes):

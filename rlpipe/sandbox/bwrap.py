@@ -222,6 +222,14 @@ class BwrapSandbox:
         for snapshot_dir in self._snapshots:
             shutil.rmtree(snapshot_dir, ignore_errors=True)
 
+    def enforcement(self) -> str:
+        """How this host enforces the limits, in one line (printed by `rlpipe sandbox selftest`)."""
+        memory = (f"memory cgroup v{self.cgroups.layout.version}" if self.cgroups
+                  else "RLIMIT_AS (no writable memory cgroup)")
+        work = f"tmpfs work dir of {self.limits.disk_mb} MB" if self.work_on_tmpfs else "plain work dir (RLIMIT_FSIZE per file only)"
+        uid = f"own host uid {self.host_uid}" if self._as_root else f"the caller's uid {self.host_uid}"
+        return f"{uid}; {work}; {memory}; RLIMIT_NPROC/CPU/FSIZE"
+
     def __enter__(self) -> BwrapSandbox:
         return self
 
