@@ -90,8 +90,7 @@ def wipe(path):
 for root in sys.argv[1:]:
     wipe(root)
 """
-_UNPACK = """
-import os, sys
+_UNPACK = _WIPE + """
 data, at = sys.stdin.buffer.read(), 0
 while at < len(data):
     path_size, data_size = int.from_bytes(data[at:at + 4], 'big'), int.from_bytes(data[at + 4:at + 12], 'big')
@@ -102,6 +101,7 @@ while at < len(data):
         f.write(data[at:at + data_size])
     at += data_size
 """
+_WIPED_DIRS = ["/work", "/tmp", "/dev/shm"]
 _UNTAR = "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|').extractall('/work')"
 _TAR = """
 import os, sys, tarfile
@@ -196,6 +196,7 @@ class DockerSandbox:
         self._snapshots: dict[str, bytes] = {}
         self._container_id: str | None = None
         self._oom_baseline = 0
+        self._needs_wipe = False
         self._start_container()
 
     # --- lifecycle -------------------------------------------------------------------
@@ -222,6 +223,7 @@ class DockerSandbox:
             raise SandboxUnavailable(f"docker could not start a sandbox container: {exc}",
                                      hint="check `docker info` and the engine log") from exc
         self._container_id = container.id
+        self._needs_wipe = False
         self._oom_baseline = self._oom_count()
 
     def _replace_container(self) -> None:
@@ -256,6 +258,7 @@ class DockerSandbox:
     # --- running commands ------------------------------------------------------------
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
+        self._wipe_if_needed()
         raw = self._run(_WRAPPER + list(argv), stdin, timeout_s, self.limits.output_bytes)
         oom_killed = False
         if raw.timed_out:
@@ -346,15 +349,25 @@ class DockerSandbox:
         for path, data in files.items():
             encoded = _checked_relative(path).encode()
             frames += len(encoded).to_bytes(4, "big") + len(data).to_bytes(8, "big") + encoded + data
-        self._internal(["python3", "-S", "-c", _UNPACK], bytes(frames), "write files")
+        wipe_first = _WIPED_DIRS if self._needs_wipe else []
+        raw = self._run(["python3", "-S", "-c", _UNPACK, *wipe_first], bytes(frames), 60.0, 4096)
+        if raw.exit_code != 0 and wipe_first:  # the wipe failed: a fresh container, then write again
+            self._replace_container()
+            raw = self._run(["python3", "-S", "-c", _UNPACK], bytes(frames), 60.0, 4096)
+        self._needs_wipe = False
+        if raw.exit_code != 0:
+            raise SandboxUnavailable(f"docker sandbox could not write files: {raw.stderr[-500:].decode(errors='replace')}",
+                                     hint="the files may not fit in the work dir (Limits.disk_mb)")
 
     def read_file(self, path: str) -> bytes:
+        self._wipe_if_needed()
         raw = self._run(["python3", "-S", "-c", _CAT, "/work/" + _checked_relative(path)], b"", 60.0, None)
         if raw.exit_code != 0:
             raise FileNotFoundError(f"{path} cannot be read in the sandbox: {raw.stderr[-300:].decode(errors='replace')}")
         return raw.stdout
 
     def snapshot(self) -> Snapshot:
+        self._wipe_if_needed()
         archive = self._internal(["python3", "-S", "-c", _TAR], b"", "snapshot /work")
         snapshot = Snapshot(snapshot_id=uuid.uuid4().hex)
         self._snapshots[snapshot.snapshot_id] = archive
@@ -364,19 +377,26 @@ class DockerSandbox:
         archive = self._snapshots.get(snapshot.snapshot_id)
         if archive is None:
             raise KeyError(f"snapshot {snapshot.snapshot_id} was not taken by this sandbox")
-        self.reset()
+        self._needs_wipe = True
+        self._wipe_if_needed()
         self._internal(["python3", "-S", "-c", _UNTAR], archive, "restore /work")
 
     def reset(self) -> None:
-        """Kill every sandbox process and empty /work, /tmp and /dev/shm (replace the container if that fails)."""
+        """Back to an empty /work, /tmp and /dev/shm. No process is left to kill (each command's
+        wrapper killed them), so the wipe is deferred: the next write_files does it in the same
+        exec, anything else first runs it on its own (one docker exec saved per pool use)."""
+        self._needs_wipe = True
+
+    def _wipe_if_needed(self) -> None:
+        if not self._needs_wipe:
+            return
         try:
-            raw = self._run(["/bin/sh", "-c", _KILL_ALL + '; exec python3 -S -c "$0" /work /tmp /dev/shm', _WIPE],
-                            b"", 30.0, 4096)
-            if raw.exit_code == 0:
-                return
+            raw = self._run(["python3", "-S", "-c", _WIPE, *_WIPED_DIRS], b"", 30.0, 4096)
+            if raw.exit_code != 0:
+                self._replace_container()
         except SandboxUnavailable:
-            pass
-        self._replace_container()
+            self._replace_container()
+        self._needs_wipe = False
 
     def _internal(self, argv: list[str], stdin: bytes, what: str) -> bytes:
         """A command of ours (not the sandboxed code's); its failure is an infrastructure error."""
