@@ -1,7 +1,8 @@
 """Build the docker sandbox image from files of this host (no registry is ever contacted).
 
-The image is a minimal root filesystem assembled from host files: the Debian python3.11
-interpreter and its standard library (without tests, tkinter, idle, ensurepip), the shared
+The image is a minimal root filesystem assembled from host files: the distribution's
+python3.N interpreter (the newest /usr/bin/python3.N with /usr/lib/python3.N; 3.11 on
+Debian 12) and its standard library (without tests, tkinter, idle, ensurepip), the shared
 libraries they link against (found with `ldd`), `dash` as /bin/sh, an /etc/passwd with a
 non-root `sandbox` user (uid 1000), and empty mount points /work and /tmp. The tar stream
 is built in memory, entries sorted, mtimes and owners zeroed, so the same host files always
@@ -10,7 +11,7 @@ give the same image; it is loaded with `docker import`.
 The tag is `rlpipe-sandbox:<hash>`, the hash taken over the builder version and the path,
 size, mode and mtime of every source file, so `ensure_image` costs a few hundred `stat`s
 and one `docker inspect` when the image already exists, and a host upgrade of python
-builds a new image.
+builds a new image. Within one process the answer is cached per client.
 
 What it does not do: it ships no package manager, no compiler, no coreutils and no
 site-packages; code in the sandbox gets the standard library and nothing else.
@@ -23,6 +24,7 @@ import io
 import os
 import subprocess
 import tarfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +33,25 @@ from rlpipe.core.errors import SandboxUnavailable
 IMAGE_REPOSITORY = "rlpipe-sandbox"
 BUILDER_VERSION = "1"
 SANDBOX_UID = 1000
-PYTHON_BINARY = Path("/usr/bin/python3.11")
-STDLIB_DIR = Path("/usr/lib/python3.11")
 SHELL_BINARY = Path("/usr/bin/dash")
 STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages",
-               "dist-packages", "config-3.11-x86_64-linux-gnu", "lib2to3", "EXTERNALLY-MANAGED"}
+               "dist-packages", "lib2to3", "EXTERNALLY-MANAGED"}
+
+
+def _system_python() -> tuple[Path, Path]:
+    """The newest distribution interpreter /usr/bin/python3.N that has its stdlib in /usr/lib/python3.N."""
+    found = []
+    for binary in Path("/usr/bin").glob("python3.*"):
+        minor = binary.name.removeprefix("python3.")
+        if minor.isdigit() and (Path("/usr/lib") / binary.name / "os.py").exists():
+            found.append((int(minor), binary, Path("/usr/lib") / binary.name))
+    if not found:
+        return Path("/usr/bin/python3.11"), Path("/usr/lib/python3.11")  # missing: image_entries says so
+    _, binary, stdlib = max(found)
+    return binary, stdlib
+
+
+PYTHON_BINARY, STDLIB_DIR = _system_python()
 
 _PASSWD = b"root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/work:/bin/sh\n"
 _GROUP = b"root:x:0:\nsandbox:x:1000:\n"
@@ -72,9 +88,9 @@ def _stdlib_entries() -> list[_Entry]:
     entries = []
     for root, dirs, files in os.walk(STDLIB_DIR):
         relative = Path(root).relative_to(STDLIB_DIR)
-        dirs[:] = sorted(d for d in dirs if not (relative == Path(".") and d in STDLIB_SKIP))
+        dirs[:] = sorted(d for d in dirs if not (relative == Path(".") and (d in STDLIB_SKIP or d.startswith("config-"))))
         for name in sorted(files):
-            if relative == Path(".") and name in STDLIB_SKIP:
+            if relative == Path(".") and (name in STDLIB_SKIP or name.startswith("config-")):
                 continue
             path = Path(root) / name
             if path.is_symlink() or not path.is_file():
@@ -88,15 +104,15 @@ def image_entries() -> list[_Entry]:
     if not PYTHON_BINARY.exists() or not STDLIB_DIR.is_dir():
         raise SandboxUnavailable(
             f"cannot build the docker sandbox image: {PYTHON_BINARY} or {STDLIB_DIR} is missing",
-            hint="install the interpreter: apt-get install -y python3-minimal python3.11",
+            hint="install the distribution's interpreter: apt-get install -y python3-minimal",
         )
     binaries = [PYTHON_BINARY, SHELL_BINARY]
     binaries += sorted((STDLIB_DIR / "lib-dynload").glob("*.so"))
     libraries = sorted({lib for binary in binaries for lib in _shared_libraries(binary)})
     entries = [
         _Entry(arcname=str(PYTHON_BINARY), source=PYTHON_BINARY),
-        _Entry(arcname="/usr/bin/python3", link_target="python3.11"),
-        _Entry(arcname="/usr/bin/python", link_target="python3.11"),
+        _Entry(arcname="/usr/bin/python3", link_target=PYTHON_BINARY.name),
+        _Entry(arcname="/usr/bin/python", link_target=PYTHON_BINARY.name),
         _Entry(arcname=str(SHELL_BINARY), source=SHELL_BINARY),
         _Entry(arcname="/bin/sh", link_target="/usr/bin/dash"),
         _Entry(arcname="/etc/passwd", data=_PASSWD, mode=0o644),
@@ -162,8 +178,19 @@ def _member(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
     return member
 
 
+_ensured: dict[int, str] = {}
+_ensure_lock = threading.Lock()
+
+
 def ensure_image(client) -> str:  # client: docker.DockerClient
     """The tag of the sandbox image, importing it from host files if the engine lacks it."""
+    with _ensure_lock:
+        if id(client) not in _ensured:
+            _ensured[id(client)] = _ensure_image(client)
+        return _ensured[id(client)]
+
+
+def _ensure_image(client) -> str:
     import docker.errors
 
     entries = image_entries()
