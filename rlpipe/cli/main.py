@@ -71,8 +71,12 @@ def resume(
 
 def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
     from rlpipe.cli.progress import follow_run
+    from rlpipe.tasks.runtime import preflight
 
-    services_cli.export_service_env(run_config, verbose)
+    preflight(run_config)  # bad input fails here, before a flow run or a lake write
+    services_cli.export_service_env(verbose)
+    if not verbose:
+        _quiet_libraries()
     from rlpipe.flows.train import train as train_flow
 
     console.print(f"run [bold]{run_id}[/]  lake [cyan]{run_config.storage.lake_uri}[/]")
@@ -88,9 +92,20 @@ def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
 
 
 def _open_lake(run_config: RunConfig):
-    from rlpipe.tasks.runtime import build_lake
+    from rlpipe.tasks.builders import build_lake
 
     return build_lake(run_config)
+
+
+def _quiet_libraries() -> None:
+    """Keep library chatter (MLflow's INFO lines, transformers' progress bars) off the console."""
+    import logging
+
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    for name in ("mlflow", "alembic", "httpx"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _refuse_existing(run_config: RunConfig, run_id: str) -> None:

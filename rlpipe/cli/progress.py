@@ -17,7 +17,7 @@ POLL_S = 1.0
 
 @contextmanager
 def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator[None]:
-    from rlpipe.tasks.runtime import build_lake
+    from rlpipe.tasks.builders import build_lake
 
     lake = build_lake(run_config)
     total = run_config.train.steps

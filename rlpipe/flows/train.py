@@ -164,7 +164,8 @@ def _summarize(run_id: str, before: float, after: float) -> TrainSummary:
             f"| held-out accuracy | value |\n|---|---|\n"
             f"| before RL | {before:.3f} |\n| after RL | {after:.3f} |\n| change | {after - before:+.3f} |\n\n"
             f"Steps committed: {summary.steps_committed}. Lake: `{runtime.lake.uri}`.\n\n"
-            f"MLflow run: [{runtime.mlflow_run_id}]({link})\n"
+            + (f"MLflow run: [{runtime.mlflow_run_id}]({link})\n" if link else
+               f"MLflow run `{runtime.mlflow_run_id}` in `{runtime.tracker.uri}` (`mlflow ui --backend-store-uri {runtime.tracker.uri}`)\n")
         ),
         description=f"Summary of run {run_id}",
     )

@@ -114,6 +114,19 @@ def build_tiny_model(
 
 def load_local_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Load (model, tokenizer) from a local folder written by `save_pretrained`."""
+    folder = check_model_folder(path)
+    hint = "pass a folder written by model.save_pretrained() and tokenizer.save_pretrained()"
+    try:
+        tokenizer = _load_tokenizer(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelNotFoundError(f"cannot load the model in {folder}: {exc}", hint) from exc
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+def check_model_folder(path: str | Path) -> Path:
+    """Raise ModelNotFoundError unless `path` holds a config, weights and a tokenizer."""
     folder = Path(path)
     hint = "pass a folder written by model.save_pretrained() and tokenizer.save_pretrained(), or leave model.path unset to build a tiny model"
     if not folder.is_dir():
@@ -124,13 +137,7 @@ def load_local_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedToken
         raise ModelNotFoundError(f"model folder {folder} has no weights ({', '.join(_WEIGHT_FILES)})", hint)
     if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
         raise ModelNotFoundError(f"model folder {folder} has no tokenizer (tokenizer.json)", hint)
-    try:
-        tokenizer = _load_tokenizer(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelNotFoundError(f"cannot load the model in {folder}: {exc}", hint) from exc
-    tokenizer.padding_side = "left"
-    return model, tokenizer
+    return folder
 
 
 def _load_tokenizer(folder: Path) -> PreTrainedTokenizerFast:

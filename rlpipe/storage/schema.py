@@ -39,15 +39,17 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
         pa.field("finish_reason", pa.string(), nullable=False),
         pa.field("reward", pa.float64()),
-        pa.field("passed", pa.bool_(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("detail", pa.string(), nullable=False),
-        pa.field("verify_duration_s", pa.float64(), nullable=False),
-        pa.field("verifier_version", pa.string(), nullable=False),
-        pa.field("advantage", pa.float64(), nullable=False),
+        pa.field("passed", pa.bool_()),
+        pa.field("reason", pa.string()),
+        pa.field("detail", pa.string()),
+        pa.field("verify_duration_s", pa.float64()),
+        pa.field("verifier_version", pa.string()),
+        pa.field("advantage", pa.float64()),
     ]
 )
-"""One row per Trajectory. `completion_policy_version` is the policy that sampled the
+"""One row per Trajectory. Verdict columns are null on staged rows not yet verified (and
+`advantage` on rows without one); committed rows always carry a verdict.
+`completion_policy_version` is the policy that sampled the
 completion; `policy_version` the one the trajectory was trained at (equal when synchronous)."""
 
 
@@ -87,12 +89,12 @@ def _row(trajectory: Trajectory) -> dict[str, object]:
         "token_ids": list(completion.token_ids),
         "logprobs": list(completion.logprobs),
         "finish_reason": completion.finish_reason,
-        "reward": verdict.reward,
-        "passed": verdict.passed,
-        "reason": VerdictReason(verdict.reason).value,
-        "detail": verdict.detail,
-        "verify_duration_s": verdict.duration_s,
-        "verifier_version": verdict.verifier_version,
+        "reward": verdict.reward if verdict else None,
+        "passed": verdict.passed if verdict else None,
+        "reason": VerdictReason(verdict.reason).value if verdict else None,
+        "detail": verdict.detail if verdict else None,
+        "verify_duration_s": verdict.duration_s if verdict else None,
+        "verifier_version": verdict.verifier_version if verdict else None,
         "advantage": trajectory.advantage,
     }
 
@@ -129,7 +131,7 @@ def from_table(table: pa.Table) -> list[Trajectory]:
             finish_reason=c["finish_reason"],
             policy_version=c["completion_policy_version"],
         )
-        verdict = Verdict(
+        verdict = None if c["reason"] is None else Verdict(
             reward=c["reward"],
             passed=c["passed"],
             reason=VerdictReason(c["reason"]),

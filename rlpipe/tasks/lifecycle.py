@@ -49,6 +49,8 @@ def open_run(run_id: str) -> bool:
         )
         runtime.lake.write_run_info(info)
         runtime.tracker.log_text(mlflow_run_id, runtime.config.model_dump_json(indent=2), "config.json")
+    if resumed:
+        runtime.tracker.resume_run(info.mlflow_run_id)
     runtime.mlflow_run_id = info.mlflow_run_id
     runtime.incarnation = str(info.created_at_ms)
     runtime.tracker.set_tags(info.mlflow_run_id, {"prefect.flow_run_id": str(flow_run.get_id() or "")})
@@ -60,9 +62,7 @@ def warm_start(run_id: str) -> float:
     """Supervised steps on reference answers (a fixed budget); return the last loss."""
     runtime = get_runtime(run_id)
     config = runtime.config
-    tasks = runtime.mixture.sample(
-        config.warmstart.steps * config.warmstart.batch_size, rng_seed=derive_seed(config.seed, 0, "warmstart")
-    )
+    tasks = runtime.mixture.sample(config.envs.train_size, rng_seed=derive_seed(config.seed, 0, "warmstart"))
     examples = [(t.prompt, t.reference_answer) for t in tasks if t.reference_answer is not None]
     losses = supervised_warm_start(
         runtime.policy,

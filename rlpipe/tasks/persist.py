@@ -35,4 +35,5 @@ def persist(run_id: str, step: int, staged_uri: str) -> int:
             committed_at_ms=int(time.time() * 1000),
         )
     )
+    runtime.lake.clean_staged(run_id, step)  # committed: a re-run skips the step by its manifest
     return part.rows

@@ -19,10 +19,11 @@ from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.hf import HFEngine
 from rlpipe.envs.mixture import Mixture, build_env
-from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model
+from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, check_model_folder, load_local_model
 from rlpipe.rl.trainer import Trainer
 from rlpipe.storage.lake import Lake
-from rlpipe.storage.tracking import Tracker, resolve_tracking_uri
+from rlpipe.storage.tracking import Tracker
+from rlpipe.tasks.builders import build_lake, build_tracker
 
 _RUNTIMES: dict[str, "Runtime"] = {}
 
@@ -67,21 +68,6 @@ def release_runtime(run_id: str) -> None:
     runtime = _RUNTIMES.pop(run_id, None)
     if runtime is not None:
         runtime.close()
-
-
-def build_lake(config: RunConfig) -> Lake:
-    storage = config.storage
-    return Lake.open(
-        storage.lake_uri,
-        endpoint_url=storage.s3_endpoint_url,
-        access_key=storage.s3_access_key,
-        secret_key=storage.s3_secret_key,
-        region=storage.s3_region,
-    )
-
-
-def build_tracker(config: RunConfig) -> Tracker:
-    return Tracker(resolve_tracking_uri(config.tracking.mlflow_uri), config.tracking.experiment)
 
 
 def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
@@ -175,3 +161,12 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
     )
     register_runtime(runtime)
     return runtime
+
+
+def preflight(config: RunConfig) -> None:
+    """Check the inputs a run needs (domains, model folder, lake reachable) without
+    building the model or writing anything: bad input fails here, before any flow run."""
+    build_mixture(config)
+    if config.model.path is not None:
+        check_model_folder(config.model.path)
+    build_lake(config)

@@ -1,0 +1,88 @@
+"""Time per stage of an RL step, and Prefect's overhead measured side by side.
+
+Runs the same RL steps twice in one process, from the same warm-started policy:
+  1. plain: each stage's function called directly (`task.fn`), no Prefect;
+  2. flow:  the `rl-step` flow (a nested flow run, each stage a Prefect task).
+Prints seconds per stage (plain) and the ratio flow/plain per step, i.e. what
+orchestration costs. Uses configs/quickstart.toml with fewer steps by default.
+
+    .venv/bin/python benchmarks/step_breakdown.py [--steps 5] [--config configs/quickstart.toml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/quickstart.toml")
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+
+    from prefect import flow
+
+    from rlpipe.core.config import load_config
+    from rlpipe.flows.train import rl_step
+    from rlpipe.tasks import advantage, lifecycle, persist, rollout, track, update, verify
+    from rlpipe.tasks.runtime import build_runtime
+
+    with tempfile.TemporaryDirectory() as lake:
+        overrides = [f'storage.lake_uri="{lake}/lake"', f'tracking.mlflow_uri="sqlite:///{lake}/mlflow.db"']
+        config = load_config(args.config, overrides + [f"train.steps={2 * args.steps}", "checkpoint.every_steps=100000"])
+
+        @flow(name="step-breakdown")
+        def bench() -> dict[str, list[float]]:
+            run_id = "bench"
+            build_runtime(run_id, config)
+            lifecycle.open_run(run_id)
+            lifecycle.warm_start(run_id)
+            stage_s: dict[str, list[float]] = defaultdict(list)
+            plain_step_s, flow_step_s = [], []
+            for step in range(1, args.steps + 1):
+                started = time.perf_counter()
+                task_ids = _timed(stage_s, "sample", rollout.sample.fn, run_id, step)
+                uri = _timed(stage_s, "generate", rollout.generate.fn, run_id, step, task_ids)
+                uri = _timed(stage_s, "verify", verify.verify.fn, run_id, step, uri)
+                uri = _timed(stage_s, "advantages", advantage.advantages.fn, run_id, step, uri)
+                _timed(stage_s, "persist", persist.persist.fn, run_id, step, uri)
+                metrics = _timed(stage_s, "update", update.update.fn, run_id, step)
+                _timed(stage_s, "sync", update.sync.fn, run_id, step)
+                _timed(stage_s, "track", track.track.fn, run_id, step, metrics)
+                plain_step_s.append(time.perf_counter() - started)
+            for step in range(args.steps + 1, 2 * args.steps + 1):
+                started = time.perf_counter()
+                rl_step(run_id, step)
+                flow_step_s.append(time.perf_counter() - started)
+            return {**stage_s, "plain_step": plain_step_s, "flow_step": flow_step_s}
+
+        result = bench()
+
+    print(f"\nper-stage seconds, plain calls ({args.steps} steps, median):")
+    for stage in ("sample", "generate", "verify", "advantages", "persist", "update", "sync", "track"):
+        values = result[stage]
+        print(f"  {stage:<11} {statistics.median(values):8.4f} s   (max {max(values):.4f})")
+    plain = statistics.median(result["plain_step"])
+    flowed = statistics.median(result["flow_step"])
+    print(f"\nstep as plain calls : {plain:.3f} s (median)")
+    print(f"step as Prefect flow: {flowed:.3f} s (median)")
+    print(f"orchestration overhead: {flowed - plain:+.3f} s per step = {(flowed - plain) / plain:.1%} of a plain step")
+    print(f"ratio flow/plain: {flowed / plain:.3f}")
+
+
+def _timed(stage_s: dict[str, list[float]], stage: str, function, *args):
+    started = time.perf_counter()
+    result = function(*args)
+    stage_s[stage].append(time.perf_counter() - started)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""`rlpipe up` / `rlpipe down`: a local Prefect server and MLflow UI on 127.0.0.1.
+
+`up` starts both as background processes (their own session, logs under $RLPIPE_HOME),
+waits until they answer, and records their URLs and pids in the services file
+(storage/local_services.py). From then on `rlpipe train` reports to them without flags;
+after `down` (or when they died) the embedded defaults serve again: Prefect's ephemeral
+mode and MLflow in ./mlruns.db.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from rlpipe.core.errors import InfraError
+from rlpipe.storage.local_services import LocalServices, clear_services, read_live_services, rlpipe_home, write_services
+
+console = Console()
+STARTUP_TIMEOUT_S = 90.0
+
+
+def up(
+    prefect_port: int = typer.Option(4200, help="Port of the Prefect server on 127.0.0.1."),
+    mlflow_port: int = typer.Option(5000, help="Port of the MLflow server on 127.0.0.1."),
+) -> None:
+    """Start a local Prefect server and MLflow UI on loopback; print their URLs."""
+    running = read_live_services()
+    if running is not None:
+        console.print(f"already up: Prefect {running.prefect_ui_url}  MLflow {running.mlflow_uri}")
+        return
+    home = rlpipe_home()
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    bin_dir = Path(sys.executable).parent
+    prefect_api = f"http://127.0.0.1:{prefect_port}/api"
+    mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
+    prefect = _spawn(
+        [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+        logs / "prefect.log", {"PREFECT_HOME": str(home / "prefect")},
+    )
+    mlflow = _spawn(
+        [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
+         "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}", "--artifacts-destination", str(home / "mlartifacts")],
+        logs / "mlflow.log", {},
+    )
+    services = LocalServices(prefect_api_url=prefect_api, mlflow_uri=mlflow_uri, pids=(prefect.pid, mlflow.pid))
+    try:
+        _wait_for(f"{prefect_api}/health", "Prefect server", logs / "prefect.log")
+        _wait_for(f"{mlflow_uri}/health", "MLflow server", logs / "mlflow.log")
+    except InfraError:
+        _stop(services.pids)
+        raise
+    write_services(services)
+    console.print(f"Prefect UI  {services.prefect_ui_url}")
+    console.print(f"MLflow UI   {mlflow_uri}")
+    console.print(f"logs in {logs}; `rlpipe train` now reports to these; stop with `rlpipe down`")
+
+
+def down() -> None:
+    """Stop what `rlpipe up` started."""
+    services = read_live_services()
+    if services is None:
+        clear_services()
+        console.print("nothing running")
+        return
+    _stop(services.pids)
+    clear_services()
+    console.print("stopped the local Prefect server and MLflow UI")
+
+
+def export_service_env(verbose: bool) -> None:
+    """Before Prefect is imported: point it at `rlpipe up`'s server when one is alive
+    (unless PREFECT_API_URL is set already), and keep its console quiet unless verbose."""
+    services = read_live_services()
+    if services is not None and "PREFECT_API_URL" not in os.environ:
+        os.environ["PREFECT_API_URL"] = services.prefect_api_url
+    if not verbose:
+        for handler in ("CONSOLE", "CONSOLE_FLOW_RUNS", "CONSOLE_TASK_RUNS"):
+            os.environ.setdefault(f"PREFECT_LOGGING_HANDLERS_{handler}_LEVEL", "CRITICAL")
+
+
+def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **env}, start_new_session=True)
+
+
+def _wait_for(url: str, what: str, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise InfraError(f"{what} did not answer at {url} within {STARTUP_TIMEOUT_S:.0f} s", f"see its log: {log}")
+
+
+def _stop(pids: tuple[int, ...]) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + 15
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

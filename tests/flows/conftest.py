@@ -1,0 +1,26 @@
+"""Fixtures for flow tests: Prefect's test harness (a temporary API server and database,
+once per session) and a moto S3 server on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prefect.testing.utilities import prefect_test_harness
+
+from tests.helpers.s3_server import start_moto_server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_harness() -> Iterator[None]:
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    endpoint_url, stop = start_moto_server()
+    try:
+        yield endpoint_url
+    finally:
+        stop()
