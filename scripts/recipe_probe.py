@@ -29,7 +29,8 @@ from rlpipe.core.records import Task  # noqa: E402
 from rlpipe.core.seeds import derive_seed  # noqa: E402
 from rlpipe.engines.base import SamplingParams  # noqa: E402
 from rlpipe.engines.hf import HFEngine  # noqa: E402
-from rlpipe.envs.arithmetic import ArithmeticEnv  # noqa: E402
+from rlpipe.envs.base import Env  # noqa: E402
+from rlpipe.envs.mixture import build_env  # noqa: E402
 from rlpipe.rl.advantages import group_advantages  # noqa: E402
 from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model  # noqa: E402
 from rlpipe.rl.trainer import Trainer, TrainSample  # noqa: E402
@@ -62,7 +63,9 @@ def parse_args() -> argparse.Namespace:
     add("--intermediate-size", type=int, default=512)
     add("--max-position-embeddings", type=int, default=32)
     # envs.*
+    add("--domain", default="arithmetic", choices=["arithmetic", "reverse"])
     add("--max-operand", type=int, default=99)
+    add("--max-word-len", type=int, default=6)
     add("--train-size", type=int, default=4000)
     add("--heldout-size", type=int, default=200)
     # warmstart.*
@@ -92,14 +95,14 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def evaluate(engine: HFEngine, env: ArithmeticEnv, tasks: list[Task], max_new_tokens: int) -> float:
+def evaluate(engine: HFEngine, env: Env, tasks: list[Task], max_new_tokens: int) -> float:
     """Greedy pass@1 on `tasks`."""
     params = SamplingParams(n=1, max_new_tokens=max_new_tokens, stop=("\n",), greedy=True)
     completions = engine.generate([(task.task_id, task.prompt) for task in tasks], params)
     return sum(bool(env.verify(task, completion.text).passed) for task, completion in zip(tasks, completions)) / len(tasks)
 
 
-def rl_step(args: argparse.Namespace, seed: int, step: int, env: ArithmeticEnv, engine: HFEngine, trainer: Trainer) -> tuple[float, str]:
+def rl_step(args: argparse.Namespace, seed: int, step: int, env: Env, engine: HFEngine, trainer: Trainer) -> tuple[float, str]:
     """One synchronous GRPO step; returns (mean reward, timing line)."""
     started = time.perf_counter()
     tasks = env.tasks("train", args.prompts_per_step, seed=derive_seed(seed, step, "tasks"))
@@ -139,7 +142,7 @@ def run(args: argparse.Namespace, seed: int) -> ProbeResult:
         args.architecture, len(tokenizer), args.hidden_size, args.num_layers, args.num_heads,
         args.intermediate_size, args.max_position_embeddings, seed,
     )
-    env = ArithmeticEnv(max_operand=args.max_operand)
+    env = build_env(args.domain, max_operand=args.max_operand, max_word_len=args.max_word_len)
     heldout = env.tasks("heldout", args.heldout_size, seed=0)
     train_examples = [(task.prompt, task.reference_answer or "") for task in env.tasks("train", args.train_size, seed=seed)]
 

@@ -1,0 +1,101 @@
+"""HFEngine: n samples, stop strings, EOS, logprobs, determinism, weight sync."""
+
+import pytest
+import torch
+
+from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.hf import HFEngine
+from rlpipe.rl.policy import build_tiny_model
+
+PROMPTS = [("a", "12+7="), ("b", "reverse abc="), ("c", "3=")]
+
+
+def recomputed_logprobs(model, completion):
+    ids = torch.tensor([completion.prompt_token_ids + completion.token_ids])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    start = len(completion.prompt_token_ids) - 1
+    return [logprobs[start + i, token].item() for i, token in enumerate(completion.token_ids)]
+
+
+def test_n_samples_per_prompt_in_order(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer, batch_size=4)  # 9 rows -> batches of 4, 4, 1
+    completions = engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=5, seed=1))
+    assert [(c.task_id, c.sample_idx) for c in completions] == [(t, i) for t, _ in PROMPTS for i in range(3)]
+    for completion in completions:
+        assert 1 <= len(completion.token_ids) <= 5 and len(completion.logprobs) == len(completion.token_ids)
+        assert completion.finish_reason in ("stop", "length") and completion.policy_version == 0
+        assert completion.prompt_token_ids == tuple(tokenizer(dict(PROMPTS)[completion.task_id])["input_ids"])
+
+
+def test_logprobs_match_a_recomputed_forward_pass_at_temperature_one(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer, batch_size=8)
+    for params in (SamplingParams(n=2, temperature=0.5, top_p=0.9, max_new_tokens=6, seed=3), SamplingParams(greedy=True, max_new_tokens=6)):
+        for completion in engine.generate(PROMPTS, params):
+            assert completion.logprobs == pytest.approx(recomputed_logprobs(tiny_model, completion), abs=1e-4)
+
+
+def test_deterministic_by_seed(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer)
+    first = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=6, seed=5))
+    assert first == engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=6, seed=5))
+    assert first != engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=6, seed=6))
+
+
+def test_stop_string_cuts_text_and_keeps_the_stop_token(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer)
+    params = SamplingParams(n=4, max_new_tokens=12, seed=7)
+    free = engine.generate(PROMPTS, params)
+    # pick a character the untrained model wrote in the middle of some completion as the stop string
+    sample = next(c for c in free if c.finish_reason == "length" and len(c.text) >= 4 and len(set(c.text)) > 1)
+    stop_char = sample.text[2]
+    stopped = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=12, seed=7, stop=(stop_char, "zzzz")))
+    for before, after in zip(free, stopped):
+        cut = before.text.find(stop_char)
+        if cut < 0 or before.finish_reason == "stop" and len(before.text) <= cut:
+            assert after.text == before.text
+            continue
+        assert after.finish_reason == "stop" and after.text == before.text[:cut]
+        assert tokenizer.decode(after.token_ids[-1:]) == stop_char  # the stop token is kept for training
+        assert after.token_ids == before.token_ids[: len(after.token_ids)]
+        assert after.logprobs == before.logprobs[: len(after.token_ids)]
+
+
+def test_eos_stops_and_is_kept_but_not_in_text(tiny_model, tokenizer):
+    # an untrained model puts ~1/65 of its mass on EOS: 480 samples x 3 tokens give ~20 EOS endings
+    engine = HFEngine(tiny_model, tokenizer)
+    completions = engine.generate(PROMPTS * 20, SamplingParams(n=8, max_new_tokens=3, seed=0))
+    ended = [c for c in completions if c.token_ids[-1] == tokenizer.eos_token_id]
+    assert ended, "expected some samples to end with EOS"
+    for completion in ended:
+        assert completion.finish_reason == "stop"
+        assert completion.text == tokenizer.decode(completion.token_ids[:-1], skip_special_tokens=True)
+        assert tokenizer.eos_token_id not in completion.token_ids[:-1]
+
+
+def test_engine_has_its_own_copy_and_load_weights_changes_outputs(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer)
+    params = SamplingParams(greedy=True, max_new_tokens=6)
+    before = engine.generate(PROMPTS, params)
+    with torch.no_grad():
+        for parameter in tiny_model.parameters():
+            parameter.add_(torch.randn_like(parameter))
+    assert engine.generate(PROMPTS, params) == before  # trainer-side edits do not leak
+    other = build_tiny_model("qwen2", len(tokenizer), 32, 1, 2, 64, 64, seed=1)
+    engine.load_weights(other.named_parameters(), policy_version=3)
+    after = engine.generate(PROMPTS, params)
+    assert engine.policy_version == 3 and all(c.policy_version == 3 for c in after)
+    assert [c.logprobs for c in after] != [c.logprobs for c in before]
+    for completion in after:
+        assert completion.logprobs == pytest.approx(recomputed_logprobs(other, completion), abs=1e-4)
+    with pytest.raises(ValueError, match="no parameter"):
+        engine.load_weights([("not.a.weight", torch.zeros(1))], policy_version=4)
+
+
+def test_sampling_params_validation():
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=0.0)
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError):
+        SamplingParams(stop=("",))

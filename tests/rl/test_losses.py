@@ -1,0 +1,95 @@
+"""The clipped policy loss and its KL term, with hand-computed numbers."""
+
+import math
+
+import pytest
+import torch
+
+from rlpipe.rl.losses import policy_loss
+
+
+def tensors(*rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_ratio_one_gives_minus_advantage_per_token():
+    # new == old -> ratio 1 -> each token -1 * A = -2; token_mean = (-2 - 2) / 2 = -2
+    logprobs = tensors([-1.0, -0.5])
+    loss, metrics = policy_loss(logprobs, logprobs.clone(), torch.tensor([2.0]), tensors([1.0, 1.0]), clip_eps=0.2)
+    assert loss.item() == pytest.approx(-2.0)
+    assert metrics.clip_frac == 0.0 and metrics.kl == 0.0 and metrics.tokens == 2
+
+
+def test_positive_advantage_clipped_above():
+    # token 1: ratio = exp(ln 1.5) = 1.5, A = 1: min(1.5 * 1, clip(1.5, 0.8, 1.2) * 1) = 1.2 -> loss -1.2 (clipped: no gradient)
+    # token 2: ratio 1 -> loss -1; token_mean = (-1.2 - 1) / 2 = -1.1; clip_frac = 1 clipped of 2 tokens = 0.5
+    old = tensors([-2.0, -1.0])
+    new = (old + torch.tensor([[math.log(1.5), 0.0]])).requires_grad_()
+    loss, metrics = policy_loss(new, old, torch.tensor([1.0]), tensors([1.0, 1.0]), clip_eps=0.2)
+    assert loss.item() == pytest.approx(-1.1)
+    assert metrics.clip_frac == pytest.approx(0.5)
+    loss.backward()
+    # d loss / d new_1 = 0 (clipped); d loss / d new_2 = -ratio * A / 2 tokens = -0.5
+    assert new.grad.tolist() == [[pytest.approx(0.0), pytest.approx(-0.5)]]
+
+
+def test_negative_advantage_clipped_below():
+    # ratio = 0.5, A = -1: unclipped 0.5 * -1 = -0.5; clipped 0.8 * -1 = -0.8; min = -0.8 -> loss +0.8, clipped
+    old = tensors([-1.0])
+    new = old + math.log(0.5)
+    loss, metrics = policy_loss(new, old, torch.tensor([-1.0]), tensors([1.0]), clip_eps=0.2)
+    assert loss.item() == pytest.approx(0.8)
+    assert metrics.clip_frac == 1.0
+
+
+def test_ratio_outside_range_on_the_helpful_side_is_not_clipped():
+    # ratio = 0.5, A = +1: min(0.5, 0.8) = 0.5 -> loss -0.5, the unclipped branch binds -> clip_frac 0
+    old = tensors([-1.0])
+    loss, metrics = policy_loss(old + math.log(0.5), old, torch.tensor([1.0]), tensors([1.0]), clip_eps=0.2)
+    assert loss.item() == pytest.approx(-0.5)
+    assert metrics.clip_frac == 0.0
+
+
+def test_k3_kl_term():
+    # ref - new = ln 2 -> k3 = exp(ln 2) - ln 2 - 1 = 2 - 0.693147 - 1 = 0.306853
+    # A = 0 -> policy term 0; loss = kl_coef * k3 = 0.1 * 0.306853 = 0.0306853
+    new = tensors([-2.0])
+    loss, metrics = policy_loss(new, new.clone(), torch.tensor([0.0]), tensors([1.0]), 0.2, ref_logprobs=new + math.log(2.0), kl_coef=0.1)
+    assert metrics.kl == pytest.approx(0.306853, abs=1e-6)
+    assert loss.item() == pytest.approx(0.0306853, abs=1e-7)
+
+
+def test_kl_is_zero_when_policy_equals_reference():
+    new = tensors([-2.0, -0.1])
+    loss, metrics = policy_loss(new, new, torch.tensor([0.0]), tensors([1.0, 1.0]), 0.2, ref_logprobs=new, kl_coef=1.0)
+    assert loss.item() == 0.0 and metrics.kl == 0.0
+
+
+def test_mask_and_aggregations():
+    # seq 1: A = 1, two tokens, ratio 1 -> token losses -1, -1 (sum -2)
+    # seq 2: A = -2, one real token (second is padding) -> token loss +2 (sum 2)
+    # token_mean = (-1 - 1 + 2) / 3 tokens = 0; seq_mean_token_sum = (-2 + 2) / 2 seqs = 0
+    # make it asymmetric: A2 = -4 -> token_mean = (-2 + 4) / 3 = 0.6667; seq_mean_token_sum = (-2 + 4) / 2 = 1
+    logprobs = tensors([-1.0, -1.0], [-0.3, -9.0])
+    mask = tensors([1.0, 1.0], [1.0, 0.0])
+    advantages = torch.tensor([1.0, -4.0])
+    token_mean, metrics = policy_loss(logprobs, logprobs, advantages, mask, 0.2, loss_agg="token_mean")
+    seq_mean, _ = policy_loss(logprobs, logprobs, advantages, mask, 0.2, loss_agg="seq_mean_token_sum")
+    assert token_mean.item() == pytest.approx(2 / 3)
+    assert seq_mean.item() == pytest.approx(1.0)
+    assert metrics.tokens == 3
+
+
+def test_normalizer_makes_micro_batches_sum_to_full_batch():
+    torch.manual_seed(0)
+    new, old = torch.randn(4, 3), torch.randn(4, 3)
+    mask = tensors([1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1])
+    advantages = torch.tensor([1.0, -0.5, 2.0, -1.0])
+    full, _ = policy_loss(new, old, advantages, mask, 0.2)
+    parts = [policy_loss(new[s], old[s], advantages[s], mask[s], 0.2, normalizer=float(mask.sum()))[0] for s in (slice(0, 1), slice(1, 4))]
+    assert (parts[0] + parts[1]).item() == pytest.approx(full.item())
+
+
+def test_unknown_aggregation_raises():
+    with pytest.raises(ValueError, match="loss_agg"):
+        policy_loss(tensors([0.0]), tensors([0.0]), torch.tensor([1.0]), tensors([1.0]), 0.2, loss_agg="sum")
