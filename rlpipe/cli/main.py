@@ -84,7 +84,8 @@ def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
         summary = train_flow(run_config.model_dump_json(), run_id)
     console.print(f"[green]finished[/] run [bold]{summary.run_id}[/]: {summary.steps_committed} steps committed")
     console.print(f"lake:   {summary.lake_uri}")
-    console.print(f"mlflow: {summary.tracking_uri}  run {summary.mlflow_run_id}")
+    console.print(f"mlflow: {summary.mlflow_run_url or summary.tracking_uri}  run {summary.mlflow_run_id}")
+    console.print(f"policy: {summary.final_checkpoint}  (HF model folder)")
     console.print(
         f"held-out accuracy: {summary.accuracy_before_rl:.3f} before RL -> "
         f"[bold]{summary.accuracy_after_rl:.3f}[/] after ({summary.accuracy_after_rl - summary.accuracy_before_rl:+.3f})"

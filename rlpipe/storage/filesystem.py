@@ -165,7 +165,7 @@ def _open_local(uri: str) -> LakeLocation:
             f"cannot create the lake folder {path}: {exc.strerror}",
             hint="check the path and its permissions (storage.lake_uri)",
         ) from exc
-    return LakeLocation(uri=uri, filesystem=pafs.LocalFileSystem(), root=str(path), s3=None)
+    return LakeLocation(uri=str(path), filesystem=pafs.LocalFileSystem(), root=str(path), s3=None)
 
 
 def minio_client(settings: S3Settings) -> Minio:

@@ -41,6 +41,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rlpipe.core.errors import ConfigError, StorageUnavailable
+from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.storage.filesystem import LakeLocation, open_lake_location
 from rlpipe.storage.lake_records import (
@@ -132,7 +133,7 @@ class Lake:
             f"part-{_check_name('part name', name)}.parquet"
         )
         data = _parquet_bytes(trajectories)
-        self.objects.put(relative, data)
+        self.objects.put(relative, data, crash_point="part-write")
         return PartRef(path=relative, rows=len(trajectories), sha256=hashlib.sha256(data).hexdigest())
 
     def read_parts(self, parts: tuple[PartRef, ...] | list[PartRef]) -> list[Trajectory]:
@@ -270,6 +271,7 @@ class Lake:
             relative = local_path.relative_to(local_dir).as_posix()
             size_bytes, digest = self.objects.upload(local_path, f"{base}/{relative}")
             files.append(CheckpointFile(path=relative, size_bytes=size_bytes, sha256=digest))
+            failpoint("checkpoint-write")
         info = CheckpointInfo(run_id=run_id, step=step, files=tuple(files), saved_at_ms=_now_ms())
         self.objects.put(f"{base}/CHECKPOINT.json", info.to_json().encode())
         self._advance_latest(run_id, step)

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from rlpipe.core.errors import StorageUnavailable
+from rlpipe.core.failpoints import failpoint
 from rlpipe.storage.filesystem import LakeLocation
 
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -48,14 +49,19 @@ class ObjectStore:
         self.location = location
         self._fs = location.filesystem
 
-    def put(self, relative: str, data: bytes) -> None:
+    def put(self, relative: str, data: bytes, crash_point: str | None = None) -> None:
+        """Write a whole object atomically. `crash_point` names a failpoint hit with half
+        the bytes written (crash-recovery tests)."""
         path = self.location.path(relative)
         with storage_errors(f"writing {relative}", self.location):
             if self.location.is_local:
-                _atomic_local_write(Path(path), data)
+                _atomic_local_write(Path(path), data, crash_point)
             else:
                 with self._fs.open_output_stream(path) as stream:
-                    stream.write(data)
+                    stream.write(data[: len(data) // 2])
+                    if crash_point:
+                        failpoint(crash_point)
+                    stream.write(data[len(data) // 2 :])
 
     def get(self, relative: str) -> bytes | None:
         try:
@@ -105,13 +111,17 @@ class ObjectStore:
         return digest.hexdigest()
 
 
-def _atomic_local_write(path: Path, data: bytes) -> None:
+def _atomic_local_write(path: Path, data: bytes, crash_point: str | None = None) -> None:
     """Write to a tmp file in the same folder, fsync, rename over the target."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.name}")
     try:
         with open(partial, "wb") as stream:
-            stream.write(data)
+            stream.write(data[: len(data) // 2])
+            if crash_point:
+                stream.flush()
+                failpoint(crash_point)
+            stream.write(data[len(data) // 2 :])
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(partial, path)

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from prefect import task
+from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from rlpipe import __version__
@@ -21,7 +22,7 @@ from rlpipe.rl.warmstart import warm_start as supervised_warm_start
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import get_runtime
-from rlpipe.tasks.track import log_step
+from rlpipe.tasks.track import artifact_key, log_step
 from rlpipe.tasks.update import apply_committed_update
 
 
@@ -83,8 +84,8 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
     under `name` (e.g. before_rl, after_rl) and logged to MLflow."""
     runtime = get_runtime(run_id)
     stored = runtime.lake.read_json(run_id, f"evals/{name}.json")
-    if stored is not None and stored.get("policy_version") == runtime.policy_version:
-        return {key: value for key, value in stored.items() if key != "policy_version"}
+    if stored is not None:  # evaluated before this run was interrupted: the lake is the truth
+        return {key: float(value) for key, value in stored.items() if key != "policy_version"}
     params = SamplingParams(
         n=1, temperature=1.0, top_p=1.0, max_new_tokens=runtime.config.rollout.max_new_tokens,
         stop=runtime.config.rollout.stop, seed=0, greedy=True,
@@ -138,3 +139,39 @@ def restore(run_id: str) -> int:
         log_step(runtime, replayed, train_metrics)
     runtime.engine.load_weights(runtime.trainer.named_weights(), runtime.policy_version)
     return last
+
+
+@task(name="finish", **STAGE_OPTIONS)
+def finish(run_id: str, before: float, after: float) -> dict[str, object]:
+    """Reward curve and end of the MLflow run, the Prefect summary; returns the summary."""
+    runtime = get_runtime(run_id)
+    tracker, lake = runtime.tracker, runtime.lake
+    steps_committed = len(lake.committed_steps(run_id))
+    final_step = lake.latest_checkpoint(run_id)
+    tracker.log_reward_curve(runtime.mlflow_run_id, lake, run_id)
+    tracker.log_step_metrics(
+        runtime.mlflow_run_id, runtime.policy_version, {"heldout/accuracy_gain": after - before}, timestamp_ms=None
+    )
+    tracker.end_run(runtime.mlflow_run_id, "FINISHED")
+    url = tracker.run_url(runtime.mlflow_run_id)
+    mlflow_line = (
+        f"MLflow run: [{runtime.mlflow_run_id}]({url})" if url
+        else f"MLflow run `{runtime.mlflow_run_id}` in `{tracker.uri}` (view: `mlflow ui --backend-store-uri {tracker.uri}`)"
+    )
+    checkpoint = f"{lake.uri.rstrip('/')}/checkpoints/{run_id}/step={final_step:06d}"
+    create_markdown_artifact(
+        key=f"rlpipe-summary-{artifact_key(run_id)}",
+        markdown=(
+            f"# RL run `{run_id}`\n\n| held-out accuracy (greedy pass@1) | value |\n|---|---|\n"
+            f"| before RL | {before:.3f} |\n| after RL | {after:.3f} |\n| change | {after - before:+.3f} |\n\n"
+            f"Steps committed: {steps_committed}. Lake: `{lake.uri}`. Final policy (HF folder): `{checkpoint}`.\n\n"
+            f"{mlflow_line}\n"
+        ),
+        description=f"Summary of run {run_id}",
+    )
+    return dict(
+        run_id=run_id, lake_uri=lake.uri, tracking_uri=tracker.uri, mlflow_run_id=runtime.mlflow_run_id,
+        mlflow_run_url=url, steps_committed=steps_committed, accuracy_before_rl=before,
+        accuracy_after_rl=after, final_checkpoint=checkpoint,
+    )
+

@@ -17,8 +17,8 @@ from prefect.tasks import exponential_backoff
 
 from rlpipe.core.errors import InfraError
 
-STAGE_RETRIES = 4
-STAGE_RETRY_DELAYS = exponential_backoff(backoff_factor=2)  # 2, 4, 8, 16 s
+STAGE_RETRIES = 6
+STAGE_RETRY_DELAYS = exponential_backoff(backoff_factor=1)  # 1, 2, 4, 8, 16, 32 s: outlasts a minute's outage
 STAGE_RETRY_JITTER = 0.5
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 
+from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.base import SamplingParams
@@ -34,6 +35,7 @@ def generate(run_id: str, step: int, task_ids: tuple[str, ...]) -> str:
         seed=derive_seed(runtime.config.seed, step, "generate"),
     )
     completions = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+    failpoint("generate")
     by_id = {t.task_id: t for t in tasks}
     rows = [
         Trajectory(run_id, step, runtime.policy_version, by_id[c.task_id], c)

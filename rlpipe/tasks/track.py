@@ -26,7 +26,12 @@ def track(run_id: str, step: int, extra: dict[str, float]) -> None:
     runtime.step_metrics.append({"step": step, **metrics})
     shown = ("step", "reward/mean", "train/loss", "train/kl", "train/grad_norm", "time/step_s")
     create_table_artifact(
-        key=f"rlpipe-steps-{run_id.lower()}",
+        key=f"rlpipe-steps-{artifact_key(run_id)}",
         table=[{name: round(row.get(name, float("nan")), 4) for name in shown} for row in runtime.step_metrics],
         description=f"Step metrics of run {run_id} (updated each step)",
     )
+
+
+def artifact_key(run_id: str) -> str:
+    """Prefect artifact keys take lowercase letters, digits and dashes only."""
+    return "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in run_id.lower())

@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 from prefect import task
 
+from rlpipe.core.failpoints import failpoint
 from rlpipe.rl.samples import train_samples
 from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import Runtime, get_runtime
@@ -28,6 +29,7 @@ def apply_committed_update(runtime: Runtime, step: int) -> dict[str, float]:
         raise RuntimeError(f"step {step} of run {runtime.run_id} is not committed; nothing to update from")
     rows = runtime.lake.read_parts(manifest.parts)
     metrics = runtime.trainer.update(train_samples(rows))
+    failpoint("update")
     runtime.policy_version = step
     return {f"train/{name}": float(value) for name, value in asdict(metrics).items()}
 

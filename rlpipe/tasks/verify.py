@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prefect import task
 
+from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.tasks.policy import STAGE_OPTIONS, stage_cache_key
 from rlpipe.tasks.runtime import Runtime, get_runtime
@@ -36,4 +37,5 @@ def verify(run_id: str, step: int, staged_uri: str) -> str:
     else:
         with ThreadPoolExecutor(max_workers=runtime.sandbox_pool.size) as executor:
             verified = list(executor.map(lambda row: _verify_one(runtime, row), rows))
+    failpoint("verify")
     return runtime.lake.write_staged(run_id, step, "verify", verified)

@@ -1,0 +1,42 @@
+"""Named crash points, for crash-recovery tests: kill -9 at a chosen moment.
+
+    RLPIPE_FAILPOINTS="verify@2,part-write"
+
+makes the process SIGKILL itself the 2nd time it reaches `failpoint("verify")`, and the
+1st time it reaches `failpoint("part-write")`. Without the variable a failpoint is one
+dict lookup. Points in the code: generate, verify, update (weights changed in memory,
+policy version not yet advanced), part-write (half a Parquet part written), checkpoint-write
+(some checkpoint files uploaded, CHECKPOINT.json and LATEST not).
+
+This is how the kill tests hit the middle of a stage reliably; a crash of the real world
+(OOM killer, power cut, a pre-empted VM) lands anywhere, and the tests cover each region.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV_VAR = "RLPIPE_FAILPOINTS"
+_hits: dict[str, int] = {}
+
+
+def _armed() -> dict[str, int]:
+    spec = os.environ.get(ENV_VAR, "")
+    armed: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, nth = item.partition("@")
+        armed[name] = int(nth) if nth else 1
+    return armed
+
+
+def failpoint(name: str) -> None:
+    """SIGKILL this process if `name` is armed for this hit."""
+    if ENV_VAR not in os.environ:
+        return
+    nth = _armed().get(name)
+    if nth is None:
+        return
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] == nth:
+        os.kill(os.getpid(), signal.SIGKILL)
