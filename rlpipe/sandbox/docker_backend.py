@@ -97,6 +97,8 @@ while at < len(data):
     path = '/work/' + data[at + 12:at + 12 + path_size].decode()
     at += 12 + path_size
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.islink(path):
+        os.unlink(path)
     with open(path, 'wb') as f:
         f.write(data[at:at + data_size])
     at += data_size
@@ -281,9 +283,13 @@ class DockerSandbox:
             raise SandboxUnavailable("this docker sandbox is closed", hint="create a new DockerSandbox")
         started = time.monotonic()
         try:
-            exec_id = self._client.api.exec_create(self._container_id, argv, stdin=True, user=_USER,
-                                                   workdir="/work", environment={"HOME": "/work"})["Id"]
-            connection = self._client.api.exec_start(exec_id, socket=True)
+            exec_id, connection = self._start_exec(argv)
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: the container stopped (its init was OOM-killed): replace it once
+                raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
+                                         hint=_START_HINT) from exc
+            self._replace_container()
+            exec_id, connection = self._start_exec(argv)
         except docker.errors.DockerException as exc:
             raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
                                      hint=_START_HINT) from exc
@@ -297,6 +303,11 @@ class DockerSandbox:
         exit_code = None if timed_out else self._exit_code(exec_id)
         return _RawRun(exit_code, bytes(capture.chunks[1]), bytes(capture.chunks[2]), capture.truncated[1],
                        capture.truncated[2], timed_out, time.monotonic() - started)
+
+    def _start_exec(self, argv: list[str]):
+        exec_id = self._client.api.exec_create(self._container_id, argv, stdin=True, user=_USER,
+                                               workdir="/work", environment={"HOME": "/work"})["Id"]
+        return exec_id, self._client.api.exec_start(exec_id, socket=True)
 
     def _exit_code(self, exec_id: str) -> int | None:
         import docker.errors

@@ -61,3 +61,16 @@ def test_reset_empties_work_and_tmp_even_when_the_code_locked_a_dir(sandbox):
     sandbox.reset()
     listing = sandbox.exec(["python3", "-c", "import os; print(os.listdir('/work'), os.listdir('/tmp'))"])
     assert listing.stdout == "[] []\n"
+
+
+def test_a_stopped_container_is_replaced_on_the_next_exec(sandbox):
+    sandbox._client.api.kill(sandbox._container_id)  # as if the OOM killer had picked its init
+    sandbox._client.api.wait(sandbox._container_id, timeout=30)
+    assert sandbox.exec(["sh", "-c", "echo back"]).stdout == "back\n"
+
+
+def test_write_files_replaces_a_planted_symlink_instead_of_following_it(sandbox):
+    sandbox.exec(["python3", "-c", "import os; os.symlink('/tmp/elsewhere', 'solution.py')"])
+    sandbox.write_files({"solution.py": b"x = 1\n"})
+    check = sandbox.exec(["python3", "-c", "import os; print(os.path.islink('solution.py'), os.path.exists('/tmp/elsewhere'))"])
+    assert check.stdout == "False False\n"
