@@ -9,7 +9,7 @@ samples from a split.
 How a completion is verified (`verify`), in order:
 1. the solution (prompt + completion) is written to /work/solution.py in the sandbox;
 2. only then the harness runs, `python3 -I -S -c HARNESS`, and the tests arrive on its stdin
-   with a fresh random nonce: the tests never touch the disk, so nothing the solution does
+   after a fresh random nonce and the entry point (one line each): the tests never touch the disk, so nothing the solution does
    to files changes them, and `-I` keeps /work off sys.path (no shadowing of `math.py`);
 3. the harness points fd 1 at /dev/null before the solution runs (its prints go nowhere),
    executes it, executes the tests in a copy of its namespace with a copy of the builtins
@@ -50,11 +50,17 @@ SOLUTION_FILE = "solution.py"
 MAX_SOLUTION_BYTES = 1_000_000
 
 HARNESS = r'''
-import builtins, json, os, sys, traceback
+import builtins, os, sys
+
+def describe(exc):
+    where, tb = [], exc.__traceback__
+    while tb is not None:
+        where.append(tb.tb_frame.f_code.co_filename + ":" + str(tb.tb_lineno))
+        tb = tb.tb_next
+    return type(exc).__name__ + ": " + str(exc)[:500] + " (at " + " <- ".join(reversed(where[-3:])) + ")"
 
 def main():
-    request = json.loads(sys.stdin.buffer.read())
-    nonce = request.pop("nonce")
+    nonce, entry_point, test = sys.stdin.buffer.read().decode().split("\n", 2)
     report = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -62,8 +68,7 @@ def main():
 
     def finish(status, detail=""):
         if detail:
-            sys.stderr.write(detail[-2000:] + "\n")
-            sys.stderr.flush()
+            os.write(2, detail[-2000:].encode(errors="replace") + b"\n")
         os.write(report, (nonce + " " + status + "\n").encode())
         os._exit(0 if status == "ok" else 1)
 
@@ -71,24 +76,24 @@ def main():
         with open("/work/solution.py", "rb") as source_file:
             code = compile(source_file.read(), "solution.py", "exec")
     except (SyntaxError, ValueError) as exc:
-        finish("format", "solution does not compile: " + repr(exc))
+        finish("format", "solution does not compile: " + describe(exc))
     namespace = {"__name__": "solution", "__builtins__": dict(clean_builtins)}
     stage = "loading the solution"
     try:
         exec(code, namespace)
         stage = "running the tests"
-        if request["entry_point"] not in namespace:
-            finish("format", "solution defines no " + request["entry_point"])
+        if entry_point not in namespace:
+            finish("format", "solution defines no " + entry_point)
         tests = dict(namespace)
         tests["__builtins__"] = dict(clean_builtins)
-        exec(compile(request["test"], "tests.py", "exec"), tests)
-        tests["check"](namespace[request["entry_point"]])
-    except AssertionError:
-        finish("wrong", traceback.format_exc(limit=-2))
+        exec(compile(test, "tests.py", "exec"), tests)
+        tests["check"](namespace[entry_point])
+    except AssertionError as exc:
+        finish("wrong", describe(exc))
     except MemoryError:
         finish("oom", "MemoryError while " + stage)
-    except BaseException:
-        finish("crash", "exception while " + stage + ": " + traceback.format_exc(limit=-2))
+    except BaseException as exc:
+        finish("crash", "exception while " + stage + ": " + describe(exc))
     finish("ok")
 
 main()
@@ -176,7 +181,7 @@ class CodeEnv:
         solution = (spec["prompt"] + str(completion_text)).encode("utf-8", errors="replace")
         if len(solution) > MAX_SOLUTION_BYTES:
             return self._verdict(0.0, VerdictReason.FORMAT, f"solution too long: {len(solution)} bytes", started)
-        request = json.dumps({"nonce": nonce, "test": spec["test"], "entry_point": spec["entry_point"]})
+        request = f"{nonce}\n{spec['entry_point']}\n{spec['test']}"
         try:
             sandbox.write_files({SOLUTION_FILE: solution})
             result = sandbox.exec(["python3", "-I", "-S", "-c", HARNESS], stdin=request.encode(), timeout_s=self.timeout_s)
