@@ -25,9 +25,13 @@ exception, a signal, an early non-zero exit); timeout; oom (the sandbox's OOM ki
 MemoryError); sandbox_error (reward None: the sandbox itself failed, or none was given).
 
 What it does not guarantee: the solution runs in the same process as the tests, so code
-that deliberately inspects the harness's frames or memory could find the nonce, and code
-that patches modules the tests import (`math.isclose = ...`) could fool them. Only the
-builtins are protected. The sandbox, not this module, protects the host.
+that deliberately inspects the harness's frames or memory (to find the nonce), installs a
+trace function that skips the tests' asserts, or patches modules the tests import
+(`math.isclose = ...`) could fool them. Protected: the tests' builtins (a copy taken before
+the solution ran) and the functions the harness itself calls afterwards (bound to locals
+first, so patching `builtins.exec` or `os.write`/`os._exit` changes nothing). Process
+separation cannot close the rest: `check` must call the solution in its own process. The
+sandbox, not this module, protects the host.
 """
 
 from __future__ import annotations
@@ -60,39 +64,43 @@ def describe(exc):
     return type(exc).__name__ + ": " + str(exc)[:500] + " (at " + " <- ".join(reversed(where[-3:])) + ")"
 
 def main():
+    # Everything used after the solution runs is bound here first: the solution may patch
+    # the builtins module and `os` (e.g. builtins.exec, os.write, os._exit), not these locals.
+    run_code, compile_code, copy, write, exit_now = exec, compile, dict, os.write, os._exit
+    assertion_error, memory_error, base_exception = AssertionError, MemoryError, BaseException
     nonce, entry_point, test = sys.stdin.buffer.read().decode().split("\n", 2)
     report = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
-    clean_builtins = dict(builtins.__dict__)
+    clean_builtins = copy(builtins.__dict__)
 
     def finish(status, detail=""):
         if detail:
-            os.write(2, detail[-2000:].encode(errors="replace") + b"\n")
-        os.write(report, (nonce + " " + status + "\n").encode())
-        os._exit(0 if status == "ok" else 1)
+            write(2, detail[-2000:].encode(errors="replace") + b"\n")
+        write(report, (nonce + " " + status + "\n").encode())
+        exit_now(0 if status == "ok" else 1)
 
     try:
         with open("/work/solution.py", "rb") as source_file:
-            code = compile(source_file.read(), "solution.py", "exec")
+            code = compile_code(source_file.read(), "solution.py", "exec")
     except (SyntaxError, ValueError) as exc:
         finish("format", "solution does not compile: " + describe(exc))
-    namespace = {"__name__": "solution", "__builtins__": dict(clean_builtins)}
+    namespace = {"__name__": "solution", "__builtins__": copy(clean_builtins)}
     stage = "loading the solution"
     try:
-        exec(code, namespace)
+        run_code(code, namespace)
         stage = "running the tests"
         if entry_point not in namespace:
             finish("format", "solution defines no " + entry_point)
-        tests = dict(namespace)
-        tests["__builtins__"] = dict(clean_builtins)
-        exec(compile(test, "tests.py", "exec"), tests)
+        tests = copy(namespace)
+        tests["__builtins__"] = copy(clean_builtins)
+        run_code(compile_code(test, "tests.py", "exec"), tests)
         tests["check"](namespace[entry_point])
-    except AssertionError as exc:
+    except assertion_error as exc:
         finish("wrong", describe(exc))
-    except MemoryError:
+    except memory_error:
         finish("oom", "MemoryError while " + stage)
-    except BaseException as exc:
+    except base_exception as exc:
         finish("crash", "exception while " + stage + ": " + describe(exc))
     finish("ok")
 

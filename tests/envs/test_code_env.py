@@ -119,6 +119,19 @@ def test_a_solution_that_edits_or_deletes_the_tests_fails(pool, env, first_task)
     assert not verdict.passed and verdict.reward == 0.0
 
 
+def test_a_solution_that_patches_exec_and_the_harness_exit_fails(pool, env, first_task):
+    completion = (
+        "    return True\n"
+        "import builtins, os\n"
+        "real_write, real_exit = os.write, os._exit\n"
+        "builtins.exec = lambda code, scope=None: scope.__setitem__('check', lambda candidate: None)\n"
+        "os.write = lambda fd, data: real_write(fd, data.replace(b' wrong', b' ok').replace(b' crash', b' ok'))\n"
+        "os._exit = lambda status: real_exit(0)\n"
+    )
+    verdict = verify_one(pool, env, first_task, completion)
+    assert not verdict.passed and verdict.reason is VerdictReason.WRONG
+
+
 def test_an_infinite_loop_is_a_timeout(pool, first_task):
     verdict = verify_one(pool, CodeEnv(timeout_s=1.0), first_task, "    while True:\n        pass\n")
     assert verdict.reason is VerdictReason.TIMEOUT and verdict.reward == 0.0
