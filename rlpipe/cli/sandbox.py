@@ -92,7 +92,7 @@ def selftest(
     probe = factory(Limits())  # fail fast, with the backend's own hint, if it cannot start at all
     enforcement = probe.enforcement() if hasattr(probe, "enforcement") else ""
     probe.close()
-    reaped = _reap_leaked(backend)
+    reaped = reap_leaked(backend)
     outcomes = []
     with console.status("attacking...") as status:
         for attack in ATTACKS:
@@ -116,9 +116,12 @@ def selftest(
         raise typer.Exit(1)
 
 
-def _reap_leaked(backend: Backend) -> int:
-    if backend is Backend.bwrap:
-        from rlpipe.sandbox.bwrap import reap_leaked_sandboxes
+def reap_leaked(backend: Backend) -> int:
+    """Remove sandboxes that dead processes of this host left behind; how many."""
+    if backend is Backend.docker:
+        from rlpipe.sandbox.docker_backend import remove_leaked_containers
 
-        return reap_leaked_sandboxes()
-    return 0
+        return remove_leaked_containers()
+    from rlpipe.sandbox.bwrap import reap_leaked_sandboxes
+
+    return reap_leaked_sandboxes()

@@ -25,11 +25,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from rlpipe.cli.sandbox import Backend, sandbox_factory
+from rlpipe.cli.sandbox import Backend, reap_leaked, sandbox_factory
 from rlpipe.core.errors import ConfigError, DatasetError
 from rlpipe.core.records import Task, Verdict
-from rlpipe.envs.code import CodeEnv
-from rlpipe.envs.mixture import build_env, known_domains, register_env
+from rlpipe.envs.mixture import build_env
 from rlpipe.sandbox.base import Limits
 
 PASS_AT_K = (1, 10, 100)
@@ -92,8 +91,6 @@ def pass_at_k(samples: list[Sample], verdicts: list[Verdict]) -> dict[str, float
 
 def load_env(name: str):
     """The env to verify with; it must be able to look its tasks up by id."""
-    if "code" not in known_domains():
-        register_env("code", CodeEnv)
     env = build_env(name)
     if not callable(getattr(env, "task", None)):
         raise ConfigError(f"env {name!r} cannot look tasks up by task_id, so it cannot score a completions file",
@@ -108,7 +105,8 @@ def verify_samples(env, samples: list[Sample], backend: Backend, workers: int | 
     limits = Limits(timeout_s=getattr(env, "timeout_s", 10.0))
     make = sandbox_factory(backend)
     size = workers or min(len(samples), default_pool_size(limits.memory_mb))
-    with SandboxPool(lambda: make(limits), size, memory_mb_per_sandbox=limits.memory_mb) as pool, \
+    with SandboxPool(lambda: make(limits), size, memory_mb_per_sandbox=limits.memory_mb,
+                     reap_leaked=lambda: reap_leaked(backend)) as pool, \
             Progress(console=progress_console, transient=True, disable=not show_progress) as progress:
         bar = progress.add_task("verifying", total=len(samples))
 

@@ -24,6 +24,7 @@ from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import get_runtime
 from rlpipe.tasks.track import artifact_key, log_step
 from rlpipe.tasks.update import apply_committed_update
+from rlpipe.tasks.verify import verify_all
 
 
 @task(name="open-run", **STAGE_OPTIONS)
@@ -93,9 +94,8 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
     completions = runtime.engine.generate([(t.task_id, t.prompt) for t in runtime.heldout], params)
     by_id = {t.task_id: t for t in runtime.heldout}
     passed: dict[str, list[float]] = defaultdict(list)
-    for completion in completions:
-        task_ = by_id[completion.task_id]
-        verdict = runtime.mixture.env_for(task_).verify(task_, completion.text)
+    pairs = [(by_id[completion.task_id], completion.text) for completion in completions]
+    for (task_, _), verdict in zip(pairs, verify_all(runtime, pairs)):  # code runs in the run's sandbox pool
         passed[task_.domain].append(1.0 if verdict.passed else 0.0)
     every = [value for values in passed.values() for value in values]
     result = {"accuracy": sum(every) / len(every)}

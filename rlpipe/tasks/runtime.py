@@ -10,6 +10,7 @@ Not here: any RL logic (rl/), storage layout (storage/), or orchestration (flows
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass, field
 
 import torch
@@ -75,7 +76,7 @@ def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
     model_config = config.model
     if model_config.path is not None:
         return load_local_model(model_config.path)
-    tokenizer = build_char_tokenizer(DEFAULT_ALPHABET)
+    tokenizer = build_char_tokenizer(policy_alphabet(config))
     model = build_tiny_model(
         architecture=model_config.architecture,
         vocab_size=len(tokenizer),
@@ -89,10 +90,21 @@ def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
     return model, tokenizer
 
 
+def policy_alphabet(config: RunConfig) -> str:
+    """The tiny model's characters: DEFAULT_ALPHABET, and with the code domain also the rest
+    of printable ASCII (capitals for True/None, `%`, `@`, `|`, tab...), appended so that the
+    ids of the default characters, and runs without code, do not change. Anything else
+    (HumanEval's few non-ASCII prompt characters) encodes as <unk>."""
+    if "code" not in config.envs.domains:
+        return DEFAULT_ALPHABET
+    return DEFAULT_ALPHABET + "".join(sorted(set(string.printable) - set(DEFAULT_ALPHABET)))
+
+
 def build_mixture(config: RunConfig) -> Mixture:
     envs_config = config.envs
     envs = {
-        name: build_env(name, max_operand=envs_config.max_operand, max_word_len=envs_config.max_word_len)
+        name: build_env(name, max_operand=envs_config.max_operand, max_word_len=envs_config.max_word_len,
+                        timeout_s=config.sandbox.timeout_s)
         for name in envs_config.domains
     }
     return Mixture(envs, dict(envs_config.domains))
@@ -120,7 +132,11 @@ def build_trainer(config: RunConfig, policy: torch.nn.Module) -> Trainer:
 
 
 def build_sandbox_pool(config: RunConfig, mixture: Mixture) -> object | None:
-    """A sandbox pool only when some domain runs code."""
+    """A pool of pre-warmed sandboxes only when some domain runs code.
+
+    Sandboxes an earlier crashed process of this host leaked (bwrap work dirs and cgroups,
+    docker containers) are reaped before the pool starts its own.
+    """
     if not any(env.needs_sandbox for env in mixture.envs.values()):
         return None
     from rlpipe.sandbox.base import Limits
@@ -129,12 +145,14 @@ def build_sandbox_pool(config: RunConfig, mixture: Mixture) -> object | None:
     sandbox = config.sandbox
     limits = Limits(timeout_s=sandbox.timeout_s, memory_mb=sandbox.memory_mb)
     if sandbox.backend == "docker":
-        from rlpipe.sandbox.docker_backend import DockerSandbox
+        from rlpipe.sandbox.docker_backend import DockerSandbox, remove_leaked_containers
 
-        return SandboxPool(lambda: DockerSandbox(limits), size=sandbox.pool_size)
-    from rlpipe.sandbox.bwrap import BwrapSandbox
+        factory, reap_leaked = (lambda: DockerSandbox(limits)), remove_leaked_containers
+    else:
+        from rlpipe.sandbox.bwrap import BwrapSandbox, reap_leaked_sandboxes
 
-    return SandboxPool(lambda: BwrapSandbox(limits), size=sandbox.pool_size)
+        factory, reap_leaked = (lambda: BwrapSandbox(limits)), reap_leaked_sandboxes
+    return SandboxPool(factory, size=sandbox.pool_size, memory_mb_per_sandbox=sandbox.memory_mb, reap_leaked=reap_leaked)
 
 
 def build_runtime(run_id: str, config: RunConfig) -> Runtime:

@@ -1,41 +1,53 @@
 """Stage task `verify`: score every staged completion, fanned out inside this one task.
 
-Exact-answer domains are checked inline; domains that run code borrow a sandbox from the
-run's pool per completion, on a thread pool as wide as the sandbox pool. A Prefect task
-per completion would drown the server, so there is none.
+Exact-answer domains are checked inline. Domains that run code go through the run's
+sandbox pool with `pool.map`: one pre-warmed sandbox per completion, as many at once as the
+pool holds, each sandbox reset before its next use, verdicts back in row order. A Prefect
+task per completion would drown the server, so there is none. `verify_all` is the same
+fan-out for any list of (task, completion text) pairs (the held-out evaluation uses it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 
 from prefect import task
 
 from rlpipe.core.failpoints import failpoint
-from rlpipe.core.records import Trajectory
+from rlpipe.core.records import Task, Verdict
 from rlpipe.tasks.policy import STAGE_OPTIONS, stage_cache_key
 from rlpipe.tasks.runtime import Runtime, get_runtime
 
 
-def _verify_one(runtime: Runtime, row: Trajectory) -> Trajectory:
-    env = runtime.mixture.env_for(row.task)
-    if not env.needs_sandbox:
-        verdict = env.verify(row.task, row.completion.text)
-    else:
-        with runtime.sandbox_pool.acquire() as sandbox:
-            verdict = env.verify(row.task, row.completion.text, sandbox)
-    return dataclasses.replace(row, verdict=verdict)
+def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]:
+    """A verdict per (task, completion text), in order; sandboxed ones on the run's pool."""
+    verdicts: list[Verdict | None] = [None] * len(pairs)
+    sandboxed: list[int] = []
+    for index, (task_, text) in enumerate(pairs):
+        env = runtime.mixture.env_for(task_)
+        if env.needs_sandbox:
+            sandboxed.append(index)
+        else:
+            verdicts[index] = env.verify(task_, text)
+    if sandboxed:
+        pool = runtime.sandbox_pool
+        if pool is None:
+            raise RuntimeError("a domain needs a sandbox but the runtime has no sandbox pool (build_sandbox_pool)")
+
+        def one(sandbox, index: int) -> Verdict:
+            task_, text = pairs[index]
+            return runtime.mixture.env_for(task_).verify(task_, text, sandbox)
+
+        for index, verdict in zip(sandboxed, pool.map(one, sandboxed)):
+            verdicts[index] = verdict
+    return verdicts  # type: ignore[return-value] - every slot is filled above
 
 
 @task(name="verify", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
 def verify(run_id: str, step: int, staged_uri: str) -> str:
     runtime = get_runtime(run_id)
     rows = runtime.lake.read_staged(staged_uri)
-    if runtime.sandbox_pool is None:
-        verified = [_verify_one(runtime, row) for row in rows]
-    else:
-        with ThreadPoolExecutor(max_workers=runtime.sandbox_pool.size) as executor:
-            verified = list(executor.map(lambda row: _verify_one(runtime, row), rows))
+    verdicts = verify_all(runtime, [(row.task, row.completion.text) for row in rows])
+    verified = [dataclasses.replace(row, verdict=verdict) for row, verdict in zip(rows, verdicts)]
     failpoint("verify")
     return runtime.lake.write_staged(run_id, step, "verify", verified)

@@ -152,3 +152,28 @@ def _reap_in(tmp_path: Path) -> None:
         assert pool.reaped_at_start == 1 and not leaked_dir.exists()
     if leaked.cgroups is not None:
         assert not leaked.cgroups.memory_dir.exists() and not leaked.cgroups.pids_dir.exists()
+
+
+@pytest.mark.parametrize(("backend", "reaper"), [
+    ("bwrap", "rlpipe.sandbox.bwrap.reap_leaked_sandboxes"),
+    ("docker", "rlpipe.sandbox.docker_backend.remove_leaked_containers"),
+])
+def test_the_train_runs_pool_reaps_with_its_backends_cleanup(monkeypatch, backend, reaper):
+    """build_sandbox_pool hands SandboxPool the leak cleanup of the configured backend."""
+    import importlib
+    from types import SimpleNamespace
+
+    import rlpipe.sandbox.pool
+    from rlpipe.core.config import load_config
+    from rlpipe.tasks.runtime import build_sandbox_pool
+
+    made = {}
+    monkeypatch.setattr(rlpipe.sandbox.pool, "SandboxPool", lambda factory, **kwargs: made.update(kwargs) or "pool")
+    config = load_config(None, [f'sandbox.backend="{backend}"', "sandbox.pool_size=3"])
+    code_only = SimpleNamespace(envs={"code": SimpleNamespace(needs_sandbox=True)})
+    assert build_sandbox_pool(config, code_only) == "pool"
+    module, _, name = reaper.rpartition(".")
+    assert made["reap_leaked"] is getattr(importlib.import_module(module), name)
+    assert made["size"] == 3 and made["memory_mb_per_sandbox"] == config.sandbox.memory_mb
+    no_code = SimpleNamespace(envs={"arithmetic": SimpleNamespace(needs_sandbox=False)})
+    assert build_sandbox_pool(config, no_code) is None
