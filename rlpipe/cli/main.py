@@ -122,7 +122,10 @@ def _stored_config(current: RunConfig, run_id: str, config_given: bool) -> RunCo
     stored = config_from_dict(json.loads(info.config_json))
     if config_given and current.config_hash() != stored.config_hash():
         raise ConfigError(f"the config given differs from run {run_id!r}'s (hash {current.config_hash()} != {stored.config_hash()})", "resume with the run's own config: `rlpipe resume RUN_ID`")
-    return stored.model_copy(update={"storage": current.storage, "tracking": current.tracking})
+    # Without a config (`rlpipe resume RUN --lake X`) the run logs on into the MLflow store it
+    # started in, not the embedded default of the current folder (where its MLflow run is missing).
+    tracking = current.tracking if config_given else stored.tracking
+    return stored.model_copy(update={"storage": current.storage, "tracking": tracking})
 
 
 def _config_for_lake(config: Optional[Path], lake: Optional[str]) -> RunConfig:

@@ -114,7 +114,9 @@ class ObjectStore:
 def _atomic_local_write(path: Path, data: bytes, crash_point: str | None = None) -> None:
     """Write to a tmp file in the same folder, fsync, rename over the target."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.name}")
+    # hidden and without the target's suffix: a process killed mid-write leaves a file that
+    # no `*.parquet` glob (DuckDB, Spark, pyarrow datasets) reads as a truncated part
+    partial = path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.name}.partial")
     try:
         with open(partial, "wb") as stream:
             stream.write(data[: len(data) // 2])

@@ -1,0 +1,145 @@
+"""Retries are for the machinery only: a stage that raises an InfraError twice and then
+succeeds is retried (backoff 1 s, 2 s) and the run finishes with exactly its rows; a stage
+that fails on bad data fails once, and the error shows in the Prefect flow runs and in
+`rlpipe runs show --json`.
+
+The failures come from a fake domain registered with `register_env`: it implements the Env
+protocol over the arithmetic tasks, and its verify raises on chosen calls (counted across the
+process; the flow runs in this process under the session's Prefect server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+
+from rlpipe.core.errors import DatasetError, SandboxUnavailable
+from rlpipe.core.records import Task, Verdict
+from rlpipe.envs.arithmetic import ArithmeticEnv
+from rlpipe.envs.mixture import register_env
+from rlpipe.flows.train import train
+from rlpipe.storage.query import query_trajectories
+from rlpipe.tasks.builders import build_lake
+from tests.flows.runs import tiny_config
+
+pytestmark = pytest.mark.slow
+
+HELDOUT = 6  # verify calls of evaluate(before_rl): 6 held-out tasks of the one domain
+PER_STEP = 4 * 4  # verify calls of one step: 4 prompts x 4 samples
+FIRST_CALL_OF_STEP_2 = HELDOUT + PER_STEP + 1  # call 23
+
+
+class FlakyEnv:
+    """Arithmetic under another name; verify raises `error` on the calls numbered in `plan`."""
+
+    name = "flaky"
+    needs_sandbox = False
+    plan: dict[int, Exception] = {}
+    calls = 0
+
+    def __init__(self, max_operand: int = 99) -> None:
+        self._inner = ArithmeticEnv(max_operand=max_operand)
+        self.verifier_version = "flaky/" + self._inner.verifier_version
+
+    def tasks(self, split: str, count: int, seed: int) -> list[Task]:
+        return [
+            dataclasses.replace(task, task_id=task.task_id.replace("arithmetic/", "flaky/"), domain=self.name)
+            for task in self._inner.tasks(split, count, seed)
+        ]
+
+    def verify(self, task: Task, completion_text: str, sandbox: object = None) -> Verdict:
+        FlakyEnv.calls += 1
+        error = FlakyEnv.plan.get(FlakyEnv.calls)
+        if error is not None:
+            raise error
+        return self._inner.verify(task, completion_text)
+
+
+register_env("flaky", FlakyEnv)
+
+
+def _config(tmp_path: Path):
+    return tiny_config(tmp_path, "envs.domains={flaky = 1.0}", f"envs.heldout_size={HELDOUT}")
+
+
+def _arm(plan: dict[int, Exception]) -> None:
+    FlakyEnv.calls = 0
+    FlakyEnv.plan = plan
+
+
+def test_infra_error_twice_then_success_is_retried_and_the_run_finishes(tmp_path: Path) -> None:
+    # verify of step 2: attempt 1 dies on its first row (call 23), attempt 2 on its first
+    # row (call 24), attempt 3 verifies every row
+    _arm({
+        FIRST_CALL_OF_STEP_2: SandboxUnavailable("docker daemon gone (test)"),
+        FIRST_CALL_OF_STEP_2 + 1: SandboxUnavailable("docker daemon gone (test)"),
+    })
+    config = _config(tmp_path)
+    summary = train(config.model_dump_json(), "retried")
+    lake = build_lake(config)
+    assert summary.steps_committed == 3
+    assert lake.read_status("retried").state.value == "finished"
+    # 3 steps x 4 prompts x 4 samples, no duplicates: the failed attempts left nothing behind
+    assert query_trajectories(
+        lake, "select count(*), count(distinct (run_id, step, task_id, sample_idx)) from trajectories"
+    ).rows == [(48, 48)]
+    runs = asyncio.run(_task_runs("retried-step-2"))
+    assert runs["verify"] == ("Completed", 3)  # (state, attempts)
+    assert runs["generate"] == ("Completed", 1)
+
+
+def test_bad_data_fails_once_and_shows_in_prefect_and_runs_show(tmp_path: Path) -> None:
+    _arm({FIRST_CALL_OF_STEP_2: DatasetError("task flaky/1+2 has no answer (test)", hint="fix the dataset")})
+    config = _config(tmp_path)
+    with pytest.raises(DatasetError, match="has no answer"):
+        train(config.model_dump_json(), "bad-data")
+    assert FlakyEnv.calls == FIRST_CALL_OF_STEP_2  # one attempt: no retry after the bad row
+    runs = asyncio.run(_task_runs("bad-data-step-2"))
+    assert runs["verify"] == ("Failed", 1)
+    # the Prefect UI: the step's flow run and the run's flow run are Failed, with the error
+    step_run, train_run = asyncio.run(_flow_run_states(["bad-data-step-2", "bad-data"]))
+    assert step_run[0] == "FAILED" and "has no answer" in step_run[1]
+    assert train_run[0] == "FAILED"
+    # the lake: step 1 committed, step 2 not; `rlpipe runs show --json` names step, stage, error
+    lake = build_lake(config)
+    assert lake.committed_steps("bad-data") == [1]
+    shown = subprocess.run(
+        [sys.executable, "-m", "rlpipe.cli.main", "runs", "show", "bad-data", "--lake", lake.uri, "--json"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["state"] == "failed"
+    assert report["failed_step"] == 2
+    assert report["failed_stage"] == "verify"
+    assert "DatasetError" in report["error"] and "has no answer" in report["error"]
+    assert "failed at step 2 in stage verify" in report["state_detail"]
+
+
+async def _task_runs(flow_run_name: str) -> dict[str, tuple[str, int]]:
+    """task name -> (state name, attempts) in the one flow run of that name."""
+    async with get_client() as client:
+        flow_runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+        assert len(flow_runs) == 1, flow_runs
+        task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_runs[0].id])))
+        return {run.name.rsplit("-", 1)[0]: (run.state.name, run.run_count) for run in task_runs}
+
+
+async def _flow_run_states(names: list[str]) -> list[tuple[str, str]]:
+    """(state type, state message) of the one flow run of each name."""
+    async with get_client() as client:
+        result = []
+        for name in names:
+            flow_runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+            assert len(flow_runs) == 1, (name, flow_runs)
+            state = flow_runs[0].state
+            result.append((state.type.value, state.message or ""))
+        return result
