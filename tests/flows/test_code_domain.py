@@ -1,5 +1,6 @@
-"""The code domain in the train flow: a tiny run whose every row is verified in a
-bubblewrap sandbox of the run's pool (the verify stage fans out over `SandboxPool.map`)."""
+"""The code domain in the train flow: a tiny run whose every row is verified in a sandbox of
+the run's pool (the verify stage fans out over `SandboxPool.map`), on each backend that can
+start here (bwrap; docker when an engine answers)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.core.records import VerdictReason
 from rlpipe.envs.code import CodeEnv
 from rlpipe.flows.train import train
@@ -15,19 +17,31 @@ from rlpipe.tasks.builders import build_lake
 from tests.flows.runs import tiny_config
 from tests.sandbox._bwrap_support import require_bwrap
 
-pytestmark = pytest.mark.bwrap
-
 # What the code verifier can say about a completion; sandbox_error (reward None) is not in it.
 CODE_REASONS = {VerdictReason.OK, VerdictReason.WRONG, VerdictReason.FORMAT, VerdictReason.CRASH,
                 VerdictReason.TIMEOUT, VerdictReason.OOM}
 
 
-def test_tiny_code_run_verifies_every_row_in_the_sandbox(tmp_path: Path) -> None:
-    require_bwrap()
+def _require(backend: str) -> None:
+    if backend == "bwrap":
+        require_bwrap()
+        return
+    from rlpipe.sandbox.docker_backend import docker_client
+
+    try:
+        docker_client()
+    except SandboxUnavailable as exc:
+        pytest.skip(f"no docker engine: {exc.message}")
+
+
+@pytest.mark.parametrize("backend", [pytest.param("bwrap", marks=pytest.mark.bwrap),
+                                     pytest.param("docker", marks=pytest.mark.docker)])
+def test_tiny_code_run_verifies_every_row_in_the_sandbox(tmp_path: Path, backend: str) -> None:
+    _require(backend)
     config = tiny_config(
         tmp_path,
         "envs.domains={code = 1.0}",
-        'sandbox.backend="bwrap"',
+        f'sandbox.backend="{backend}"',
         "sandbox.timeout_s=5.0",
         "sandbox.pool_size=2",
         "train.steps=2",
@@ -39,10 +53,11 @@ def test_tiny_code_run_verifies_every_row_in_the_sandbox(tmp_path: Path) -> None
         "envs.heldout_size=2",
         "model.max_position_embeddings=2048",  # HumanEval prompts run to ~1,400 characters
     )
-    summary = train(config.model_dump_json(), "code")
+    run_id = f"code-{backend}"
+    summary = train(config.model_dump_json(), run_id)
     lake = build_lake(config)
     assert summary.steps_committed == 2
-    assert lake.read_status("code").state.value == "finished"
+    assert lake.read_status(run_id).state.value == "finished"
     rows = query_trajectories(
         lake, "select domain, reason, reward, verifier_version from trajectories order by step, task_id, sample_idx"
     ).rows
@@ -53,4 +68,4 @@ def test_tiny_code_run_verifies_every_row_in_the_sandbox(tmp_path: Path) -> None
         assert VerdictReason(reason) in CODE_REASONS, reason
         assert reward in (0.0, 1.0)
         assert verifier_version == version
-    assert lake.read_json("code", "evals/after_rl.json")["accuracy/code"] in (0.0, 0.5, 1.0)
+    assert lake.read_json(run_id, "evals/after_rl.json")["accuracy/code"] in (0.0, 0.5, 1.0)
