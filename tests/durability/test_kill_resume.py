@@ -1,0 +1,230 @@
+"""kill -9 at five moments of a run, then resume: the finished run equals an uninterrupted one.
+
+Runs the real CLI (`python -m rlpipe.cli.main train CONFIG --run-id X`) in subprocesses. The
+reference run is uninterrupted; each scenario arms one failpoint (core/failpoints.py: the
+process SIGKILLs itself there), checks that the run died with -9 and that queries see only
+committed steps, then `rlpipe resume X --lake ...` to completion. The finished run must have:
+exactly the reference's rows (count, keys, completion texts, rewards, advantages), no duplicate
+key, no orphan counted by the query, a manifest for every step, final weights bit-equal to the
+reference's, and MLflow histories with one point per step.
+
+Config: 5 steps, checkpoints every 2 steps (0, 2, 4, final 5). Kills land in step 4, so the
+resume loads checkpoint 2 and replays step 3 (and step 4 where it was committed) from the lake.
+`warmstart` dies inside the very first checkpoint, so the resume redoes the warm-start.
+
+All runs of the module go in one fixture, three processes at a time (each with its own lake,
+MLflow store and Prefect home, all reporting to the session's Prefect server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+
+from rlpipe.storage.lake import Lake
+from tests.durability.cli_runs import (
+    SMALL_ROWS,
+    SMALL_STEPS,
+    Where,
+    checkpoint_file_count,
+    cli_env,
+    count_rows,
+    final_weights,
+    make_where,
+    rows_by_key,
+    run_cli,
+)
+
+pytestmark = pytest.mark.slow
+
+# name -> (failpoint spec, the step the kill lands in, steps committed when it dies)
+# checkpoint-write's hit count is filled in from the reference: files per checkpoint.
+SCENARIOS: dict[str, tuple[str, int, list[int]]] = {
+    "generate": ("generate@4", 4, [1, 2, 3]),
+    "verify": ("verify@4", 4, [1, 2, 3]),
+    "update": ("update@4", 4, [1, 2, 3, 4]),
+    "part-write": ("part-write@4", 4, [1, 2, 3]),
+    "checkpoint-write": ("checkpoint-write@{mid_checkpoint_4}", 4, [1, 2, 3, 4]),
+    "warmstart": ("checkpoint-write@2", 0, []),
+}
+METRIC_KEYS = ("reward/mean", "train/loss", "train/grad_norm", "time/generate_s")
+# Stage timings are measured by the live step only: a step killed after its commit (in update,
+# or in its checkpoint) is replayed without them, so they may miss that step (never doubled).
+EVERY_STEP_KEYS = ("reward/mean", "train/loss", "train/grad_norm")
+
+
+@dataclass
+class Outcome:
+    run_id: str
+    where: Where
+    seconds: dict[str, float] = field(default_factory=dict)
+    killed: object = None  # CompletedProcess of the killed run
+    rows_after_kill: tuple[int, int] | None = None
+    committed_after_kill: list[int] | None = None
+    status_after_kill: object = None
+    resumed: object = None
+
+
+def _run_reference(root: Path, api: str) -> Outcome:
+    where = make_where(root / "reference")
+    outcome = Outcome("kr-reference", where)
+    started = time.monotonic()
+    result = run_cli(["train", str(where.config_path), "--run-id", outcome.run_id], cli_env(where, api), where.folder)
+    outcome.seconds["train"] = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    return outcome
+
+
+def _run_scenario(root: Path, api: str, name: str, failpoints: str) -> Outcome:
+    where = make_where(root / name)
+    outcome = Outcome(f"kr-{name}", where)
+    started = time.monotonic()
+    outcome.killed = run_cli(
+        ["train", str(where.config_path), "--run-id", outcome.run_id], cli_env(where, api, failpoints), where.folder
+    )
+    outcome.seconds["killed_run"] = time.monotonic() - started
+    lake = where.lake()
+    outcome.committed_after_kill = lake.committed_steps(outcome.run_id)
+    outcome.rows_after_kill = count_rows(lake, outcome.run_id)
+    outcome.status_after_kill = lake.read_status(outcome.run_id)
+    started = time.monotonic()
+    outcome.resumed = run_cli(
+        ["resume", outcome.run_id, "--lake", where.lake_uri], cli_env(where, api), where.folder
+    )
+    outcome.seconds["resume"] = time.monotonic() - started
+    return outcome
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, prefect_api_url: str) -> dict[str, Outcome]:
+    root = tmp_path_factory.mktemp("kill-resume")
+    # the 2nd file upload of checkpoint 4: hits 1..N are checkpoint 0, N+1..2N checkpoint 2
+    files = checkpoint_file_count(root / "probe")
+    specs = {name: spec.format(mid_checkpoint_4=2 * files + 2) for name, (spec, _, _) in SCENARIOS.items()}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        reference = pool.submit(_run_reference, root, prefect_api_url)
+        futures = {name: pool.submit(_run_scenario, root, prefect_api_url, name, spec) for name, spec in specs.items()}
+        outcomes = {name: future.result() for name, future in futures.items()}
+        outcomes["reference"] = reference.result()
+    for name, outcome in outcomes.items():
+        print(f"{name:18s} " + "  ".join(f"{k} {v:5.1f}s" for k, v in outcome.seconds.items()))
+    return outcomes
+
+
+def test_reference_run_is_complete(runs: dict[str, Outcome]) -> None:
+    reference = runs["reference"]
+    lake = reference.where.lake()
+    assert lake.committed_steps(reference.run_id) == list(range(1, SMALL_STEPS + 1))
+    assert count_rows(lake, reference.run_id) == (SMALL_ROWS, SMALL_ROWS)
+    assert lake.read_status(reference.run_id).state.value == "finished"
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_killed_run_dies_by_sigkill_and_queries_see_only_committed_steps(runs: dict[str, Outcome], name: str) -> None:
+    outcome = runs[name]
+    _, step, committed = SCENARIOS[name]
+    assert outcome.killed.returncode == -9, outcome.killed.stderr[-3000:]
+    assert outcome.committed_after_kill == committed
+    # 16 rows per committed step; a half-written or unlisted part is never counted
+    assert outcome.rows_after_kill == (16 * len(committed), 16 * len(committed))
+    status = outcome.status_after_kill
+    assert status is not None and status.state.value == "running"  # SIGKILL leaves no chance to say more
+    assert status.step == step
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_resumed_run_equals_the_uninterrupted_run(runs: dict[str, Outcome], name: str, tmp_path: Path) -> None:
+    outcome, reference = runs[name], runs["reference"]
+    assert outcome.resumed.returncode == 0, outcome.resumed.stderr[-3000:]
+    lake, reference_lake = outcome.where.lake(), reference.where.lake()
+    # a committed manifest for every step, the run finished
+    assert lake.committed_steps(outcome.run_id) == list(range(1, SMALL_STEPS + 1))
+    assert lake.read_status(outcome.run_id).state.value == "finished"
+    # exactly the reference's rows: count, no duplicate key, same texts, rewards, advantages
+    assert count_rows(lake, outcome.run_id) == (SMALL_ROWS, SMALL_ROWS)
+    assert rows_by_key(lake, outcome.run_id) == rows_by_key(reference_lake, reference.run_id)
+    # every part a `*.parquet` glob finds under trajectories/ is listed by a manifest: no
+    # orphan part (a write killed half-way leaves only a hidden .tmp-*.partial file)
+    listed = {part.path for part in lake.committed_parts(outcome.run_id)}
+    on_disk = {
+        str(path.relative_to(outcome.where.lake_uri))
+        for path in Path(outcome.where.lake_uri, "trajectories").rglob("*.parquet")
+    }
+    assert on_disk == listed
+    leftovers = [p.name for p in Path(outcome.where.lake_uri, "trajectories").rglob("*") if p.is_file() and str(p.relative_to(outcome.where.lake_uri)) not in listed]
+    assert all(name.startswith(".tmp-") and name.endswith(".partial") for name in leftovers), leftovers
+    # final weights bit-equal to the reference's
+    weights = final_weights(lake, outcome.run_id, SMALL_STEPS, tmp_path / "resumed")
+    expected = final_weights(reference_lake, reference.run_id, SMALL_STEPS, tmp_path / "reference")
+    assert sorted(weights) == sorted(expected)
+    unequal = [name for name in expected if not torch.equal(weights[name], expected[name])]
+    assert unequal == [], f"tensors differ from the uninterrupted run: {unequal}"
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_resumed_run_logs_one_mlflow_point_per_step(runs: dict[str, Outcome], name: str) -> None:
+    outcome, reference = runs[name], runs["reference"]
+    assert outcome.resumed.returncode == 0, outcome.resumed.stderr[-3000:]
+    ours = _mlflow_histories(outcome)
+    theirs = _mlflow_histories(reference)
+    for key in EVERY_STEP_KEYS:
+        assert [step for step, _ in ours[key]] == list(range(1, SMALL_STEPS + 1)), (key, ours[key])
+    timed = [step for step, _ in ours["time/generate_s"]]
+    assert len(timed) == len(set(timed)) and set(timed) >= {1, 2, 3, 5}, timed
+    # the same rewards, losses and gradient norms as the uninterrupted run, step by step
+    for key in ("reward/mean", "train/loss", "train/grad_norm"):
+        assert ours[key] == theirs[key], key
+
+
+def test_resume_takes_generate_from_the_stage_cache(runs: dict[str, Outcome]) -> None:
+    """Killed in `verify` of step 4: the resumed flow run's `generate` of step 4 is a cache hit
+    (key: run id, incarnation, step, stage, config hash, policy version), not a new sample."""
+    outcome = runs["verify"]
+    assert outcome.resumed.returncode == 0, outcome.resumed.stderr[-3000:]
+    states = asyncio.run(_stage_states(f"{outcome.run_id}-step-4"))
+    # two flow runs of step 4: the killed one (left Running: SIGKILL) and the resumed one
+    assert len(states) == 2, states
+    killed, resumed = states
+    # the killed process finished generate, but task run states reach the API in the
+    # background, so SIGKILL may have swallowed the last update (then it shows Running)
+    assert killed["generate"] in (["Completed"], ["Running"]), killed
+    assert "verify" not in killed or killed["verify"] == ["Running"], killed
+    assert resumed["generate"] == ["Cached"], resumed
+    assert resumed["verify"] == ["Completed"], resumed  # never finished before: computed now
+
+
+async def _stage_states(flow_run_name: str) -> list[dict[str, list[str]]]:
+    """Per flow run of that name (oldest first): task name -> state names of its task runs."""
+    async with get_client() as client:
+        flow_runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name]))
+        )
+        result = []
+        for flow_run in sorted(flow_runs, key=lambda run: run.created):
+            task_runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+            )
+            states: dict[str, list[str]] = {}
+            for task_run in task_runs:
+                states.setdefault(task_run.name.rsplit("-", 1)[0], []).append(task_run.state.name)
+            result.append(states)
+        return result
+
+
+def _mlflow_histories(outcome: Outcome) -> dict[str, list[tuple[int, float]]]:
+    lake: Lake = outcome.where.lake()
+    info = lake.read_run_info(outcome.run_id)
+    client = MlflowClient(tracking_uri=f"sqlite:///{outcome.where.folder / 'mlflow.db'}")
+    return {
+        key: sorted((point.step, point.value) for point in client.get_metric_history(info.mlflow_run_id, key))
+        for key in METRIC_KEYS
+    }
