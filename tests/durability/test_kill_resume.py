@@ -197,7 +197,7 @@ def test_resume_takes_generate_from_the_stage_cache(runs: dict[str, Outcome]) ->
     # the killed process finished generate, but task run states reach the API in the
     # background, so SIGKILL may have swallowed the last update (then it shows Running)
     assert killed["generate"] in (["Completed"], ["Running"]), killed
-    assert "verify" not in killed or killed["verify"] == ["Running"], killed
+    assert "Completed" not in killed.get("verify", []), killed  # it died inside verify
     assert resumed["generate"] == ["Cached"], resumed
     assert resumed["verify"] == ["Completed"], resumed  # never finished before: computed now
 
