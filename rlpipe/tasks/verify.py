@@ -5,6 +5,11 @@ sandbox pool with `pool.map`: one pre-warmed sandbox per completion, as many at 
 pool holds, each sandbox reset before its next use, verdicts back in row order. A Prefect
 task per completion would drown the server, so there is none. `verify_all` is the same
 fan-out for any list of (task, completion text) pairs (the held-out evaluation uses it).
+
+A sandbox that fails one verification gives that row a sandbox_error verdict (reward None,
+left out of advantages and means). When every sandboxed row of the batch failed so, the
+backend itself is down (docker daemon gone, bwrap broken): that raises SandboxUnavailable,
+an InfraError, so Prefect retries the stage instead of committing a step with no rewards.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import dataclasses
 
 from prefect import task
 
+from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.core.failpoints import failpoint
-from rlpipe.core.records import Task, Verdict
+from rlpipe.core.records import Task, Verdict, VerdictReason
 from rlpipe.tasks.policy import STAGE_OPTIONS, stage_cache_key
 from rlpipe.tasks.runtime import Runtime, get_runtime
 
@@ -38,7 +44,11 @@ def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]
             task_, text = pairs[index]
             return runtime.mixture.env_for(task_).verify(task_, text, sandbox)
 
-        for index, verdict in zip(sandboxed, pool.map(one, sandboxed)):
+        results = pool.map(one, sandboxed)
+        if all(verdict.reason is VerdictReason.SANDBOX_ERROR for verdict in results):
+            raise SandboxUnavailable(f"all {len(results)} sandboxed verifications failed; the first: {results[0].detail}",
+                                     hint="run `rlpipe sandbox selftest --backend B` to see what the backend lacks")
+        for index, verdict in zip(sandboxed, results):
             verdicts[index] = verdict
     return verdicts  # type: ignore[return-value] - every slot is filled above
 

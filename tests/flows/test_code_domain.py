@@ -69,3 +69,58 @@ def test_tiny_code_run_verifies_every_row_in_the_sandbox(tmp_path: Path, backend
         assert reward in (0.0, 1.0)
         assert verifier_version == version
     assert lake.read_json(run_id, "evals/after_rl.json")["accuracy/code"] in (0.0, 0.5, 1.0)
+
+
+class _FakePool:
+    """SandboxPool's map, with a plain object as the sandbox; records how it was used."""
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+
+    def map(self, fn, items):
+        self.items = list(items)
+        return [fn("sandbox", item) for item in self.items]
+
+
+class _Env:
+    def __init__(self, name: str, needs_sandbox: bool, reason: VerdictReason) -> None:
+        self.name, self.needs_sandbox, self.reason = name, needs_sandbox, reason
+
+    def verify(self, task, text, sandbox=None):
+        from rlpipe.core.records import Verdict
+
+        assert (sandbox is not None) == self.needs_sandbox
+        reward = None if self.reason is VerdictReason.SANDBOX_ERROR else 1.0
+        return Verdict(reward=reward, passed=reward == 1.0, reason=self.reason, detail=f"{self.name}:{text}",
+                       duration_s=0.0, verifier_version="v")
+
+
+def _runtime(code_reason: VerdictReason):
+    from types import SimpleNamespace
+
+    envs = {"exact": _Env("exact", False, VerdictReason.OK), "code": _Env("code", True, code_reason)}
+    mixture = SimpleNamespace(env_for=lambda task: envs[task.domain])
+    return SimpleNamespace(mixture=mixture, sandbox_pool=_FakePool())
+
+
+def test_verify_all_sends_only_sandboxed_rows_to_the_pool_and_keeps_row_order() -> None:
+    from types import SimpleNamespace
+
+    from rlpipe.tasks.verify import verify_all
+
+    runtime = _runtime(VerdictReason.WRONG)
+    pairs = [(SimpleNamespace(domain=domain), str(index)) for index, domain in enumerate(["code", "exact", "code", "exact"])]
+    verdicts = verify_all(runtime, pairs)
+    assert [verdict.detail for verdict in verdicts] == ["code:0", "exact:1", "code:2", "exact:3"]
+    assert runtime.sandbox_pool.items == [0, 2]
+
+
+def test_verify_all_raises_an_infra_error_when_every_sandboxed_row_failed() -> None:
+    """A dead backend is retried by Prefect (InfraError), not committed as a step of unscored rows."""
+    from types import SimpleNamespace
+
+    from rlpipe.tasks.verify import verify_all
+
+    pairs = [(SimpleNamespace(domain="code"), "0"), (SimpleNamespace(domain="exact"), "1")]
+    with pytest.raises(SandboxUnavailable, match="sandboxed verifications failed"):
+        verify_all(_runtime(VerdictReason.SANDBOX_ERROR), pairs)
