@@ -63,32 +63,32 @@ def parse_args() -> argparse.Namespace:
     add("--intermediate-size", type=int, default=512)
     add("--max-position-embeddings", type=int, default=32)
     # envs.*
-    add("--domain", default="arithmetic", choices=["arithmetic", "reverse"])
+    add("--domain", default="reverse", choices=["arithmetic", "reverse"])
     add("--max-operand", type=int, default=99)
-    add("--max-word-len", type=int, default=6)
+    add("--max-word-len", type=int, default=5)
     add("--train-size", type=int, default=4000)
     add("--heldout-size", type=int, default=200)
     # warmstart.*
-    add("--warmstart-steps", type=int, default=300)
+    add("--warmstart-steps", type=int, default=130)
     add("--warmstart-batch-size", type=int, default=64)
     add("--warmstart-lr", type=float, default=3e-3)
     # rollout.*
-    add("--prompts-per-step", type=int, default=16)
+    add("--prompts-per-step", type=int, default=32)
     add("--group-size", type=int, default=8)
     add("--max-new-tokens", type=int, default=6)
-    add("--temperature", type=float, default=1.0)
+    add("--temperature", type=float, default=0.7)
     add("--top-p", type=float, default=1.0)
-    add("--batch-size", type=int, default=128)
+    add("--batch-size", type=int, default=256)
     # algo.* / train.*
     add("--advantage", default="grpo")
     add("--clip-eps", type=float, default=0.2)
     add("--kl-coef", type=float, default=0.0)
     add("--loss-agg", default="token_mean")
-    add("--steps", type=int, default=40)
-    add("--lr", type=float, default=1e-4)
+    add("--steps", type=int, default=400)
+    add("--lr", type=float, default=1e-3)
     add("--weight-decay", type=float, default=0.0)
     add("--grad-clip", type=float, default=1.0)
-    add("--micro-batch-size", type=int, default=128)
+    add("--micro-batch-size", type=int, default=256)
     add("--epochs-per-step", type=int, default=1)
     add("--eval-every", type=int, default=0)
     add("--quiet", action="store_true")
@@ -165,9 +165,10 @@ def run(args: argparse.Namespace, seed: int) -> ProbeResult:
     for step in range(args.steps):
         reward, line = rl_step(args, seed, step, env, engine, trainer)
         rewards.append(reward)
-        if args.eval_every and (step + 1) % args.eval_every == 0:
+        evaluated = bool(args.eval_every) and (step + 1) % args.eval_every == 0
+        if evaluated:
             line += f" | held-out {evaluate(engine, env, heldout, args.max_new_tokens):.3f}"
-        if not args.quiet:
+        if evaluated or not args.quiet:
             print(f"[seed {seed}] {line}", flush=True)
     rl_s = time.perf_counter() - rl_started
     eval_started = time.perf_counter()

@@ -1,11 +1,12 @@
 """HFEngine: the transformers rollout backend (CPU or one GPU, in-process).
 
 What it does: holds its OWN copy of the policy (deep-copied at construction, so the
-trainer's in-place updates never leak into sampling), samples `n` completions per prompt in
-left-padded batches with a KV cache (`cache=DynamicCache()`, a hand-written decode loop that
-reads the temperature-1 logprobs from the same logits it samples from, stops rows on stop
-strings as they finish and ends the batch when every row has finished), applies temperature and top-p, stops on stop strings and EOS, and records per-token
-logprobs at temperature 1.0 (see engines/base.py for the logprob and stop conventions).
+trainer's in-place updates never leak into sampling); samples `n` completions per prompt in
+left-padded batches with a KV cache (`cache=DynamicCache()`), in a hand-written decode loop
+that reads the temperature-1 logprobs from the same logits it samples from and ends a batch
+as soon as every row has finished; applies temperature and top-p; stops on stop strings and
+EOS (see engines/base.py for the logprob and stop conventions). On the tiny CPU models of
+the quickstart one batch of 128 short completions takes a few tens of milliseconds.
 Sampling is deterministic for a given `SamplingParams.seed`, the same prompts and the same
 batch_size (one torch.Generator drives every draw).
 

@@ -19,7 +19,6 @@ device (FSDP/torchrun come later behind the same methods).
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -94,11 +93,10 @@ class Trainer:
             self.optimizer.step()
             losses.append(loss), kls.append(kl), clips.append(clip_frac)
         self.model.eval()
-        grad_norm = grad_norms[0] if math.isfinite(grad_norms[0]) else float("nan")
         return UpdateMetrics(
             loss=sum(losses) / len(losses),
             kl=sum(kls) / len(kls),
-            grad_norm=grad_norm,
+            grad_norm=grad_norms[0],
             clip_frac=sum(clips) / len(clips),
             tokens=tokens,
         )
