@@ -90,6 +90,7 @@ def parse_args() -> argparse.Namespace:
     add("--grad-clip", type=float, default=1.0)
     add("--micro-batch-size", type=int, default=256)
     add("--epochs-per-step", type=int, default=1)
+    add("--mini-batches", type=int, default=1)
     add("--eval-every", type=int, default=0)
     add("--quiet", action="store_true")
     return parser.parse_args()
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace, seed: int) -> ProbeResult:
 
     trainer = Trainer(
         model, lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip, micro_batch_size=args.micro_batch_size,
-        epochs_per_step=args.epochs_per_step, clip_eps=args.clip_eps, kl_coef=args.kl_coef, loss_agg=args.loss_agg,
+        epochs_per_step=args.epochs_per_step, mini_batches_per_step=args.mini_batches, clip_eps=args.clip_eps, kl_coef=args.kl_coef, loss_agg=args.loss_agg,
         pad_token_id=tokenizer.pad_token_id,
     )
     rl_started = time.perf_counter()

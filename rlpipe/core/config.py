@@ -97,6 +97,8 @@ class TrainConfig(_Section):
     """Sequences per forward/backward; gradients accumulate over the step's batch."""
     epochs_per_step: int = Field(1, gt=0)
     """Passes of the optimizer over each step's batch."""
+    mini_batches_per_step: int = Field(1, gt=0)
+    """Optimizer steps per pass: the step's batch is split into this many mini-batches."""
 
 
 class WarmstartConfig(_Section):

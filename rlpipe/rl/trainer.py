@@ -1,9 +1,12 @@
 """The policy trainer: one clipped policy-gradient update per RL step, AdamW, grad clipping.
 
-What it does: `update(samples)` runs `epochs_per_step` optimizer steps over the step's
-samples; each optimizer step accumulates gradients over micro-batches whose losses are
-normalised by the WHOLE batch's token (token_mean) or sequence (seq_mean_token_sum) count,
-so the accumulated gradient equals the full-batch gradient whatever the micro-batch size.
+What it does: `update(samples)` splits the step's samples into `mini_batches_per_step`
+contiguous mini-batches (PPO-style; verl's ppo_mini_batch_size) and runs one optimizer step
+per mini-batch, `epochs_per_step` times over. Each optimizer step accumulates gradients over
+micro-batches whose losses are normalised by the WHOLE mini-batch's token (token_mean) or
+sequence (seq_mean_token_sum) count, so the accumulated gradient equals the mini-batch
+gradient whatever the micro-batch size. Mini-batches after the first are slightly
+off-policy; the clipped importance ratio against the stored sampling logprobs accounts for it.
 Samples with advantage None are excluded entirely; samples with advantage 0.0 add nothing
 to the policy-gradient term, so without a KL penalty they are skipped for speed, but still
 count in the normaliser and in `tokens`. With kl_coef > 0 a frozen reference model is kept
@@ -55,6 +58,7 @@ class Trainer:
         grad_clip: float = 1.0,
         micro_batch_size: int = 64,
         epochs_per_step: int = 1,
+        mini_batches_per_step: int = 1,
         clip_eps: float = 0.2,
         kl_coef: float = 0.0,
         loss_agg: LossAggregation = "token_mean",
@@ -65,6 +69,7 @@ class Trainer:
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
         self.epochs_per_step = epochs_per_step
+        self.mini_batches_per_step = mini_batches_per_step
         self.clip_eps = clip_eps
         self.kl_coef = kl_coef
         self.loss_agg = loss_agg
@@ -81,18 +86,22 @@ class Trainer:
         """One RL update on the step's samples; see the module docstring."""
         scored = [sample for sample in samples if sample.advantage is not None]
         tokens = completion_tokens(scored)
-        trained = scored if self.kl_coef > 0 else [s for s in scored if s.advantage != 0.0]
-        if not trained:
-            return UpdateMetrics(loss=0.0, kl=0.0, grad_norm=0.0, clip_frac=0.0, tokens=tokens)
-        normalizer = float(tokens if self.loss_agg == "token_mean" else len(scored))
-        self.model.train()
         losses, kls, clips, grad_norms = [], [], [], []
+        self.model.train()
         for _ in range(self.epochs_per_step):
-            loss, kl, clip_frac = self._accumulate(trained, normalizer, tokens)
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)))
-            self.optimizer.step()
-            losses.append(loss), kls.append(kl), clips.append(clip_frac)
+            for mini_batch in _split(scored, self.mini_batches_per_step):
+                trained = mini_batch if self.kl_coef > 0 else [s for s in mini_batch if s.advantage != 0.0]
+                if not trained:
+                    continue
+                mini_tokens = completion_tokens(mini_batch)
+                normalizer = float(mini_tokens if self.loss_agg == "token_mean" else len(mini_batch))
+                loss, kl, clip_frac = self._accumulate(trained, normalizer, mini_tokens)
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)))
+                self.optimizer.step()
+                losses.append(loss), kls.append(kl), clips.append(clip_frac)
         self.model.eval()
+        if not losses:
+            return UpdateMetrics(loss=0.0, kl=0.0, grad_norm=0.0, clip_frac=0.0, tokens=tokens)
         return UpdateMetrics(
             loss=sum(losses) / len(losses),
             kl=sum(kls) / len(kls),
@@ -140,3 +149,16 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+def _split(samples: list[TrainSample], parts: int) -> list[list[TrainSample]]:
+    """`parts` contiguous mini-batches of near-equal size (samples come ordered by task, so
+    a GRPO group mostly stays in one mini-batch)."""
+    parts = max(1, min(parts, len(samples)))
+    size, extra = divmod(len(samples), parts)
+    chunks, start = [], 0
+    for index in range(parts):
+        end = start + size + (1 if index < extra else 0)
+        chunks.append(samples[start:end])
+        start = end
+    return chunks

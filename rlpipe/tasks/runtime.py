@@ -125,6 +125,7 @@ def build_trainer(config: RunConfig, policy: torch.nn.Module) -> Trainer:
         grad_clip=train.grad_clip,
         micro_batch_size=train.micro_batch_size,
         epochs_per_step=train.epochs_per_step,
+        mini_batches_per_step=train.mini_batches_per_step,
         clip_eps=algo.clip_eps,
         kl_coef=algo.kl_coef,
         loss_agg=algo.loss_agg,

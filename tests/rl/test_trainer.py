@@ -82,3 +82,12 @@ def test_warm_start_lowers_the_answer_loss(tiny_model, tokenizer):
     assert warm_start(tiny_model, tokenizer, examples, steps=0, batch_size=16, lr=1e-2, seed=0) == []
     with pytest.raises(ValueError):
         warm_start(tiny_model, tokenizer, [], steps=1, batch_size=1, lr=1e-3, seed=0)
+
+
+def test_mini_batches_take_one_optimizer_step_each(tiny_model, tokenizer):
+    samples = samples_from_engine(tiny_model, tokenizer, lambda i: 1.0 if i % 2 == 0 else -1.0)
+    trainer = Trainer(tiny_model, lr=1e-3, mini_batches_per_step=4, epochs_per_step=2)
+    trainer.update(samples)
+    # 8 samples in 4 mini-batches of 2, two passes: AdamW counted 4 x 2 = 8 steps
+    steps = {int(state["step"]) for state in trainer.optimizer.state.values()}
+    assert steps == {8}
