@@ -6,15 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 from tests.helpers.s3_server import start_moto_server
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prefect_harness() -> Iterator[None]:
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def prefect_harness(prefect_api_url: str) -> Iterator[None]:
+    """The session's one Prefect harness (tests/conftest.py), shared with tests/durability."""
+    yield
 
 
 @pytest.fixture(scope="session")
