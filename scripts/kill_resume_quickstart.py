@@ -202,7 +202,7 @@ def main() -> int:
     args = parser.parse_args()
     config_path = args.config if args.config.is_file() else None
     if config_path is None:
-        print(f"{args.config} not found: using the built-in defaults (what quickstart.toml changes nothing of)")
+        print(f"{args.config} not found: using the built-in defaults")
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="kill-resume-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     config = load_config(config_path, [])
