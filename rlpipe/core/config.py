@@ -108,6 +108,15 @@ class WarmstartConfig(_Section):
     """Sequences per supervised step."""
     lr: float = Field(3e-3, gt=0)
     """AdamW learning rate of the warm-start."""
+    target_accuracy: float | None = Field(None, gt=0, le=1)
+    """Stop the warm-start early once greedy accuracy on a sample of TRAINING tasks reaches
+    this (checked every check_every_steps); None = always run `steps`. The learning curve of
+    a tiny model jumps sharply at a seed-dependent step; stopping at a target makes RL start
+    from a comparable policy whatever the seed."""
+    check_every_steps: int = Field(5, gt=0)
+    """How often the target accuracy is checked."""
+    check_tasks: int = Field(200, gt=0)
+    """Training tasks sampled (seeded, apart from the warm-start's own draw) for the check."""
 
 
 class EvalConfig(_Section):

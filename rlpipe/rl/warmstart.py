@@ -8,12 +8,16 @@ A tiny random model needs this to be partially right (non-zero pass rate) before
 any reward signal. The budget is exactly steps * batch_size sequences, constant learning
 rate, gradients clipped to norm 1.0.
 
+An optional `stop_check` ends it early (the caller decides how: the train flow checks greedy
+accuracy on a sample of training tasks against `warmstart.target_accuracy`).
+
 What it does not: evaluate, schedule the learning rate, or read datasets from disk.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -30,8 +34,14 @@ def warm_start(
     lr: float,
     seed: int,
     weight_decay: float = 0.0,
+    stop_check: Callable[[int], bool] | None = None,
+    check_every: int = 5,
 ) -> list[float]:
-    """Train on (prompt, answer) pairs; returns the mean answer-token loss of every step."""
+    """Train on (prompt, answer) pairs; returns the mean answer-token loss of every step.
+
+    `stop_check(steps_done)`, called every `check_every` steps, ends the warm-start early
+    when it returns True (e.g. once the policy is right often enough for RL to learn from);
+    `steps` stays the upper bound of the budget."""
     if steps <= 0:
         return []
     if not examples:
@@ -45,7 +55,7 @@ def warm_start(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     model.train()
     losses: list[float] = []
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         batch = pad_samples([rng.choice(encoded) for _ in range(batch_size)], pad_id, device)
         logprobs = token_logprobs(model, batch)
         loss = -(logprobs * batch.completion_mask).sum() / batch.completion_mask.sum()
@@ -54,6 +64,11 @@ def warm_start(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        if stop_check is not None and step % check_every == 0 and step < steps:
+            model.eval()
+            if stop_check(step):
+                break
+            model.train()
     model.eval()
     return losses
 

@@ -3,14 +3,12 @@ checkpoint, and restore a run from the lake (checkpoint + replay of committed st
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
@@ -21,7 +19,8 @@ from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoin
 from rlpipe.rl.warmstart import warm_start as supervised_warm_start
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.policy import STAGE_OPTIONS
-from rlpipe.tasks.runtime import get_runtime
+from rlpipe.core.records import Task
+from rlpipe.tasks.runtime import Runtime, get_runtime
 from rlpipe.tasks.track import artifact_key, log_step
 from rlpipe.tasks.update import apply_committed_update
 from rlpipe.tasks.verify import verify_all
@@ -61,11 +60,22 @@ def open_run(run_id: str) -> bool:
 
 @task(name="warm-start", **STAGE_OPTIONS)
 def warm_start(run_id: str) -> float:
-    """Supervised steps on reference answers (a fixed budget); return the last loss."""
+    """Supervised steps on reference answers (at most `warmstart.steps`, fewer when
+    `warmstart.target_accuracy` is reached on training tasks); return the last loss."""
     runtime = get_runtime(run_id)
     config = runtime.config
     tasks = runtime.mixture.sample(config.envs.train_size, rng_seed=derive_seed(config.seed, 0, "warmstart"))
     examples = [(t.prompt, t.reference_answer) for t in tasks if t.reference_answer is not None]
+    stop_check = None
+    if config.warmstart.target_accuracy is not None:
+        check_tasks = runtime.mixture.sample(config.warmstart.check_tasks, rng_seed=derive_seed(config.seed, 0, "warmstart-check"))
+
+        def stop_check(steps_done: int) -> bool:
+            runtime.engine.load_weights(runtime.trainer.named_weights(), 0)
+            accuracy = greedy_accuracy(runtime, check_tasks)["accuracy"]
+            get_run_logger().info("warm-start step %d: greedy accuracy on training tasks %.3f", steps_done, accuracy)
+            return accuracy >= config.warmstart.target_accuracy
+
     losses = supervised_warm_start(
         runtime.policy,
         runtime.tokenizer,
@@ -74,9 +84,29 @@ def warm_start(run_id: str) -> float:
         batch_size=config.warmstart.batch_size,
         lr=config.warmstart.lr,
         seed=derive_seed(config.seed, 0, "warmstart-order"),
+        stop_check=stop_check,
+        check_every=config.warmstart.check_every_steps,
     )
     runtime.engine.load_weights(runtime.trainer.named_weights(), 0)
     return losses[-1] if losses else float("nan")
+
+
+def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
+    """Greedy pass@1 of the engine's policy on `tasks`: `accuracy` and `accuracy/<domain>`."""
+    params = SamplingParams(
+        n=1, temperature=1.0, top_p=1.0, max_new_tokens=runtime.config.rollout.max_new_tokens,
+        stop=runtime.config.rollout.stop, seed=0, greedy=True,
+    )
+    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+    by_id = {t.task_id: t for t in tasks}
+    passed: dict[str, list[float]] = defaultdict(list)
+    pairs = [(by_id[completion.task_id], completion.text) for completion in completions]
+    for (task_, _), verdict in zip(pairs, verify_all(runtime, pairs)):  # code runs in the run's sandbox pool
+        passed[task_.domain].append(1.0 if verdict.passed else 0.0)
+    every = [value for values in passed.values() for value in values]
+    result = {"accuracy": sum(every) / len(every)}
+    result.update({f"accuracy/{domain}": sum(v) / len(v) for domain, v in sorted(passed.items())})
+    return result
 
 
 @task(name="evaluate", **STAGE_OPTIONS)
@@ -87,19 +117,7 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
     stored = runtime.lake.read_json(run_id, f"evals/{name}.json")
     if stored is not None:  # evaluated before this run was interrupted: the lake is the truth
         return {key: float(value) for key, value in stored.items() if key != "policy_version"}
-    params = SamplingParams(
-        n=1, temperature=1.0, top_p=1.0, max_new_tokens=runtime.config.rollout.max_new_tokens,
-        stop=runtime.config.rollout.stop, seed=0, greedy=True,
-    )
-    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in runtime.heldout], params)
-    by_id = {t.task_id: t for t in runtime.heldout}
-    passed: dict[str, list[float]] = defaultdict(list)
-    pairs = [(by_id[completion.task_id], completion.text) for completion in completions]
-    for (task_, _), verdict in zip(pairs, verify_all(runtime, pairs)):  # code runs in the run's sandbox pool
-        passed[task_.domain].append(1.0 if verdict.passed else 0.0)
-    every = [value for values in passed.values() for value in values]
-    result = {"accuracy": sum(every) / len(every)}
-    result.update({f"accuracy/{domain}": sum(v) / len(v) for domain, v in sorted(passed.items())})
+    result = greedy_accuracy(runtime, runtime.heldout)
     runtime.lake.write_json(run_id, f"evals/{name}.json", {"policy_version": runtime.policy_version, **result})
     runtime.tracker.log_step_metrics(
         runtime.mlflow_run_id, runtime.policy_version, {f"heldout/{k}": v for k, v in result.items()},

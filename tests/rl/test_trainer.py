@@ -91,3 +91,18 @@ def test_mini_batches_take_one_optimizer_step_each(tiny_model, tokenizer):
     # 8 samples in 4 mini-batches of 2, two passes: AdamW counted 4 x 2 = 8 steps
     steps = {int(state["step"]) for state in trainer.optimizer.state.values()}
     assert steps == {8}
+
+
+def test_warm_start_stops_when_the_check_says_so(tiny_model, tokenizer):
+    examples = [(f"{a}+{b}=", str(a + b)) for a in range(5) for b in range(5)]
+    checked: list[int] = []
+
+    def stop_check(steps_done: int) -> bool:
+        checked.append(steps_done)
+        return steps_done >= 10
+
+    losses = warm_start(tiny_model, tokenizer, examples, steps=30, batch_size=4, lr=1e-3, seed=0,
+                        stop_check=stop_check, check_every=5)
+    # checked after steps 5 and 10; True at 10 ends the budget of 30 there
+    assert checked == [5, 10] and len(losses) == 10
+    assert not tiny_model.training
