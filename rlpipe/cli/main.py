@@ -74,6 +74,7 @@ def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
     from rlpipe.tasks.runtime import preflight
 
     preflight(run_config)  # bad input fails here, before a flow run or a lake write
+    _export_s3_keys(run_config)
     services_cli.export_service_env(verbose)
     if not verbose:
         _quiet_libraries()
@@ -96,6 +97,18 @@ def _open_lake(run_config: RunConfig):
     from rlpipe.tasks.builders import build_lake
 
     return build_lake(run_config)
+
+
+def _export_s3_keys(run_config: RunConfig) -> None:
+    """S3 keys from the config reach the flow through the environment only: the config the
+    flow gets (a Prefect parameter, run.json, MLflow params) never holds them."""
+    import os
+
+    storage = run_config.storage
+    if storage.s3_access_key:
+        os.environ["AWS_ACCESS_KEY_ID"] = storage.s3_access_key
+    if storage.s3_secret_key:
+        os.environ["AWS_SECRET_ACCESS_KEY"] = storage.s3_secret_key
 
 
 def _quiet_libraries() -> None:

@@ -21,7 +21,14 @@ import typer
 from rich.console import Console
 
 from rlpipe.core.errors import InfraError
-from rlpipe.storage.local_services import LocalServices, clear_services, read_live_services, rlpipe_home, write_services
+from rlpipe.storage.local_services import (
+    LocalServices,
+    clear_services,
+    live_prefect_api_url,
+    read_live_services,
+    rlpipe_home,
+    write_services,
+)
 
 console = Console()
 STARTUP_TIMEOUT_S = 90.0
@@ -79,9 +86,9 @@ def down() -> None:
 def export_service_env(verbose: bool) -> None:
     """Before Prefect is imported: point it at `rlpipe up`'s server when one is alive
     (unless PREFECT_API_URL is set already), and keep its console quiet unless verbose."""
-    services = read_live_services()
-    if services is not None and "PREFECT_API_URL" not in os.environ:
-        os.environ["PREFECT_API_URL"] = services.prefect_api_url
+    prefect_api_url = live_prefect_api_url()
+    if prefect_api_url is not None and "PREFECT_API_URL" not in os.environ:
+        os.environ["PREFECT_API_URL"] = prefect_api_url
     if not verbose:
         for handler in ("CONSOLE", "CONSOLE_FLOW_RUNS", "CONSOLE_TASK_RUNS"):
             os.environ.setdefault(f"PREFECT_LOGGING_HANDLERS_{handler}_LEVEL", "CRITICAL")

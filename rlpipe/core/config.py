@@ -129,10 +129,10 @@ class StorageConfig(_Section):
     """Where trajectories, manifests and checkpoints go: a folder or s3://bucket/prefix."""
     s3_endpoint_url: str | None = None
     """S3 endpoint (MinIO, moto...). None = AWS_ENDPOINT_URL or the AWS default."""
-    s3_access_key: str | None = None
-    """None = AWS_ACCESS_KEY_ID."""
-    s3_secret_key: str | None = None
-    """None = AWS_SECRET_ACCESS_KEY."""
+    s3_access_key: str | None = Field(None, exclude=True)
+    """None = AWS_ACCESS_KEY_ID. Never written anywhere (run.json, MLflow, Prefect)."""
+    s3_secret_key: str | None = Field(None, exclude=True)
+    """None = AWS_SECRET_ACCESS_KEY. Never written anywhere (run.json, MLflow, Prefect)."""
     s3_region: str | None = None
     """None = AWS_REGION / AWS_DEFAULT_REGION, else us-east-1."""
 
@@ -176,8 +176,14 @@ class RunConfig(_Section):
     sandbox: SandboxConfig = SandboxConfig()
 
     def config_hash(self) -> str:
-        """Hash of everything that changes what a run computes (not where it is stored)."""
-        data = self.model_dump(mode="json", exclude={"storage", "tracking"})
+        """Hash of everything that changes what a run computes: not where it is stored or
+        tracked, how long it runs, or how often it checkpoints and evaluates (so a run can
+        be resumed with more steps)."""
+        data = self.model_dump(
+            mode="json",
+            exclude={"storage": True, "tracking": True, "eval": True, "checkpoint": True,
+                     "train": {"steps"}, "sandbox": {"pool_size"}},
+        )
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def flat(self) -> dict[str, str]:

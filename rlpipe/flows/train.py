@@ -75,7 +75,8 @@ def rl_step(run_id: str, step: int) -> None:
         # 5. Commit the step: Parquet part, then the manifest.
         clock.enter("persist")
         persist.persist(run_id, step, scored_uri)
-        # 6. One optimizer step on the committed rows.
+        # 6. The policy update on the committed rows (mini_batches_per_step x epochs_per_step
+        #    optimizer steps).
         clock.enter("update")
         train_metrics = update.update(run_id, step)
         # 7. New weights into the rollout engine.
@@ -85,8 +86,6 @@ def rl_step(run_id: str, step: int) -> None:
         clock.enter("track")
         timings = {f"time/{name}_s": seconds for name, seconds in clock.seconds.items() if name != "start"}
         timings["time/step_s"] = sum(timings.values())
-        if timings.get("time/generate_s"):
-            timings["throughput/tokens_per_s"] = train_metrics.get("train/tokens", 0.0) / timings["time/generate_s"]
         track.track(run_id, step, {**train_metrics, **timings})
         # 9. Checkpoint every N steps.
         if step % runtime.config.checkpoint.every_steps == 0:
@@ -131,6 +130,11 @@ def train(config_json: str, run_id: str) -> TrainSummary:
     except BaseException as exc:
         if failing_step is None:
             _set_status(run_id, RunState.FAILED, runtime.policy_version, "train", exc)
+        if runtime.mlflow_run_id:
+            try:
+                runtime.tracker.end_run(runtime.mlflow_run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            except Exception as tracking_error:  # noqa: BLE001 - the run's own error matters more
+                log.warning("could not mark MLflow run %s failed: %s", runtime.mlflow_run_id, tracking_error)
         raise
     finally:
         release_runtime(run_id)

@@ -20,13 +20,15 @@ def rollout_metrics(rows: list[Trajectory]) -> dict[str, float]:
         "rollout/completions": float(len(rows)),
         "rollout/unscored": float(len(rows) - len(scored)),
         "rollout/mean_tokens": fmean(len(row.completion.token_ids) for row in rows) if rows else 0.0,
+        "rollout/tokens": float(sum(len(row.completion.token_ids) for row in rows)),
     }
     by_domain: dict[str, list[float]] = defaultdict(list)
     for row in scored:
         by_domain[row.task.domain].append(row.verdict.reward)
     for domain, rewards in sorted(by_domain.items()):
         metrics[f"reward/{domain}"] = fmean(rewards)
-    for reason in (VerdictReason.TIMEOUT, VerdictReason.FORMAT, VerdictReason.CRASH, VerdictReason.OOM):
+    for reason in (VerdictReason.TIMEOUT, VerdictReason.FORMAT, VerdictReason.CRASH, VerdictReason.OOM,
+                   VerdictReason.SANDBOX_ERROR):
         count = sum(1 for row in rows if row.verdict is not None and row.verdict.reason == reason)
         metrics[f"verify/{reason.value}_rate"] = count / len(rows) if rows else 0.0
     groups: dict[str, set[float]] = defaultdict(set)

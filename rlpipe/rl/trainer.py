@@ -38,7 +38,7 @@ __all__ = ["Trainer", "TrainSample", "UpdateMetrics"]
 @dataclass(frozen=True)
 class UpdateMetrics:
     """What one `update` did. loss/kl/clip_frac are averaged over epochs; grad_norm is the
-    pre-clip norm of the first epoch; tokens = completion tokens of the scored samples."""
+    pre-clip norm of the first optimizer step; tokens = completion tokens of the scored samples."""
 
     loss: float
     kl: float
@@ -137,6 +137,11 @@ class Trainer:
             kl_sum += metrics.kl * metrics.tokens
             clip_sum += metrics.clip_frac * metrics.tokens
         return total_loss, kl_sum / max(tokens, 1), clip_sum / max(tokens, 1)
+
+    def reset_reference(self) -> None:
+        """Make the KL reference a copy of the current policy (e.g. after the warm-start)."""
+        if self.reference_model is not None:
+            self.reference_model.load_state_dict(self.model.state_dict())
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) of every parameter, detached, for `RolloutEngine.load_weights`."""

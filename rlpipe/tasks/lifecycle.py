@@ -19,6 +19,7 @@ from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoin
 from rlpipe.rl.warmstart import warm_start as supervised_warm_start
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.policy import STAGE_OPTIONS
+from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import Task
 from rlpipe.tasks.runtime import Runtime, get_runtime
 from rlpipe.tasks.track import artifact_key, log_step
@@ -52,13 +53,20 @@ def open_run(run_id: str) -> bool:
         runtime.tracker.log_text(mlflow_run_id, runtime.config.model_dump_json(indent=2), "config.json")
     if resumed:
         runtime.tracker.resume_run(info.mlflow_run_id)
+    if resumed and info.config_hash != runtime.config.config_hash():
+        raise ConfigError(
+            f"run {run_id!r} was started with config {info.config_hash}; this flow run has {runtime.config.config_hash()}",
+            "resume a run with its own config (`rlpipe resume RUN_ID`), or start a new run id",
+        )
     runtime.mlflow_run_id = info.mlflow_run_id
     runtime.incarnation = str(info.created_at_ms)
     runtime.tracker.set_tags(info.mlflow_run_id, {"prefect.flow_run_id": str(flow_run.get_id() or "")})
     return resumed
 
 
-@task(name="warm-start", **STAGE_OPTIONS)
+# No retries: a retry would go on from half-trained weights. The run fails instead, and a
+# resume warm-starts the freshly built policy again, deterministically.
+@task(name="warm-start", retries=0)
 def warm_start(run_id: str) -> float:
     """Supervised steps on reference answers (at most `warmstart.steps`, fewer when
     `warmstart.target_accuracy` is reached on training tasks); return the last loss."""
@@ -87,6 +95,7 @@ def warm_start(run_id: str) -> float:
         stop_check=stop_check,
         check_every=config.warmstart.check_every_steps,
     )
+    runtime.trainer.reset_reference()  # the KL anchor is the warm-started policy
     runtime.engine.load_weights(runtime.trainer.named_weights(), 0)
     return losses[-1] if losses else float("nan")
 
@@ -118,11 +127,13 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
     if stored is not None:  # evaluated before this run was interrupted: the lake is the truth
         return {key: float(value) for key, value in stored.items() if key != "policy_version"}
     result = greedy_accuracy(runtime, runtime.heldout)
-    runtime.lake.write_json(run_id, f"evals/{name}.json", {"policy_version": runtime.policy_version, **result})
+    # MLflow first: the stored result makes a re-run return early, and the tracker skips a
+    # point it has already, so a kill between the two loses nothing.
     runtime.tracker.log_step_metrics(
         runtime.mlflow_run_id, runtime.policy_version, {f"heldout/{k}": v for k, v in result.items()},
         timestamp_ms=None,
     )
+    runtime.lake.write_json(run_id, f"evals/{name}.json", {"policy_version": runtime.policy_version, **result})
     return result
 
 
@@ -152,6 +163,10 @@ def restore(run_id: str) -> int:
         meta, trainer_state = load_checkpoint(Path(folder), runtime.policy)
     runtime.trainer.load_state_dict(trainer_state)
     runtime.policy_version = meta.policy_version
+    if runtime.trainer.reference_model is not None:  # the KL anchor: the warm-started policy
+        with tempfile.TemporaryDirectory() as folder:
+            runtime.lake.load_checkpoint(run_id, 0, Path(folder))
+            load_checkpoint(Path(folder), runtime.trainer.reference_model)
     for replayed in range(step + 1, last + 1):
         train_metrics = apply_committed_update(runtime, replayed)
         log_step(runtime, replayed, train_metrics)

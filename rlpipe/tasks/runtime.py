@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlpipe.core.config import RunConfig
+from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.hf import HFEngine
@@ -113,7 +114,13 @@ def build_mixture(config: RunConfig) -> Mixture:
 def step_tasks(runtime: "Runtime", step: int) -> list[Task]:
     """The tasks of RL step `step`: a function of (run seed, step) alone."""
     count = runtime.config.rollout.prompts_per_step
-    return runtime.mixture.sample(count, rng_seed=derive_seed(runtime.config.seed, step, "sample"))
+    tasks = runtime.mixture.sample(count, rng_seed=derive_seed(runtime.config.seed, step, "sample"))
+    if len({task.task_id for task in tasks}) != len(tasks):
+        raise ConfigError(
+            f"step {step} drew the same task twice: rollout.prompts_per_step={count} is larger than a domain's training split",
+            "lower rollout.prompts_per_step or raise envs.train_size (a GRPO group is one task's samples)",
+        )
+    return tasks
 
 
 def build_trainer(config: RunConfig, policy: torch.nn.Module) -> Trainer:

@@ -15,6 +15,8 @@ def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, 
     """Log manifest metrics + `extra` for `step`; return everything logged."""
     manifest = runtime.lake.read_manifest(runtime.run_id, step)
     metrics = {**dict(manifest.metrics), **extra}
+    if metrics.get("time/generate_s") and "rollout/tokens" in metrics:
+        metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["time/generate_s"]
     runtime.tracker.log_step_metrics(runtime.mlflow_run_id, step, metrics, timestamp_ms=manifest.committed_at_ms)
     return metrics
 
