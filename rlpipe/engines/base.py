@@ -9,6 +9,10 @@ Logprob convention (every backend): `Completion.logprobs[i]` is the log-probabil
 sampled token `token_ids[i]` under the policy at temperature 1.0, i.e. `log_softmax` of the
 raw logits, *not* of the temperature-scaled or top-p-truncated sampling distribution. That
 is the quantity the trainer recomputes, so the ratio new/old is exactly 1 before any update.
+Known limit: with a sampling temperature T != 1 the gradient is then that of the T = 1
+policy evaluated on samples drawn at T (TRL and verl scale the logits by 1/T in both the
+engine and the trainer). The quickstart's recipe was tuned with this convention; moving to
+temperature-scaled logprobs needs the engine, `rl.batching.token_logprobs` and a re-tune.
 
 Stop convention: the text is cut before the first stop string; the token that completed the
 stop string (or the EOS token) is kept as the last entry of `token_ids`/`logprobs`, so the
