@@ -200,7 +200,7 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--moments", default=",".join(MOMENTS))
     args = parser.parse_args()
-    config_path = args.config if args.config.is_file() else None
+    config_path = args.config.resolve() if args.config.is_file() else None  # the runs have their own cwd
     if config_path is None:
         print(f"{args.config} not found: using the built-in defaults")
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="kill-resume-"))).resolve()
