@@ -45,7 +45,7 @@ def _outage_after_step_1(direct: Lake, run_id: str, proxy: TcpProxy, mode: str, 
 
 @pytest.mark.parametrize("mode", ["cut", "blackhole"])
 def test_run_waits_out_an_s3_outage_and_loses_nothing(
-    tmp_path: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, mode: str
+    tmp_path: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -83,9 +83,11 @@ def test_run_waits_out_an_s3_outage_and_loses_nothing(
     ).rows == [(rows, rows)]
     assert lake.read_status(run_id).state.value == "finished"
     assert lake.latest_checkpoint(run_id) == STEPS
-    # some stage failed with StorageUnavailable and was retried
+    # the outage hit the run: a stage failed with StorageUnavailable and was retried, or (a
+    # blackholed request can hang through the whole outage) the best-effort status write failed
     retried = asyncio.run(_retried_task_runs(run_id))
-    assert retried, "no task run was retried: the outage hit nothing?"
+    status_write_failed = any("could not write the status" in record.getMessage() for record in caplog.records)
+    assert retried or status_write_failed, "no task run was retried and no write failed: the outage hit nothing?"
 
 
 async def _retried_task_runs(run_id: str) -> list[tuple[str, int]]:
