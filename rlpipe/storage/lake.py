@@ -193,16 +193,20 @@ class Lake:
                     steps.append(int(step_dir))
         return sorted(steps)
 
-    def committed_parts(self, run_id: str | None = None) -> list[PartRef]:
-        """Parts listed in committed manifests, of one run or of every run."""
+    def committed_manifests(self, run_id: str | None = None) -> list[StepManifest]:
+        """The manifests of committed steps, of one run or of every run."""
         run_ids = [run_id] if run_id is not None else self.list_runs(require_info=False)
-        parts: list[PartRef] = []
+        manifests: list[StepManifest] = []
         for rid in run_ids:
             for step in self.committed_steps(rid):
                 manifest = self.read_manifest(rid, step)
                 if manifest is not None:
-                    parts.extend(manifest.parts)
-        return parts
+                    manifests.append(manifest)
+        return manifests
+
+    def committed_parts(self, run_id: str | None = None) -> list[PartRef]:
+        """Parts listed in committed manifests, of one run or of every run."""
+        return [part for manifest in self.committed_manifests(run_id) for part in manifest.parts]
 
     def write_staged(self, run_id: str, step: int, stage: str, trajectories: list[Trajectory]) -> str:
         """Store the rows a stage hands to the next; return their reference (content-addressed)."""

@@ -58,17 +58,6 @@ class QueryResult:
     rows: list[tuple[object, ...]]
 
 
-def _committed_manifests(lake: Lake, run_id: str | None) -> list[StepManifest]:
-    run_ids = [run_id] if run_id is not None else lake.list_runs(require_info=False)
-    manifests = []
-    for rid in run_ids:
-        for step in lake.committed_steps(rid):
-            manifest = lake.read_manifest(rid, step)
-            if manifest is not None:
-                manifests.append(manifest)
-    return manifests
-
-
 def _trajectory_dataset(lake: Lake, manifests: list[StepManifest]) -> pads.Dataset:
     paths = [lake.location.path(part.path) for m in manifests for part in m.parts]
     if not paths:
@@ -112,7 +101,7 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
         raise RunNotFoundError(
             f"the lake {lake.uri} holds no run {run_id!r}", hint="list runs with `rlpipe runs`"
         )
-    manifests = _committed_manifests(lake, run_id)
+    manifests = lake.committed_manifests(run_id)
     try:
         dataset = _trajectory_dataset(lake, manifests)
     except (OSError, pa.ArrowException) as exc:  # FileNotFoundError included: a lost part
