@@ -79,40 +79,51 @@ def _flag(value: bool) -> str:
     return "[red]yes[/]" if value else "no"
 
 
+class AttackPath(str, Enum):
+    exec = "exec"
+    exec_python = "exec_python"
+    both = "both"
+
+
 @app.command("selftest")
 @report_errors
 def selftest(
     backend: Backend = typer.Option(Backend.bwrap, "--backend", help="Isolation backend to attack."),
+    path: AttackPath = typer.Option(AttackPath.both, "--path", help="How attack programs run: a plain exec, "
+                                    "exec_python (the warm path code verification uses) or both."),
     as_json: bool = typer.Option(False, "--json", help="Print the outcomes as JSON."),
 ) -> None:
     """Run the attack suite on this host and print which guarantees hold (exit 1 if any does not)."""
-    from rlpipe.sandbox.selftest import ATTACKS, run_attack
+    from rlpipe.sandbox.selftest import ATTACKS, PATHS, run_attack
 
+    paths = list(PATHS) if path is AttackPath.both else [path.value]
     factory = sandbox_factory(backend)
     probe = factory(Limits())  # fail fast, with the backend's own hint, if it cannot start at all
     enforcement = probe.enforcement() if hasattr(probe, "enforcement") else ""
     probe.close()
     reaped = reap_leaked(backend)
-    outcomes = []
+    outcomes = {}
     with console.status("attacking...") as status:
         for attack in ATTACKS:
-            status.update(f"attack: {attack.guarantee}")
-            outcomes.append((attack, run_attack(attack, factory)))
+            for name in paths:
+                status.update(f"attack: {attack.guarantee} ({name})")
+                outcomes[attack.guarantee, name] = run_attack(attack, factory, name)
     if as_json:
-        typer.echo(json.dumps([dataclasses.asdict(outcome) for _, outcome in outcomes]))
+        typer.echo(json.dumps([{**dataclasses.asdict(outcome), "path": name} for (_, name), outcome in outcomes.items()]))
     else:
         table = Table(title=f"sandbox guarantees on this host ({backend.value})")
-        for column in ("guarantee", "held", "what was tried", "detail"):
+        for column in ("guarantee", *(f"held ({name})" for name in paths), "what was tried", "detail"):
             table.add_column(column, overflow="fold")
-        for attack, outcome in outcomes:
-            held = "[green]yes[/]" if outcome.held else "[bold red]NO[/]"
-            table.add_row(outcome.guarantee, held, attack.description, outcome.detail)
+        for attack in ATTACKS:
+            held = ["[green]yes[/]" if outcomes[attack.guarantee, name].held else "[bold red]NO[/]" for name in paths]
+            failed = [outcomes[attack.guarantee, name] for name in paths if not outcomes[attack.guarantee, name].held]
+            table.add_row(attack.guarantee, *held, attack.description, (failed or [outcomes[attack.guarantee, paths[0]]])[0].detail)
         console.print(table)
         if enforcement:
             console.print(f"enforced by: {enforcement}")
         if reaped:
             console.print(f"reaped {reaped} sandbox(es) leaked by earlier processes")
-    if not all(outcome.held for _, outcome in outcomes):
+    if not all(outcome.held for outcome in outcomes.values()):
         raise typer.Exit(1)
 
 

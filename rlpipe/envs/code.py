@@ -8,7 +8,9 @@ samples from a split.
 
 How a completion is verified (`verify`), in order:
 1. the solution (prompt + completion) is written to /work/solution.py in the sandbox;
-2. only then the harness runs, `python3 -I -S -c HARNESS`, and the tests arrive on its stdin
+2. only then the harness runs, `python3 -I -S -c HARNESS` by `Sandbox.exec_python` (in
+   bubblewrap a child forked from the sandbox's warm interpreter, sandbox/warm_server.py;
+   elsewhere a plain exec), and the tests arrive on its stdin
    after a fresh random nonce and the entry point (one line each): the tests never touch the disk, so nothing the solution does
    to files changes them, and `-I` keeps /work off sys.path (no shadowing of `math.py`);
 3. the harness points fd 1 at /dev/null before the solution runs (its prints go nowhere),
@@ -47,6 +49,7 @@ from rlpipe.core.errors import DatasetError, InfraError
 from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
 from rlpipe.envs.exact import check_split, in_heldout
 from rlpipe.sandbox.base import ExecResult, Sandbox
+from rlpipe.sandbox.warm_python import SERVER_SOURCE as WARM_SERVER_SOURCE
 
 CODE_KIND = "humaneval"
 DETAIL_CHARS = 300
@@ -130,6 +133,7 @@ def verdict_from(result: ExecResult, nonce: str) -> tuple[VerdictReason, str]:
 def harness_version(timeout_s: float) -> str:
     """A short hash of the harness, the verdict rule and the parameters."""
     hasher = hashlib.sha256(HARNESS.encode())
+    hasher.update(WARM_SERVER_SOURCE.encode())  # how HARNESS is started is part of the verifier
     hasher.update(inspect.getsource(verdict_from).encode())
     hasher.update(repr((("timeout_s", timeout_s),)).encode())
     return hasher.hexdigest()[:12]
@@ -192,7 +196,7 @@ class CodeEnv:
         request = f"{nonce}\n{spec['entry_point']}\n{spec['test']}"
         try:
             sandbox.write_files({SOLUTION_FILE: solution})
-            result = sandbox.exec(["python3", "-I", "-S", "-c", HARNESS], stdin=request.encode(), timeout_s=self.timeout_s)
+            result = sandbox.exec_python(HARNESS, stdin=request.encode(), timeout_s=self.timeout_s)
         except (InfraError, OSError) as exc:
             return self._verdict(None, VerdictReason.SANDBOX_ERROR, f"{type(exc).__name__}: {exc}", started)
         reason, detail = verdict_from(result, nonce)

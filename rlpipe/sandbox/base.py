@@ -8,6 +8,7 @@ backend itself cannot work (bwrap missing, docker daemon gone).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +51,15 @@ class Sandbox(Protocol):
     """One isolated environment with a writable work dir (`/work` inside)."""
 
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult: ...
+
+    def exec_python(self, code: str, stdin: bytes = b"", timeout_s: float | None = None,
+                    args: Sequence[str] = ()) -> ExecResult:
+        """The result `exec(["python3", "-I", "-S", "-c", code, *args], stdin, timeout_s)` would give.
+
+        A backend may serve it faster (bubblewrap forks it from a warm interpreter); the
+        isolation, limits and result fields are those of `exec`.
+        """
+        ...
 
     def write_files(self, files: dict[str, bytes]) -> None:
         """Write files (paths relative to the work dir) before a run."""

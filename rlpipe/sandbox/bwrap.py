@@ -39,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import logging
 import os
 import random
 import select
@@ -49,12 +50,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox import limits as limits_module
 from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
 from rlpipe.sandbox.output import pump
+from rlpipe.sandbox.warm_python import SERVER_ARGV, WarmInterpreter, WarmServerHung, WarmServerLost
 from rlpipe.sandbox.workdir import copy_tree, owner_alive, read_beneath, write_beneath
 
 SANDBOX_UID_BASE = 1_200_000
@@ -63,6 +67,10 @@ INSIDE_UID = 1000
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
 _libc = ctypes.CDLL(None, use_errno=True)
 _probed: dict[tuple[str, bool, bool], str] = {}  # (runtime root, as_root, network) -> "" if ok, else why not
+# bwrap's --die-with-parent fires when the *thread* that started it ends: warm servers, which
+# outlive the call that starts them, are started from this one long-lived thread
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bwrap-warm-spawner")
+log = logging.getLogger(__name__)
 
 _ETC_FILES = {
     "passwd": f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{INSIDE_UID}:{INSIDE_UID}::/work:/bin/sh\n",
@@ -92,6 +100,8 @@ class BwrapSandbox:
         self._closed = False
         self._snapshots: list[Path] = []
         self.work_on_tmpfs = False
+        self._warm: tuple[WarmInterpreter, int | None] | None = None  # the server and its host pid
+        self._warm_failure = ""  # why a warm server could not start here (then exec_python execs)
         try:
             self._make_work_dir()
             layout = limits_module.detect_cgroups() if self._as_root else None
@@ -109,6 +119,7 @@ class BwrapSandbox:
     # -- the protocol -------------------------------------------------------------------
 
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
+        self._stop_warm()  # the cgroup sweep after this exec would kill it anyway
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         oom_before = self.cgroups.oom_kill_count() if self.cgroups else 0
         started = time.monotonic()
@@ -134,6 +145,84 @@ class BwrapSandbox:
             stdout_truncated=captured.stdout.truncated, stderr_truncated=captured.stderr.truncated,
             duration_s=duration_s, timed_out=captured.deadline_passed, oom_killed=oom_killed,
         )
+
+    def exec_python(self, code: str, stdin: bytes = b"", timeout_s: float | None = None,
+                    args: Sequence[str] = ()) -> ExecResult:
+        """`exec(["python3", "-I", "-S", "-c", code, *args])`, forked from this sandbox's warm interpreter.
+
+        The first call starts the warm server (warm_server.py) in this sandbox; later calls
+        cost a fork. The same limits, output caps and verdict fields apply; a request that
+        outruns its timeout is killed with everything it started. If the server cannot start
+        here, or dies mid-request, the request runs by `exec` instead, so the result is the same.
+        """
+        timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
+        warm = self._warm_interpreter()
+        if warm is None:
+            return self.exec(["python3", "-I", "-S", "-c", code, *args], stdin, timeout_s)
+        oom_before = self.cgroups.oom_kill_count() if self.cgroups else 0
+        started = time.monotonic()
+        try:
+            answer = warm.run(code, list(args), stdin, timeout_s, self.limits.output_bytes)
+        except WarmServerHung:
+            self._stop_warm()
+            return ExecResult(exit_code=None, stdout="", stderr="", stdout_truncated=False, stderr_truncated=False,
+                              duration_s=time.monotonic() - started, timed_out=True,
+                              oom_killed=bool(self.cgroups) and self.cgroups.oom_kill_count() > oom_before)
+        except WarmServerLost as exc:
+            log.warning("sandbox %s: warm interpreter lost (%s); running this request by exec", self.name, exc)
+            self._stop_warm()
+            return self.exec(["python3", "-I", "-S", "-c", code, *args], stdin, timeout_s)
+        if not answer.clean or warm.worn_out or self._warm_cpu_s() > self.limits.cpu_time_s / 2:
+            self._stop_warm()  # the server's own CPU time counts against RLIMIT_CPU too
+        stderr = answer.stderr.decode("utf-8", errors="replace")
+        oom_killed = (self.cgroups.oom_kill_count() > oom_before) if self.cgroups else _looks_like_rlimit_oom(
+            answer.exit_code, stderr)
+        killed = answer.timed_out or (oom_killed and answer.signal == signal.SIGKILL)
+        return ExecResult(
+            exit_code=None if killed else answer.exit_code,
+            stdout=answer.stdout.decode("utf-8", errors="replace"), stderr=stderr,
+            stdout_truncated=answer.stdout_dropped > 0, stderr_truncated=answer.stderr_dropped > 0,
+            duration_s=time.monotonic() - started, timed_out=answer.timed_out, oom_killed=oom_killed,
+        )
+
+    def _warm_interpreter(self) -> WarmInterpreter | None:
+        """This sandbox's running warm server, started if need be; None where none can run."""
+        if self._warm is not None:
+            if self._warm[0].alive:
+                return self._warm[0]
+            self._stop_warm()
+        if self._warm_failure:
+            return None
+        process, child_pid = _spawner.submit(self._start, SERVER_ARGV).result()
+        try:
+            self._warm = (WarmInterpreter(process), child_pid)
+        except WarmServerLost as exc:
+            self._kill(process, child_pid)
+            stderr = process.stderr.read(2000).decode(errors="replace").strip() if process.poll() is not None else ""
+            self._warm_failure = f"{exc}: {stderr}" if stderr else str(exc)
+            log.warning("sandbox %s: no warm interpreter (%s); exec_python runs each request by exec",
+                        self.name, self._warm_failure)
+            for stream in (process.stdin, process.stdout, process.stderr):
+                stream.close()
+            return None
+        return self._warm[0]
+
+    def _warm_cpu_s(self) -> float:
+        """CPU seconds the warm server itself has used (children excluded)."""
+        child_pid = self._warm[1] if self._warm else None
+        try:
+            fields = Path(f"/proc/{child_pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    def _stop_warm(self) -> None:
+        if self._warm is None:
+            return
+        warm, child_pid = self._warm
+        self._warm = None
+        self._kill(warm.process, child_pid)
+        warm.close_pipes()
 
     def _start(self, argv: list[str]) -> tuple[subprocess.Popen[bytes], int | None]:
         """Start prlimit -> bwrap; move bwrap's child into the cgroups while it waits on --block-fd.
@@ -201,19 +290,29 @@ class BwrapSandbox:
         copy_tree(source, self.work_dir, uid=self.host_uid)
 
     def reset(self) -> None:
+        if self._warm is not None and self._warm[0].alive:
+            # the warm server killed what each request started and emptied /tmp; it sees this
+            # tmpfs through its own mount namespace, so empty it rather than mount a new one
+            self._empty_work_dir()
+            return
+        self._stop_warm()
         if self.cgroups:
             self.cgroups.kill_all()
         if self.work_on_tmpfs:
             _umount(self.work_dir)
             self._mount_work_tmpfs()
         else:
-            for child in list(self.work_dir.iterdir()):
-                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+            self._empty_work_dir()
+
+    def _empty_work_dir(self) -> None:
+        for child in list(self.work_dir.iterdir()):
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
     def close(self) -> None:
         if getattr(self, "_closed", True):
             return
         self._closed = True
+        self._stop_warm()
         if getattr(self, "cgroups", None):
             self.cgroups.remove_soon()
         if self.work_on_tmpfs:

@@ -46,6 +46,7 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -258,6 +259,11 @@ class DockerSandbox:
         self.close()
 
     # --- running commands ------------------------------------------------------------
+    def exec_python(self, code: str, stdin: bytes = b"", timeout_s: float | None = None,
+                    args: Sequence[str] = ()) -> ExecResult:
+        """A plain `exec` of `python3 -I -S -c code` (no warm interpreter in this backend yet)."""
+        return self.exec(["python3", "-I", "-S", "-c", code, *args], stdin, timeout_s)
+
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         self._wipe_if_needed()

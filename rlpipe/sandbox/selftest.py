@@ -266,8 +266,19 @@ ATTACKS: list[Attack] = [
 ]
 
 
-def run_attack(attack: Attack, factory: SandboxFactory) -> AttackOutcome:
-    """Run one attack; a sandbox that raises instead of containing the code has not held."""
+PATHS = ("exec", "exec_python")  # how the attack programs are run: a plain exec, or the warm path
+
+
+def run_attack(attack: Attack, factory: SandboxFactory, path: str = "exec") -> AttackOutcome:
+    """Run one attack; a sandbox that raises instead of containing the code has not held.
+
+    With path="exec_python", each `python3 -c PROGRAM ARGS` of the attack goes through
+    `Sandbox.exec_python` instead (bubblewrap forks it from a warm interpreter).
+    """
+    if path not in PATHS:
+        raise ValueError(f"unknown path {path!r}; one of {PATHS}")
+    if path == "exec_python":
+        factory = _through_exec_python(factory)
     try:
         outcome = attack.check(factory)
     except Exception as exc:  # noqa: BLE001 - any exception is the finding
@@ -278,8 +289,27 @@ def run_attack(attack: Attack, factory: SandboxFactory) -> AttackOutcome:
     return outcome
 
 
-def run_selftest(factory: SandboxFactory, attacks_to_run: list[Attack] | None = None) -> list[AttackOutcome]:
-    return [run_attack(attack, factory) for attack in (attacks_to_run or ATTACKS)]
+def run_selftest(factory: SandboxFactory, attacks_to_run: list[Attack] | None = None, path: str = "exec") -> list[AttackOutcome]:
+    return [run_attack(attack, factory, path) for attack in (attacks_to_run or ATTACKS)]
+
+
+def _through_exec_python(factory: SandboxFactory) -> SandboxFactory:
+    return lambda limits: _PythonByExecPython(factory(limits))
+
+
+class _PythonByExecPython:
+    """A sandbox whose `python3 -c PROGRAM ARGS` execs go through its `exec_python`; all else as is."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
+        if argv[:2] == ["python3", "-c"] and len(argv) >= 3:
+            return self._sandbox.exec_python(argv[2], stdin, timeout_s, args=argv[3:])
+        return self._sandbox.exec(argv, stdin, timeout_s)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sandbox, name)
 
 
 def _host_fork_latency_s() -> float:

@@ -83,12 +83,14 @@ def test_run_waits_out_an_s3_outage_and_loses_nothing(
     ).rows == [(rows, rows)]
     assert lake.read_status(run_id).state.value == "finished"
     assert lake.latest_checkpoint(run_id) == STEPS
-    # the outage hit the run: a stage failed with StorageUnavailable and was retried, or (a
-    # blackholed request can hang through the whole outage) the best-effort status write failed
+    # the outage hit the run's traffic. Refused connections fail a stage, which Prefect
+    # retries; a blackholed request may instead hang until restore() drops it and then
+    # succeed on the S3 client's own retry (or be the best-effort status write that fails),
+    # so for a blackhole it is enough that the proxy held a request of the run.
     retried = asyncio.run(_retried_task_runs(run_id))
     status_write_failed = any("could not write the status" in record.getMessage() for record in caplog.records)
-    assert retried or status_write_failed, "no task run was retried and no write failed: the outage hit nothing?"
-
+    held = proxy.held if mode == "blackhole" else 0
+    assert retried or status_write_failed or held, "no task run was retried, no write failed, nothing was held"
 
 async def _retried_task_runs(run_id: str) -> list[tuple[str, int]]:
     """(task run name, attempts) of task runs with more than one attempt, in the run's flow runs."""

@@ -160,6 +160,9 @@ class BrokenSandbox:
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
         raise SandboxUnavailable("engine gone")
 
+    def exec_python(self, code: str, stdin: bytes = b"", timeout_s: float | None = None, args=()) -> ExecResult:
+        raise SandboxUnavailable("engine gone")
+
     def write_files(self, files: dict[str, bytes]) -> None:
         raise SandboxUnavailable("engine gone")
 

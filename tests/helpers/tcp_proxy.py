@@ -23,6 +23,7 @@ class TcpProxy:
         self.target = (target_host, target_port)
         self.port = free_port()
         self.accepted = 0
+        self.held = 0  # connections accepted while blackholed (the client had to wait them out)
         self.events: list[tuple[float, str]] = []
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
@@ -87,6 +88,7 @@ class TcpProxy:
                 return  # closed by cut() or stop()
             self.accepted += 1
             if self._blackhole:
+                self.held += 1
                 with self._lock:
                     self._open.add(client)
                 continue

@@ -1,6 +1,7 @@
 """One adversarial property per test for the bubblewrap backend (the suite in sandbox/selftest.py).
 
-Each attack makes its own sandbox with small limits (128 MB, 32 processes, 16 MB disk), so
+Each attack runs twice (a plain exec; exec_python, the warm path code verification uses) and
+makes its own sandbox with small limits (128 MB, 32 processes, 16 MB disk), so
 the host stays responsive; network checks only talk to a listener on this host's 127.0.0.1.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.sandbox.base import Limits
-from rlpipe.sandbox.selftest import ATTACKS, Attack, run_attack
+from rlpipe.sandbox.selftest import ATTACKS, PATHS, Attack, run_attack
 from tests.sandbox._bwrap_support import require_bwrap
 
 pytestmark = pytest.mark.bwrap
@@ -24,10 +25,12 @@ def make_bwrap(limits: Limits):
     return BwrapSandbox(limits)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("attack", ATTACKS, ids=[attack.guarantee for attack in ATTACKS])
-def test_guarantee_holds(attack: Attack):
+def test_guarantee_holds(attack: Attack, path: str):
+    """Each attack with its programs run by a plain exec, and by exec_python (the warm interpreter)."""
     require_bwrap()
-    outcome = run_attack(attack, make_bwrap)
+    outcome = run_attack(attack, make_bwrap, path)
     assert outcome.held, outcome.detail
 
 
