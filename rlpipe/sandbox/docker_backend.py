@@ -25,6 +25,23 @@ Guaranteed (each has an adversarial test in tests/sandbox/test_docker_attacks.py
   `rlpipe.host` and `rlpipe.pid`, and `remove_leaked_containers()` removes those whose
   creating process on this host is gone (a crashed run).
 
+`exec_python` forks each request from a warm interpreter: sandbox/warm_server.py, started
+with `--not-init` on first use by one attached `docker exec` that stays open
+(docker_warm.py turns its stream into the pipes warm_python.WarmInterpreter reads). A
+request gets what an exec gets (container, user, limits, environment, cwd, exit codes,
+output caps, timeout, oom_killed from the same counter) and, after it, the server kills
+every other process of the user (orphans, reparented to the container's init, included)
+and empties /tmp and /dev/shm. The server is not the container's init, so a request can
+kill or stop it (same uid): a server that dies, garbles or answers nothing within the
+timeout plus a grace period is lost, every process of the user is killed (as after a timed
+out exec) and the request runs by exec for what was left of its timeout (it may have run:
+killing the server must not buy a second time budget); a request runs by exec with its
+whole timeout where the server cannot start. A plain `exec` retires the server first (its
+wrapper's kill would end it); `reset()` keeps it, and while it runs it also serves the
+wipe and `write_files` (a fork instead of a docker exec each). What differs from exec:
+stderr lacks the wrapper shell's line about a signalled command ("Segmentation fault",
+"Killed"), and the server's modules are already imported.
+
 Snapshots: `docker commit` does not see tmpfs mounts, so `snapshot()` streams a tar of /work
 out of the container and keeps it in this process's memory (bounded by `disk_mb`);
 `restore()` empties /work and unpacks it. Files go in and out the same way (framed bytes over
@@ -39,10 +56,11 @@ engine answers, SandboxUnavailable says how to start one.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
 import uuid
@@ -52,13 +70,19 @@ from pathlib import PurePosixPath
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
+from rlpipe.sandbox.docker_warm import ExecStreamProcess, FrameSplitter
 from rlpipe.sandbox.image import SANDBOX_UID, ensure_image
+from rlpipe.sandbox.warm_python import NOT_INIT_SERVER_ARGV, WarmAnswer, WarmInterpreter, WarmServerLost
+
+log = logging.getLogger(__name__)
 
 LABEL = "rlpipe.sandbox"
 _USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
 _START_HINT = "start an engine: `dockerd > /tmp/dockerd.log 2>&1 &` (as root) or `systemctl start docker`"
 _KILL_ALL = 'i=0; while kill -9 -1 2>/dev/null && [ $i -lt 2000 ]; do i=$((i+1)); done'
 _WRAPPER = ["/bin/sh", "-c", f'"$@"; rc=$?; {_KILL_ALL}; exit $rc', "rlpipe-exec"]
+# the warm server gets the environment a wrapped command gets (dash adds PWD), and no kill at its end
+_WARM_SERVER = ["/bin/sh", "-c", 'exec "$@"', "rlpipe-warm", *NOT_INIT_SERVER_ARGV]
 _INIT = """
 import os, signal
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM})
@@ -157,25 +181,13 @@ class _Capture:
     """Demultiplexes docker's framed exec stream, keeping at most `cap_bytes` per stream."""
 
     cap_bytes: int | None
-    pending: bytearray = field(default_factory=bytearray)
+    frames: FrameSplitter = field(default_factory=FrameSplitter)
     chunks: dict[int, bytearray] = field(default_factory=lambda: {1: bytearray(), 2: bytearray()})
     truncated: dict[int, bool] = field(default_factory=lambda: {1: False, 2: False})
-    frame_left: int = 0
-    frame_stream: int = 1
 
     def feed(self, data: bytes) -> None:
-        self.pending += data
-        while self.pending:
-            if self.frame_left == 0:
-                if len(self.pending) < 8:
-                    return
-                self.frame_stream, self.frame_left = struct.unpack(">BxxxL", self.pending[:8])
-                del self.pending[:8]
-                continue
-            piece = self.pending[: self.frame_left]
-            del self.pending[: len(piece)]
-            self.frame_left -= len(piece)
-            self._keep(self.frame_stream if self.frame_stream in (1, 2) else 2, piece)
+        for stream, piece in self.frames.feed(data):
+            self._keep(stream, piece)
 
     def _keep(self, stream: int, piece: bytes) -> None:
         kept = self.chunks[stream]
@@ -200,6 +212,8 @@ class DockerSandbox:
         self._container_id: str | None = None
         self._oom_baseline = 0
         self._needs_wipe = False
+        self._warm: WarmInterpreter | None = None  # the container's warm server, once exec_python started it
+        self._warm_failure = ""  # why a warm server could not start here (then exec_python execs)
         self._start_container()
 
     # --- lifecycle -------------------------------------------------------------------
@@ -239,6 +253,7 @@ class DockerSandbox:
 
         if self._container_id is None:
             return
+        self._stop_warm()
         try:
             self._client.api.remove_container(self._container_id, force=True)
         except docker.errors.NotFound:
@@ -261,10 +276,106 @@ class DockerSandbox:
     # --- running commands ------------------------------------------------------------
     def exec_python(self, code: str, stdin: bytes = b"", timeout_s: float | None = None,
                     args: Sequence[str] = ()) -> ExecResult:
-        """A plain `exec` of `python3 -I -S -c code` (no warm interpreter in this backend yet)."""
-        return self.exec(["python3", "-I", "-S", "-c", code, *args], stdin, timeout_s)
+        """`exec(["python3", "-I", "-S", "-c", code, *args])`, forked from this container's warm interpreter.
+
+        The first call starts warm_server.py in the container (one docker exec that stays
+        attached); later calls cost a fork in the container and a round trip on that exec's
+        stream. The server is not the container's init, so a request can kill or stop it:
+        when it cannot start, the request runs by `exec`; when it dies or answers nothing in
+        time, every process of the sandbox user is killed and the request runs by `exec` for
+        what is left of its timeout (it may have run already: no second time budget).
+        """
+        timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
+        argv = ["python3", "-I", "-S", "-c", code, *args]
+        self._wipe_if_needed()
+        warm = self._warm_interpreter()
+        if warm is None:
+            return self.exec(argv, stdin, timeout_s)
+        started = time.monotonic()
+        try:
+            answer = warm.run(code, list(args), stdin, timeout_s, self.limits.output_bytes)
+        except WarmServerLost as exc:  # WarmServerHung too: the request may have killed or stopped it
+            spent_s = time.monotonic() - started
+            log.warning("docker sandbox %s: warm interpreter lost (%s); running this request by exec",
+                        self._container_id[:12], exc)
+            self._stop_warm(kill_everything=True)
+            return self._exec_for_the_rest(argv, stdin, timeout_s, spent_s)
+        self._retire_warm_if_due(answer)
+        oom_killed = not answer.timed_out and (
+            answer.exit_code == 137 or b"MemoryError" in answer.stderr[-4096:]) and self._oom_happened()
+        return ExecResult(
+            exit_code=None if answer.timed_out else answer.exit_code,
+            stdout=answer.stdout.decode("utf-8", errors="replace"),
+            stderr=answer.stderr.decode("utf-8", errors="replace"),
+            stdout_truncated=answer.stdout_dropped > 0, stderr_truncated=answer.stderr_dropped > 0,
+            duration_s=time.monotonic() - started, timed_out=answer.timed_out, oom_killed=oom_killed,
+        )
+
+    def _exec_for_the_rest(self, argv: list[str], stdin: bytes, timeout_s: float, spent_s: float) -> ExecResult:
+        """`exec(argv)` with the `timeout_s - spent_s` a lost warm request had left (a timeout if none);
+        its duration counts the warm part too."""
+        if spent_s >= timeout_s:
+            return ExecResult(exit_code=None, stdout="", stderr="", stdout_truncated=False, stderr_truncated=False,
+                              duration_s=spent_s, timed_out=True, oom_killed=False)
+        result = self.exec(argv, stdin, timeout_s - spent_s)
+        return dataclasses.replace(result, duration_s=spent_s + result.duration_s)
+
+    def _warm_interpreter(self) -> WarmInterpreter | None:
+        """This container's running warm server, started if need be; None where none can run."""
+        if self._warm is not None:
+            if self._warm.alive:
+                return self._warm
+            self._stop_warm()
+        if self._warm_failure:
+            return None
+        process = ExecStreamProcess(self._open_exec(_WARM_SERVER)[1])
+        try:
+            self._warm = WarmInterpreter(process)
+        except WarmServerLost as exc:
+            process.stop()
+            stderr = process.stderr_head.decode(errors="replace").strip()
+            self._warm_failure = f"{exc}: {stderr}" if stderr else str(exc)
+            log.warning("docker sandbox %s: no warm interpreter (%s); exec_python runs each request by exec",
+                        self._container_id[:12], self._warm_failure)
+        return self._warm
+
+    def _retire_warm_if_due(self, answer: WarmAnswer) -> None:
+        """After an answer: retire a server that left something behind, is worn out, or whose own
+        CPU time (RLIMIT_CPU counts it) passed half of `cpu_time_s`."""
+        if not answer.clean or self._warm.worn_out or answer.server_cpu_s > self.limits.cpu_time_s / 2:
+            self._stop_warm(kill_everything=not answer.clean)
+
+    def _ours(self, program: str, args: list[str], stdin: bytes, timeout_s: float) -> _RawRun:
+        """One of this module's python programs (at most 4096 bytes of output kept): forked by the
+        running warm server if there is one, else by its own `docker exec`; same user and cwd."""
+        warm = self._warm if self._warm is not None and self._warm.alive else None
+        if warm is not None:
+            started = time.monotonic()
+            try:
+                answer = warm.run(program, args, stdin, timeout_s, 4096)
+            except WarmServerLost as exc:
+                log.warning("docker sandbox %s: warm interpreter lost (%s); running ours by exec",
+                            self._container_id[:12], exc)
+                self._stop_warm(kill_everything=True)
+            else:
+                self._retire_warm_if_due(answer)
+                return _RawRun(None if answer.timed_out else answer.exit_code, answer.stdout, answer.stderr,
+                               answer.stdout_dropped > 0, answer.stderr_dropped > 0, answer.timed_out,
+                               time.monotonic() - started)
+        return self._run(["python3", "-S", "-c", program, *args], stdin, timeout_s, 4096)
+
+    def _stop_warm(self, kill_everything: bool = False) -> None:
+        """End the warm server's stream (an idle server exits at end of input); with
+        `kill_everything`, also kill every process of the sandbox user, as after a timeout."""
+        if self._warm is None:
+            return
+        warm, self._warm = self._warm, None
+        warm.process.stop()
+        if kill_everything:
+            self._kill_everything()
 
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
+        self._stop_warm()  # the wrapper's kill at the end of this command would kill it anyway
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         self._wipe_if_needed()
         raw = self._run(_WRAPPER + list(argv), stdin, timeout_s, self.limits.output_bytes)
@@ -283,22 +394,8 @@ class DockerSandbox:
 
     def _run(self, argv: list[str], stdin: bytes, timeout_s: float, cap_bytes: int | None) -> _RawRun:
         """Run argv by `docker exec`, feeding stdin and reading both streams until EOF or the deadline."""
-        import docker.errors
-
-        if self._container_id is None:
-            raise SandboxUnavailable("this docker sandbox is closed", hint="create a new DockerSandbox")
         started = time.monotonic()
-        try:
-            exec_id, connection = self._start_exec(argv)
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: the container stopped (its init was OOM-killed): replace it once
-                raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
-                                         hint=_START_HINT) from exc
-            self._replace_container()
-            exec_id, connection = self._start_exec(argv)
-        except docker.errors.DockerException as exc:
-            raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
-                                     hint=_START_HINT) from exc
+        exec_id, connection = self._open_exec(argv)
         raw_socket = getattr(connection, "_sock", connection)
         writer = threading.Thread(target=_send_stdin, args=(raw_socket, stdin), daemon=True)
         writer.start()
@@ -309,6 +406,24 @@ class DockerSandbox:
         exit_code = None if timed_out else self._exit_code(exec_id)
         return _RawRun(exit_code, bytes(capture.chunks[1]), bytes(capture.chunks[2]), capture.truncated[1],
                        capture.truncated[2], timed_out, time.monotonic() - started)
+
+    def _open_exec(self, argv: list[str]):
+        """Start argv by an attached `docker exec`: (exec id, connection); a stopped container is replaced once."""
+        import docker.errors
+
+        if self._container_id is None:
+            raise SandboxUnavailable("this docker sandbox is closed", hint="create a new DockerSandbox")
+        try:
+            return self._start_exec(argv)
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: the container stopped (its init was OOM-killed): replace it once
+                raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
+                                         hint=_START_HINT) from exc
+            self._replace_container()
+            return self._start_exec(argv)
+        except docker.errors.DockerException as exc:
+            raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
+                                     hint=_START_HINT) from exc
 
     def _start_exec(self, argv: list[str]):
         exec_id = self._client.api.exec_create(self._container_id, argv, stdin=True, user=_USER,
@@ -329,7 +444,8 @@ class DockerSandbox:
         return None
 
     def _kill_everything(self) -> None:
-        """After a timeout: kill every sandbox process from inside; if that fails, replace the container."""
+        """After a timeout (or a lost warm server): kill every sandbox process from inside; if that
+        fails, replace the container."""
         try:
             raw = self._run(["/bin/sh", "-c", _KILL_ALL + "; exit 0"], b"", 5.0, 4096)
             leftover = self._run(["/bin/sh", "-c", "kill -0 -1 2>/dev/null && exit 1; exit 0"], b"", 5.0, 4096)
@@ -340,7 +456,7 @@ class DockerSandbox:
         self._replace_container()
 
     def _oom_count(self) -> int:
-        raw = self._run(["python3", "-S", "-c", _OOM_COUNT], b"", 10.0, 4096)
+        raw = self._ours(_OOM_COUNT, [], b"", 10.0)
         try:
             return int(raw.stdout.strip() or -1)
         except ValueError:
@@ -361,13 +477,14 @@ class DockerSandbox:
 
     # --- files and state -------------------------------------------------------------
     def write_files(self, files: dict[str, bytes]) -> None:
-        """Write files under /work (parents created, existing files replaced) in one exec."""
+        """Write files under /work (parents created, existing files replaced) in one exec, or one
+        request to the warm server when it runs."""
         frames = bytearray()
         for path, data in files.items():
             encoded = _checked_relative(path).encode()
             frames += len(encoded).to_bytes(4, "big") + len(data).to_bytes(8, "big") + encoded + data
         wipe_first = _WIPED_DIRS if self._needs_wipe else []
-        raw = self._run(["python3", "-S", "-c", _UNPACK, *wipe_first], bytes(frames), 60.0, 4096)
+        raw = self._ours(_UNPACK, wipe_first, bytes(frames), 60.0)
         if raw.exit_code != 0 and wipe_first:  # the wipe failed: a fresh container, then write again
             self._replace_container()
             raw = self._run(["python3", "-S", "-c", _UNPACK], bytes(frames), 60.0, 4096)
@@ -400,15 +517,17 @@ class DockerSandbox:
 
     def reset(self) -> None:
         """Back to an empty /work, /tmp and /dev/shm. No process is left to kill (each command's
-        wrapper killed them), so the wipe is deferred: the next write_files does it in the same
-        exec, anything else first runs it on its own (one docker exec saved per pool use)."""
+        wrapper, or the warm server after each request, killed them), so the wipe is deferred:
+        the next write_files does it in the same exec, anything else first runs it on its own
+        (one docker exec saved per pool use). The warm server, which holds no file, stays, and
+        serves the wipe and write_files while it runs (a fork instead of a docker exec)."""
         self._needs_wipe = True
 
     def _wipe_if_needed(self) -> None:
         if not self._needs_wipe:
             return
         try:
-            raw = self._run(["python3", "-S", "-c", _WIPE, *_WIPED_DIRS], b"", 30.0, 4096)
+            raw = self._ours(_WIPE, _WIPED_DIRS, b"", 30.0)
             if raw.exit_code != 0:
                 self._replace_container()
         except SandboxUnavailable:

@@ -1,8 +1,10 @@
 """The host side of a warm interpreter: a started `warm_server.py` in a sandbox, one request at a time.
 
 A backend starts the server as a long-lived sandboxed command (`SERVER_ARGV`, as the pid
-namespace's pid 1) and wraps the process in `WarmInterpreter`; `run` then sends one
-`python3 -I -S -c CODE` request and returns the server's answer. warm_server.py says what
+namespace's pid 1; `NOT_INIT_SERVER_ARGV` where it cannot be, as in a docker container) and
+wraps the process (or anything with a Popen's stdin, stdout, stderr and poll) in
+`WarmInterpreter`; `run` then sends one `python3 -I -S -c CODE` request and returns the
+server's answer. warm_server.py says what
 each request gets (a forked child, fresh pipes, every process it started killed, /tmp and
 /dev/shm emptied) and why the children cannot tamper with the server.
 
@@ -25,6 +27,7 @@ from pathlib import Path
 
 SERVER_SOURCE = Path(__file__).with_name("warm_server.py").read_text()
 SERVER_ARGV = ["python3", "-I", "-S", "-c", SERVER_SOURCE]
+NOT_INIT_SERVER_ARGV = [*SERVER_ARGV, "--not-init"]  # requests can then kill it: see warm_server.py
 START_TIMEOUT_S = 10.0
 ANSWER_GRACE_S = 5.0  # killing and reaping after a timeout, emptying /tmp
 MAX_REQUESTS = 1000  # then a fresh server (also retired by the backend when its CPU time grows)
@@ -50,6 +53,7 @@ class WarmAnswer:
     stdout_dropped: int
     stderr_dropped: int
     clean: bool  # False: /tmp could not be emptied, retire the server
+    server_cpu_s: float = 0.0  # the server's own CPU time (RLIMIT_CPU counts it)
 
 
 class WarmInterpreter:
@@ -91,7 +95,7 @@ class WarmInterpreter:
                 exit_code=int(answer["exit_code"]), signal=int(answer["signal"]), timed_out=bool(answer["timed_out"]),
                 stdout=payload[:out_len], stderr=payload[out_len:],
                 stdout_dropped=int(answer["stdout_dropped"]), stderr_dropped=int(answer["stderr_dropped"]),
-                clean=bool(answer["clean"]),
+                clean=bool(answer["clean"]), server_cpu_s=float(answer.get("server_cpu_s", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise WarmServerLost(f"the warm server answered garbage: {exc}") from exc

@@ -21,13 +21,24 @@ handler for); it is not dumpable (PR_SET_DUMPABLE 0), so no process of the same 
 ptrace it or read /proc/1/mem or /proc/1/fd; and its protocol fds are closed in every
 child before the request's code runs.
 
+Outside a pid namespace of its own (docker, where the container's init is pid 1), the
+server is started with the argument `--not-init`: it then runs without being pid 1, and
+is no longer immune to its requests (same uid: a request can kill or stop it). `kill(-1)`
+spares pid 1 and itself, so it still kills every other process of the user; orphans are
+reparented to the container's init, not to the server, so after reaping its own children
+it waits (up to `ORPHANS_GONE_S`) until no other process is left, and answers "clean":
+false if one is. The caller must treat a server that dies or stops answering as lost and
+run the request some other way.
+
 Protocol (fds 0 and 1 of the server, taken over at start; both point at /dev/null after):
 each frame is a 4-byte big-endian length and that many bytes of JSON header, then raw
 bytes. The server first sends {"ready": true}. A request is
 {"code_len", "stdin_len", "timeout_s", "output_bytes", "args"} followed by the code and the stdin;
 the answer is {"exit_code", "signal", "timed_out", "stdout_len", "stderr_len",
-"stdout_dropped", "stderr_dropped", "clean"} followed by the captured stdout and stderr.
-"clean" is false when /tmp could not be emptied; the caller then retires the server.
+"stdout_dropped", "stderr_dropped", "clean", "server_cpu_s"} followed by the captured stdout
+and stderr. "clean" is false when /tmp could not be emptied (or, with `--not-init`, a process
+outlived the cleanup); the caller then retires the server. "server_cpu_s" is the CPU time
+the server itself has used (its RLIMIT_CPU counts it).
 End of input ends the server.
 """
 
@@ -44,6 +55,8 @@ import time
 _CHUNK = 1 << 16
 _PR_SET_DUMPABLE = 4
 _SCRATCH_DIRS = ("/tmp", "/dev/shm")
+NOT_INIT = "--not-init" in sys.argv[1:]  # docker: the container's init is pid 1, not this server
+ORPHANS_GONE_S = 2.0
 
 
 def read_exact(fd, size):
@@ -111,7 +124,10 @@ def child(code, args, stdin_r, stdout_w, stderr_w, libc):
 
 
 def kill_all_others():
-    """SIGKILL and reap every process of the namespace but this one (pid 1)."""
+    """SIGKILL and reap every process of the namespace but this one (pid 1); False if one is left.
+
+    With `--not-init`, pid 1 is spared too and reaps the orphans: wait until they are gone.
+    """
     while True:
         try:
             os.kill(-1, signal.SIGKILL)
@@ -120,7 +136,22 @@ def kill_all_others():
         try:
             os.waitpid(-1, 0)
         except ChildProcessError:
-            return
+            return others_gone() if NOT_INIT else True
+
+
+def others_gone():
+    """Kill until no process but pid 1 and this one is left (at most ORPHANS_GONE_S); whether none is."""
+    deadline = time.monotonic() + ORPHANS_GONE_S
+    spared = {"1", str(os.getpid())}
+    while any(name.isdigit() and name not in spared for name in os.listdir("/proc")):
+        if time.monotonic() > deadline:
+            return False
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        time.sleep(0.001)
+    return True
 
 
 def empty_scratch():
@@ -161,7 +192,8 @@ def run(request, code, stdin, compiled, libc):
 
         message = "".join(traceback.format_exception_only(type(exc), exc)).encode()
         return {"exit_code": 1, "signal": 0, "timed_out": False, "stdout_len": 0, "stderr_len": len(message),
-                "stdout_dropped": 0, "stderr_dropped": 0, "clean": True}, b"", message
+                "stdout_dropped": 0, "stderr_dropped": 0, "clean": True,
+                "server_cpu_s": sum(os.times()[:2])}, b"", message
     cap = int(request["output_bytes"])
     stdin_r, stdin_w = os.pipe()
     stdout_r, stdout_w = os.pipe()
@@ -221,7 +253,7 @@ def run(request, code, stdin, compiled, libc):
     if exit_status is None:  # timed out: the child is still running
         os.kill(pid, signal.SIGKILL)
         exit_status = os.waitpid(pid, 0)[1]
-    kill_all_others()
+    alone = kill_all_others()
     for fd in [pidfd, stdout_r, stderr_r, *writers]:
         os.close(fd)
     signalled = os.WIFSIGNALED(exit_status)
@@ -231,7 +263,8 @@ def run(request, code, stdin, compiled, libc):
         "timed_out": timed_out,
         "stdout_len": len(kept[stdout_r]), "stderr_len": len(kept[stderr_r]),
         "stdout_dropped": dropped[stdout_r], "stderr_dropped": dropped[stderr_r],
-        "clean": empty_scratch(),
+        "clean": empty_scratch() and alone,
+        "server_cpu_s": sum(os.times()[:2]),
     }
     return header, bytes(kept[stdout_r]), bytes(kept[stderr_r])
 
@@ -240,8 +273,8 @@ def main():
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise SystemExit("warm server: cannot make itself non-dumpable")
-    if os.getpid() != 1:
-        raise SystemExit("warm server: must be the pid namespace's pid 1")
+    if os.getpid() != 1 and not NOT_INIT:
+        raise SystemExit("warm server: must be the pid namespace's pid 1 (or be told --not-init)")
     requests_fd, answers_fd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):

@@ -1,0 +1,199 @@
+"""DockerSandbox.exec_python: the warm interpreter gives exec's results, and attacks on it only cost speed.
+
+The attack suite runs through exec_python too (`rlpipe sandbox selftest --backend docker`);
+these tests cover what is particular to docker's warm path: same results as a plain exec, a
+server that requests can kill or stop (it is not the container's init) but that then only
+makes the request run by exec (within what was left of its timeout), nothing a request started (orphans reparented to the
+container's init included) and no /tmp file carried to the next request, the server kept
+across reset() and replaced after a plain exec, and the fallback when it cannot start.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from rlpipe.core.errors import SandboxUnavailable
+from rlpipe.sandbox.base import Limits
+
+pytestmark = pytest.mark.docker
+
+SERVER_PID = "import os; print(os.getppid())"
+
+
+@pytest.fixture
+def sandbox():
+    from rlpipe.sandbox.docker_backend import DockerSandbox
+
+    try:
+        made = DockerSandbox(Limits(timeout_s=10, output_bytes=1000))
+    except SandboxUnavailable as exc:
+        pytest.skip(f"no docker engine: {exc.message}")
+    yield made
+    made.close()
+
+
+def fields(result):
+    return (result.exit_code, result.stdout, result.stdout_truncated, result.stderr_truncated, result.timed_out,
+            result.oom_killed)
+
+
+PROGRAMS = {
+    "prints": ("import sys; print('out'); print('err', file=sys.stderr)", b""),
+    "exit 3": ("raise SystemExit(3)", b""),
+    "exit message": ("raise SystemExit('bye')", b""),
+    "os._exit": ("import os; os._exit(5)", b""),
+    "exception": ("def f():\n    1/0\nf()", b""),
+    "syntax error": ("x = (", b""),
+    "stdin and argv": ("import sys; print(len(sys.stdin.buffer.read()), sys.argv)", b"s" * 200_000),
+    "capped output": ("import sys; print('x' * 5000); print('y' * 5000, file=sys.stderr)", b""),
+    "environment and cwd": ("import os; print(sorted(os.environ.items()), os.getcwd())", b""),
+    "segfault": ("import ctypes; ctypes.string_at(0)", b""),
+}
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_exec_python_gives_what_a_plain_exec_gives(sandbox, name):
+    code, stdin = PROGRAMS[name]
+    warm = sandbox.exec_python(code, stdin, args=["a", "b"])
+    plain = sandbox.exec(["python3", "-I", "-S", "-c", code, "a", "b"], stdin)
+    assert fields(warm) == fields(plain)
+    if name != "segfault":  # there the exec wrapper's shell adds its own "Segmentation fault" line
+        assert warm.stderr == plain.stderr
+    assert sandbox._warm is None  # the plain exec retired the server (its end-of-command kill would end it)
+
+
+def test_the_server_is_reused_and_kept_across_reset(sandbox):
+    server = sandbox.exec_python(SERVER_PID).stdout
+    sandbox.write_files({"kept": b"x"})
+    assert sandbox.exec_python("import os; print(os.listdir('/work'))").stdout == "['kept']\n"
+    sandbox.reset()
+    assert sandbox.exec_python("import os; print(os.listdir('/work'), os.listdir('/tmp'))").stdout == "[] []\n"
+    assert sandbox.exec_python(SERVER_PID).stdout == server
+
+
+def test_a_request_cannot_trace_or_read_the_server(sandbox):
+    attack = """
+import ctypes, json, os
+server, outcome = os.getppid(), {}
+for name in ("mem", "fd", "environ", "maps"):
+    try:
+        os.listdir(f"/proc/{server}/fd") if name == "fd" else open(f"/proc/{server}/{name}", "rb").read(1)
+        outcome[name] = "read"
+    except OSError as exc:
+        outcome[name] = exc.strerror
+outcome["ptrace"] = ctypes.CDLL(None, use_errno=True).ptrace(16, server, None, None)  # PTRACE_ATTACH
+outcome["fds"] = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+print(json.dumps(outcome))
+"""
+    outcome = json.loads(sandbox.exec_python(attack).stdout)
+    assert all(outcome[name] != "read" for name in ("mem", "fd", "environ", "maps")), outcome
+    assert outcome["ptrace"] == -1, outcome
+    assert outcome["fds"] == [0, 1, 2, 3], outcome  # stdio, and the listdir's own fd: no protocol fd
+
+
+SERVER_ATTACKS = {
+    "SIGKILL to the server": "import os, signal; os.kill(os.getppid(), signal.SIGKILL); print('after')",
+    "SIGTERM to the server": "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(0.2); print('after')",
+    "kill(-1)": "import os, signal; os.kill(-1, signal.SIGKILL); print('after')",
+    "SIGSTOP to the server": "import os, signal; os.kill(os.getppid(), signal.SIGSTOP); print('after')",
+}
+
+
+@pytest.mark.parametrize("name", list(SERVER_ATTACKS))
+def test_a_request_that_kills_or_stops_the_server_gets_what_a_plain_exec_gives(sandbox, name):
+    code = SERVER_ATTACKS[name]
+    first_server = sandbox.exec_python(SERVER_PID).stdout
+    warm = sandbox.exec_python(code, timeout_s=2.0)
+    plain = sandbox.exec(["python3", "-I", "-S", "-c", code], timeout_s=2.0)
+    if name == "SIGSTOP to the server":  # no answer: a timeout (a plain exec stops its shell: the same)
+        assert (warm.exit_code, warm.timed_out) == (plain.exit_code, plain.timed_out) == (None, True)
+    else:
+        assert fields(warm) == fields(plain)
+    assert warm.duration_s < 2.0 + 5.0 + 1.0  # the rerun gets what was left of the timeout, not a fresh one
+    after = sandbox.exec_python(SERVER_PID)
+    assert after.exit_code == 0 and after.stdout != first_server  # a fresh server serves again
+
+
+def test_nothing_a_request_started_and_no_tmp_file_reaches_the_next_request(sandbox):
+    sandbox.exec_python("""
+import os, time
+open('/tmp/left', 'w').write('x'); open('/dev/shm/left', 'w').write('x'); open('/work/kept', 'w').write('x')
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(60)  # an orphan: the container's init becomes its parent, not the server
+    os._exit(0)
+""")
+    after = sandbox.exec_python("import os; print(repr((sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), "
+                                "os.getppid(), os.getpid(), os.listdir('/tmp'), os.listdir('/dev/shm'), os.listdir('/work'))))")
+    pids, server, me, tmp, shm, work = eval(after.stdout)  # noqa: S307 - our own program's repr
+    assert pids == sorted({1, server, me}), pids  # the container's init, the server and this request
+    assert (tmp, shm, work) == ([], [], ["kept"])
+
+
+def test_a_timed_out_request_is_killed_and_the_server_serves_the_next(sandbox):
+    before = sandbox.exec_python(SERVER_PID).stdout
+    result = sandbox.exec_python("import os\nos.fork()\nwhile True: pass", timeout_s=0.5)
+    assert result.timed_out and result.exit_code is None and result.duration_s < 3
+    assert sandbox.exec_python(SERVER_PID).stdout == before
+
+
+def test_a_memory_bomb_is_oom_killed_and_the_server_survives():
+    from rlpipe.sandbox.docker_backend import DockerSandbox
+
+    try:
+        sandbox = DockerSandbox(Limits(timeout_s=20, memory_mb=128))
+    except SandboxUnavailable as exc:
+        pytest.skip(f"no docker engine: {exc.message}")
+    with sandbox:
+        before = sandbox.exec_python(SERVER_PID).stdout
+        result = sandbox.exec_python("blocks = []\nwhile True: blocks.append(bytearray(16 << 20))")
+        assert result.oom_killed and result.exit_code == 137 and not result.timed_out
+        assert sandbox.exec_python(SERVER_PID).stdout == before
+
+
+def test_a_request_that_kills_the_server_late_gets_no_second_time_budget(sandbox):
+    code = "import os, signal, time\ntime.sleep(1.5)\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(1)\nprint('after')"
+    result = sandbox.exec_python(code, timeout_s=2.0)
+    assert result.timed_out and result.exit_code is None and result.duration_s < 3.5
+
+
+def test_a_server_killed_from_outside_mid_request_falls_back_to_exec(sandbox):
+    server = sandbox.exec_python(SERVER_PID).stdout.strip()
+    killer = threading.Timer(0.5, sandbox._run, (["/bin/sh", "-c", f"kill -9 {server}"], b"", 5.0, 4096))
+    killer.start()
+    result = sandbox.exec_python("import time; time.sleep(1.5); print('done')")
+    killer.join()
+    assert result.exit_code == 0 and result.stdout == "done\n"
+    assert sandbox.exec_python("print('again')").stdout == "again\n"
+
+
+def test_a_server_that_cannot_start_falls_back_to_exec(sandbox, monkeypatch):
+    from rlpipe.sandbox import docker_backend
+
+    monkeypatch.setattr(docker_backend, "_WARM_SERVER", ["python3", "-c", "import sys; sys.exit(3)"])
+    result = sandbox.exec_python("print(6 * 7)")
+    assert result.exit_code == 0 and result.stdout == "42\n"
+    assert "closed its pipe" in sandbox._warm_failure
+
+
+def test_a_worn_out_server_is_replaced(sandbox, monkeypatch):
+    from rlpipe.sandbox import warm_python
+
+    monkeypatch.setattr(warm_python, "MAX_REQUESTS", 2)
+    servers = [sandbox.exec_python(SERVER_PID).stdout for _ in range(4)]
+    assert servers[0] == servers[1] != servers[2] == servers[3]
+
+
+def test_close_ends_the_server_stream(sandbox):
+    sandbox.exec_python("pass")
+    process = sandbox._warm.process
+    sandbox.close()
+    deadline = time.monotonic() + 5
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is not None and not process._reader.is_alive()
