@@ -58,9 +58,16 @@ from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox import limits as limits_module
 from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
 from rlpipe.sandbox.output import pump
-from rlpipe.sandbox.warm_python import SERVER_ARGV, WarmInterpreter, WarmServerHung, WarmServerLost
+from rlpipe.sandbox.warm_python import (
+    SERVER_ARGV,
+    WarmInterpreter,
+    WarmServerDiedMidRequest,
+    WarmServerHung,
+    WarmServerLost,
+)
 from rlpipe.sandbox.workdir import copy_tree, owner_alive, read_beneath, write_beneath
 
+WARM_START_ATTEMPTS = 3  # consecutive failed starts of a warm interpreter before exec_python stops trying
 SANDBOX_UID_BASE = 1_200_000
 SANDBOX_UID_SPAN = 100_000
 INSIDE_UID = 1000
@@ -101,7 +108,8 @@ class BwrapSandbox:
         self._snapshots: list[Path] = []
         self.work_on_tmpfs = False
         self._warm: tuple[WarmInterpreter, int | None] | None = None  # the server and its host pid
-        self._warm_failure = ""  # why a warm server could not start here (then exec_python execs)
+        self._warm_failure = ""  # why a warm server last failed to start here
+        self._warm_start_failures = 0  # after WARM_START_ATTEMPTS, exec_python always execs
         try:
             self._make_work_dir()
             layout = limits_module.detect_cgroups() if self._as_root else None
@@ -153,7 +161,9 @@ class BwrapSandbox:
         The first call starts the warm server (warm_server.py) in this sandbox; later calls
         cost a fork. The same limits, output caps and verdict fields apply; a request that
         outruns its timeout is killed with everything it started. If the server cannot start
-        here, or dies mid-request, the request runs by `exec` instead, so the result is the same.
+        here, or is gone before it takes the request, the request runs by `exec` instead. A
+        server that dies while it runs a request (only the request's code can do that) makes
+        that request a crash (exit_code None), not a rerun with a fresh time budget.
         """
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         warm = self._warm_interpreter()
@@ -163,15 +173,19 @@ class BwrapSandbox:
         started = time.monotonic()
         try:
             answer = warm.run(code, list(args), stdin, timeout_s, self.limits.output_bytes)
-        except WarmServerHung:
+        except WarmServerDiedMidRequest as exc:
             self._stop_warm()
-            return ExecResult(exit_code=None, stdout="", stderr="", stdout_truncated=False, stderr_truncated=False,
-                              duration_s=time.monotonic() - started, timed_out=True,
-                              oom_killed=bool(self.cgroups) and self.cgroups.oom_kill_count() > oom_before)
+            oom_killed = bool(self.cgroups) and self.cgroups.oom_kill_count() > oom_before
+            timed_out = isinstance(exc, WarmServerHung)
+            return ExecResult(exit_code=None, stdout="", stderr="" if timed_out else f"sandbox: {exc}",
+                              stdout_truncated=False, stderr_truncated=False,
+                              duration_s=time.monotonic() - started, timed_out=timed_out, oom_killed=oom_killed)
         except WarmServerLost as exc:
-            log.warning("sandbox %s: warm interpreter lost (%s); running this request by exec", self.name, exc)
+            log.info("sandbox %s: warm interpreter gone (%s); running this request by exec", self.name, exc)
             self._stop_warm()
             return self.exec(["python3", "-I", "-S", "-c", code, *args], stdin, timeout_s)
+        if answer.residue:
+            log.info("sandbox %s: retiring the warm interpreter: %s", self.name, "; ".join(answer.residue))
         if not answer.clean or warm.worn_out or self._warm_cpu_s() > self.limits.cpu_time_s / 2:
             self._stop_warm()  # the server's own CPU time counts against RLIMIT_CPU too
         stderr = answer.stderr.decode("utf-8", errors="replace")
@@ -191,7 +205,7 @@ class BwrapSandbox:
             if self._warm[0].alive:
                 return self._warm[0]
             self._stop_warm()
-        if self._warm_failure:
+        if self._warm_start_failures >= WARM_START_ATTEMPTS:
             return None
         process, child_pid = _spawner.submit(self._start, SERVER_ARGV).result()
         try:
@@ -200,11 +214,13 @@ class BwrapSandbox:
             self._kill(process, child_pid)
             stderr = process.stderr.read(2000).decode(errors="replace").strip() if process.poll() is not None else ""
             self._warm_failure = f"{exc}: {stderr}" if stderr else str(exc)
-            log.warning("sandbox %s: no warm interpreter (%s); exec_python runs each request by exec",
+            self._warm_start_failures += 1
+            log.warning("sandbox %s: the warm interpreter did not start (%s); this request runs by exec",
                         self.name, self._warm_failure)
             for stream in (process.stdin, process.stdout, process.stderr):
                 stream.close()
             return None
+        self._warm_start_failures = 0
         return self._warm[0]
 
     def _warm_cpu_s(self) -> float:
@@ -384,7 +400,8 @@ class BwrapSandbox:
             elif host.is_dir():
                 args += ["--ro-bind", str(host), f"/{name}"]
         disk_bytes = str(self.limits.disk_mb * 1024 * 1024)
-        args += ["--proc", "/proc", "--dev", "/dev", "--size", disk_bytes, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", disk_bytes, "--tmpfs", "/dev/shm", "--mqueue", "/dev/mqueue",
+                 "--remount-ro", "/dev"]
         args += ["--size", disk_bytes, "--tmpfs", "/tmp"]
         args += ["--dir", "/etc"]
         for name in _ETC_FILES:

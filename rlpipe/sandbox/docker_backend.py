@@ -56,7 +56,6 @@ engine answers, SandboxUnavailable says how to start one.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import select
@@ -72,7 +71,14 @@ from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
 from rlpipe.sandbox.docker_warm import ExecStreamProcess, FrameSplitter
 from rlpipe.sandbox.image import SANDBOX_UID, ensure_image
-from rlpipe.sandbox.warm_python import NOT_INIT_SERVER_ARGV, WarmAnswer, WarmInterpreter, WarmServerLost
+from rlpipe.sandbox.warm_python import (
+    NOT_INIT_SERVER_ARGV,
+    WarmAnswer,
+    WarmInterpreter,
+    WarmServerDiedMidRequest,
+    WarmServerHung,
+    WarmServerLost,
+)
 
 log = logging.getLogger(__name__)
 
@@ -280,10 +286,12 @@ class DockerSandbox:
 
         The first call starts warm_server.py in the container (one docker exec that stays
         attached); later calls cost a fork in the container and a round trip on that exec's
-        stream. The server is not the container's init, so a request can kill or stop it:
-        when it cannot start, the request runs by `exec`; when it dies or answers nothing in
-        time, every process of the sandbox user is killed and the request runs by `exec` for
-        what is left of its timeout (it may have run already: no second time budget).
+        stream. The server is not the container's init, so a request can kill or stop it.
+        When it cannot start, or is gone before it takes the request, the request runs by
+        `exec`. When it dies while it runs the request, every process of the sandbox user is
+        killed and the request is a crash (exit_code None); when it answers nothing within
+        the timeout (plus a grace period), a timeout. Never a rerun: a request cannot buy a
+        second time budget, or repeat its side effects, by killing the server.
         """
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         argv = ["python3", "-I", "-S", "-c", code, *args]
@@ -294,12 +302,17 @@ class DockerSandbox:
         started = time.monotonic()
         try:
             answer = warm.run(code, list(args), stdin, timeout_s, self.limits.output_bytes)
-        except WarmServerLost as exc:  # WarmServerHung too: the request may have killed or stopped it
-            spent_s = time.monotonic() - started
-            log.warning("docker sandbox %s: warm interpreter lost (%s); running this request by exec",
-                        self._container_id[:12], exc)
+        except WarmServerDiedMidRequest as exc:  # WarmServerHung too: the request may have killed or stopped it
             self._stop_warm(kill_everything=True)
-            return self._exec_for_the_rest(argv, stdin, timeout_s, spent_s)
+            timed_out = isinstance(exc, WarmServerHung)
+            return ExecResult(exit_code=None, stdout="", stderr="" if timed_out else f"sandbox: {exc}",
+                              stdout_truncated=False, stderr_truncated=False,
+                              duration_s=time.monotonic() - started, timed_out=timed_out, oom_killed=False)
+        except WarmServerLost as exc:
+            log.info("docker sandbox %s: warm interpreter gone (%s); running this request by exec",
+                     self._container_id[:12], exc)
+            self._stop_warm(kill_everything=True)
+            return self.exec(argv, stdin, timeout_s)
         self._retire_warm_if_due(answer)
         oom_killed = not answer.timed_out and (
             answer.exit_code == 137 or b"MemoryError" in answer.stderr[-4096:]) and self._oom_happened()
@@ -310,15 +323,6 @@ class DockerSandbox:
             stdout_truncated=answer.stdout_dropped > 0, stderr_truncated=answer.stderr_dropped > 0,
             duration_s=time.monotonic() - started, timed_out=answer.timed_out, oom_killed=oom_killed,
         )
-
-    def _exec_for_the_rest(self, argv: list[str], stdin: bytes, timeout_s: float, spent_s: float) -> ExecResult:
-        """`exec(argv)` with the `timeout_s - spent_s` a lost warm request had left (a timeout if none);
-        its duration counts the warm part too."""
-        if spent_s >= timeout_s:
-            return ExecResult(exit_code=None, stdout="", stderr="", stdout_truncated=False, stderr_truncated=False,
-                              duration_s=spent_s, timed_out=True, oom_killed=False)
-        result = self.exec(argv, stdin, timeout_s - spent_s)
-        return dataclasses.replace(result, duration_s=spent_s + result.duration_s)
 
     def _warm_interpreter(self) -> WarmInterpreter | None:
         """This container's running warm server, started if need be; None where none can run."""

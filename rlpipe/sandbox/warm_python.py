@@ -8,10 +8,12 @@ server's answer. warm_server.py says what
 each request gets (a forked child, fresh pipes, every process it started killed, /tmp and
 /dev/shm emptied) and why the children cannot tamper with the server.
 
-Failure handling is the caller's: `WarmServerLost` means the server is gone or spoke
-garbage (start a fresh one, or run the request the slow way); `WarmServerHung` means no
-answer came within the request's timeout plus a grace period (kill the sandbox's processes
-and report a timeout). What it does not do: start or kill processes, or know any backend.
+Failure handling is the caller's: `WarmServerLost` means the server was gone before it
+took the request (start a fresh one, or run the request the slow way);
+`WarmServerDiedMidRequest` means it died or spoke garbage after taking it (the request's
+code may have done it, and may have run: report a crash, never rerun it with a fresh time
+budget); `WarmServerHung` means no answer came within the request's timeout plus a grace
+period (kill the sandbox's processes and report a timeout). What it does not do: start or kill processes, or know any backend.
 """
 
 from __future__ import annotations
@@ -34,10 +36,14 @@ MAX_REQUESTS = 1000  # then a fresh server (also retired by the backend when its
 
 
 class WarmServerLost(Exception):
-    """The server died, closed its pipe or answered garbage."""
+    """The server is gone before the request reached it (the request did not run: run it elsewhere)."""
 
 
-class WarmServerHung(WarmServerLost):
+class WarmServerDiedMidRequest(WarmServerLost):
+    """The server died or answered garbage after taking the request (it may have run: do not rerun it)."""
+
+
+class WarmServerHung(WarmServerDiedMidRequest):
     """No answer within the request's timeout plus the grace period."""
 
 
@@ -52,8 +58,9 @@ class WarmAnswer:
     stderr: bytes
     stdout_dropped: int
     stderr_dropped: int
-    clean: bool  # False: /tmp could not be emptied, retire the server
+    clean: bool  # False: the request left something behind (see residue): retire the server
     server_cpu_s: float = 0.0  # the server's own CPU time (RLIMIT_CPU counts it)
+    residue: tuple[str, ...] = ()  # what the request left behind, when not clean
 
 
 class WarmInterpreter:
@@ -81,12 +88,19 @@ class WarmInterpreter:
         header = json.dumps({"code_len": len(code_bytes), "stdin_len": len(stdin), "timeout_s": timeout_s,
                              "output_bytes": output_bytes, "args": args}).encode()
         self.requests += 1
+        if not self.alive:
+            raise WarmServerLost("the warm server exited before the request")
         try:
             self.process.stdin.write(struct.pack(">I", len(header)) + header + code_bytes + stdin)
             self.process.stdin.flush()
         except (BrokenPipeError, ValueError, OSError) as exc:
             raise WarmServerLost(f"cannot send a request to the warm server: {exc}") from exc
-        answer, payload = self._read_frame(time.monotonic() + timeout_s + ANSWER_GRACE_S, payload=True)
+        try:
+            answer, payload = self._read_frame(time.monotonic() + timeout_s + ANSWER_GRACE_S, payload=True)
+        except WarmServerDiedMidRequest:
+            raise
+        except WarmServerLost as exc:
+            raise WarmServerDiedMidRequest(f"the warm server died during the request: {exc}") from exc
         try:
             out_len, err_len = int(answer["stdout_len"]), int(answer["stderr_len"])
             if out_len + err_len != len(payload):
@@ -96,9 +110,10 @@ class WarmInterpreter:
                 stdout=payload[:out_len], stderr=payload[out_len:],
                 stdout_dropped=int(answer["stdout_dropped"]), stderr_dropped=int(answer["stderr_dropped"]),
                 clean=bool(answer["clean"]), server_cpu_s=float(answer.get("server_cpu_s", 0.0)),
+                residue=tuple(str(item) for item in answer.get("residue", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise WarmServerLost(f"the warm server answered garbage: {exc}") from exc
+            raise WarmServerDiedMidRequest(f"the warm server answered garbage: {exc}") from exc
 
     def close_pipes(self) -> None:
         for stream in (self.process.stdin, self.process.stdout, self.process.stderr):

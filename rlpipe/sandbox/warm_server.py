@@ -46,15 +46,20 @@ import builtins
 import ctypes
 import json
 import os
+import resource
 import select
 import signal
 import struct
 import sys
 import time
+import warnings
 
 _CHUNK = 1 << 16
 _PR_SET_DUMPABLE = 4
-_SCRATCH_DIRS = ("/tmp", "/dev/shm")
+_SCRATCH_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
+_SYSV_IPC_TABLES = ("/proc/sysvipc/shm", "/proc/sysvipc/msg", "/proc/sysvipc/sem")
+_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}  # syscall numbers; elsewhere the I/O priority is not checked
+_RLIMITS = sorted(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 NOT_INIT = "--not-init" in sys.argv[1:]  # docker: the container's init is pid 1, not this server
 ORPHANS_GONE_S = 2.0
 
@@ -81,8 +86,12 @@ def send(fd, header, *payloads):
     write_all(fd, struct.pack(">I", len(encoded)) + encoded + b"".join(payloads))
 
 
-def child(code, args, stdin_r, stdout_w, stderr_w, libc):
-    """In the forked child: become a fresh `python3 -c CODE` on the request's pipes; never returns."""
+def child(program, code, args, stdin_r, stdout_w, stderr_w, libc):
+    """In the forked child: become a fresh `python3 -c CODE` on the request's pipes; never returns.
+
+    `program` is CODE compiled by the server, or None when compiling it warned (the child
+    compiles it then, so the warnings reach the request's stderr as they would).
+    """
     status = 1
     try:
         os.dup2(stdin_r, 0)
@@ -90,6 +99,7 @@ def child(code, args, stdin_r, stdout_w, stderr_w, libc):
         os.dup2(stderr_w, 2)
         os.closerange(3, 65536)  # the protocol fds above all
         libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # as dumpable as a freshly started process
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the server runs with SIG_DFL
         try:
             with open("/proc/self/oom_score_adj", "w") as adjust:
                 adjust.write("1000")  # under memory pressure, the request dies, not the server
@@ -98,29 +108,94 @@ def child(code, args, stdin_r, stdout_w, stderr_w, libc):
         sys.argv = ["-c", *args]
         namespace = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None, "__spec__": None}
         try:
-            exec(code, namespace)
+            exec(program if program is not None else compile(code, "<string>", "exec"), namespace)
             status = 0
         except SystemExit as exc:
-            if exc.code is None:
-                status = 0
-            elif isinstance(exc.code, int):
-                status = exc.code & 0xFF
-            else:
-                print(exc.code, file=sys.stderr)
-                status = 1
+            status = exit_status_of(exc)
         except BaseException as exc:
-            import traceback
-
-            # from the request's code down, as `python3 -c` prints it (without this frame)
-            traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-            status = 1
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException:
-                pass
+            # from the request's code down, as `python3 -c` prints it (this frame left out)
+            exc.__traceback__ = exc.__traceback__.tb_next
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+            status = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        status = finish_like_python(status)
     finally:
         os._exit(status)
+
+
+def exit_status_of(exc):
+    """The exit status `python3 -c` gives for an uncaught SystemExit."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF if -(1 << 63) <= exc.code < 1 << 63 else 255
+    try:
+        print(exc.code, file=sys.stderr)
+    except BaseException:
+        pass
+    return 1
+
+
+def finish_like_python(status):
+    """What interpreter shutdown does before exiting: join threads, run atexit, flush (120 if stdout fails)."""
+    threading = sys.modules.get("threading")
+    try:
+        if threading is not None:
+            threading._shutdown()
+    except BaseException:
+        pass
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            if stream is sys.stdout and status == 0:
+                status = 120
+    return status
+
+
+def process_settings(libc):
+    """What another process of the same uid may change on this one, and every later fork would inherit."""
+    ioprio_get = _IOPRIO_GET.get(os.uname().machine)
+    return {
+        "rlimits": [resource.getrlimit(which) for which in _RLIMITS],
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "scheduler": [os.sched_getscheduler(0), os.sched_getparam(0).sched_priority],
+        "ioprio": libc.syscall(ioprio_get, 1, 0) if ioprio_get else None,  # IOPRIO_WHO_PROCESS, self
+    }
+
+
+def keys_in_view():
+    try:
+        with open("/proc/keys") as keys:
+            return {line.split(None, 1)[0] for line in keys if line.strip()}
+    except OSError:
+        return set()
+
+
+def residue(baseline, libc):
+    """What a finished request left behind beyond /tmp: changed server settings, IPC objects, keys.
+
+    A fresh sandbox has none of these; a non-empty answer retires the server.
+    """
+    found = []
+    settings = process_settings(libc)
+    found += [f"server {name} changed" for name, value in settings.items() if value != baseline["settings"][name]]
+    for table in _SYSV_IPC_TABLES:
+        try:
+            with open(table) as entries:
+                if len(entries.read().strip().splitlines()) > 1:  # a header line, then one per object
+                    found.append(f"System V IPC objects left in {table}")
+        except OSError:
+            pass
+    if keys_in_view() - baseline["keys"]:
+        found.append("keys left in a keyring")
+    return found
 
 
 def kill_all_others():
@@ -155,7 +230,7 @@ def others_gone():
 
 
 def empty_scratch():
-    """Delete everything under /tmp and /dev/shm; False if something could not be deleted."""
+    """Delete everything under the scratch dirs; False if something could not be deleted."""
     clean = True
     for top in _SCRATCH_DIRS:
         try:
@@ -163,30 +238,39 @@ def empty_scratch():
         except OSError:
             continue
         for name in names:
-            clean = remove(os.path.join(top, name)) and clean
+            clean = remove_tree(os.path.join(top, name)) and clean
     return clean
 
 
-def remove(path):
+def remove_tree(path):
+    """Delete a file or a whole tree without recursion (a request may nest dirs thousands deep)."""
+    pending = [(path, False)]
     try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-            for name in os.listdir(path):
-                remove(os.path.join(path, name))
-            os.rmdir(path)
-        else:
-            os.unlink(path)
+        while pending:
+            current, emptied = pending.pop()
+            if emptied or not os.path.isdir(current) or os.path.islink(current):
+                os.rmdir(current) if emptied else os.unlink(current)
+                continue
+            os.chmod(current, 0o700)
+            pending.append((current, True))
+            pending.extend((os.path.join(current, name), False) for name in os.listdir(current))
         return True
-    except OSError:
+    except (OSError, RecursionError, MemoryError):
         return False
 
 
-def run(request, code, stdin, compiled, libc):
+def run(request, code, stdin, compiled, libc, baseline):
     """One request: fork, feed, capture, time out, clean up; returns (header, stdout, stderr)."""
     try:
         program = compiled.get(code)
         if program is None:
-            program = compiled[code] = compile(code, "<string>", "exec")
+            with warnings.catch_warnings(record=True) as warned:
+                warnings.simplefilter("always")
+                program = compile(code, "<string>", "exec")
+            if warned:  # the child compiles it again and its warnings go to the request's stderr
+                program = None
+            else:
+                compiled[code] = program
     except (SyntaxError, ValueError) as exc:  # what `python3 -c` prints and exits with
         import traceback
 
@@ -201,7 +285,7 @@ def run(request, code, stdin, compiled, libc):
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        child(program, [str(arg) for arg in request.get("args", [])], stdin_r, stdout_w, stderr_w, libc)
+        child(program, code, [str(arg) for arg in request.get("args", [])], stdin_r, stdout_w, stderr_w, libc)
     for fd in (stdin_r, stdout_w, stderr_w):
         os.close(fd)
     deadline = started + float(request["timeout_s"])
@@ -263,9 +347,15 @@ def run(request, code, stdin, compiled, libc):
         "timed_out": timed_out,
         "stdout_len": len(kept[stdout_r]), "stderr_len": len(kept[stderr_r]),
         "stdout_dropped": dropped[stdout_r], "stderr_dropped": dropped[stderr_r],
-        "clean": empty_scratch() and alone,
+        "clean": False,
         "server_cpu_s": sum(os.times()[:2]),
     }
+    left = residue(baseline, libc)
+    if not empty_scratch():
+        left.append("scratch files that could not be deleted")
+    if not alone:
+        left.append("processes that outlived the cleanup")
+    header["clean"], header["residue"] = not left, left
     return header, bytes(kept[stdout_r]), bytes(kept[stderr_r])
 
 
@@ -275,11 +365,13 @@ def main():
         raise SystemExit("warm server: cannot make itself non-dumpable")
     if os.getpid() != 1 and not NOT_INIT:
         raise SystemExit("warm server: must be the pid namespace's pid 1 (or be told --not-init)")
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as init, then, no signal from inside reaches it
     requests_fd, answers_fd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1):
+    for fd in (0, 1, 2):  # fd 2 too: nothing may block on a pipe nobody reads
         os.dup2(null, fd)
     compiled = {}
+    baseline = {"settings": process_settings(libc), "keys": keys_in_view()}
     send(answers_fd, {"ready": True})
     while True:
         size = read_exact(requests_fd, 4)
@@ -288,7 +380,7 @@ def main():
         request = json.loads(read_exact(requests_fd, struct.unpack(">I", size)[0]))
         code = read_exact(requests_fd, int(request["code_len"])).decode()
         stdin = read_exact(requests_fd, int(request["stdin_len"])) or b""
-        header, out, err = run(request, code, stdin, compiled, libc)
+        header, out, err = run(request, code, stdin, compiled, libc, baseline)
         send(answers_fd, header, out, err)
 
 

@@ -43,6 +43,12 @@ PROGRAMS = {
     "capped output": ("print('x' * 5000)", b""),
     "segfault": ("import ctypes; ctypes.string_at(0)", b""),
     "name": ("print(__name__, sorted(k for k in globals() if not k.startswith('__')))", b""),
+    "syntax warning": ("x = 'a' is 'a'\nprint(x)", b""),
+    "exit overflow": ("import sys; sys.exit(2**63)", b""),
+    "keyboard interrupt": ("raise KeyboardInterrupt", b""),
+    "atexit": ("import atexit; atexit.register(print, 'bye'); print('hi')", b""),
+    "thread": ("import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), print('late'))).start()", b""),
+    "excepthook": ("import sys\nsys.excepthook = lambda *exc: print('hooked', exc[0].__name__)\n1/0", b""),
 }
 
 
@@ -125,15 +131,73 @@ def test_a_server_that_cannot_start_falls_back_to_exec(sandbox, monkeypatch):
     assert "did not say ready" in sandbox._warm_failure or "closed its pipe" in sandbox._warm_failure
 
 
-def test_a_server_killed_mid_request_falls_back_to_exec_for_that_request(sandbox):
+def test_a_server_killed_mid_request_makes_that_request_a_crash_not_a_rerun(sandbox):
     sandbox.exec_python("pass")
     server_pid = sandbox._warm[1]
     killer = threading.Timer(0.5, os.kill, (server_pid, signal.SIGKILL))
     killer.start()
-    result = sandbox.exec_python("import time; time.sleep(1); print('done')")
+    result = sandbox.exec_python("import time; time.sleep(1); open('/work/runs', 'a').write('x'); print('done')")
     killer.join()
-    assert result.exit_code == 0 and result.stdout == "done\n"
+    assert result.exit_code is None and not result.timed_out and "died during the request" in result.stderr
+    assert sandbox.exec_python("print(open('/work/runs').read() if __import__('os').path.exists('/work/runs') else '')"
+                               ).stdout == "\n"  # it ran once at most, and was not rerun
     assert sandbox.exec_python("print('again')").stdout == "again\n"  # a fresh server
+
+
+def test_no_signal_from_inside_reaches_the_server(sandbox):
+    first = sandbox.exec_python(SERVER_START_TIME).stdout
+    result = sandbox.exec_python("""
+import os, signal
+for number in range(1, signal.SIGRTMAX + 1):
+    try:
+        os.kill(1, number)
+    except OSError:
+        pass
+print('sent')
+""")
+    assert result.stdout == "sent\n"
+    time.sleep(0.2)
+    assert sandbox.exec_python(SERVER_START_TIME).stdout == first
+
+
+TAMPERING = {
+    "rlimit": "import resource; resource.prlimit(1, resource.RLIMIT_AS, (1 << 28, 1 << 28))",
+    "nice": "import os; os.setpriority(os.PRIO_PROCESS, 1, 19)",
+    "affinity": "import os; os.sched_setaffinity(1, {sorted(os.sched_getaffinity(1))[0]})",
+    "scheduler": "import os; os.sched_setscheduler(1, os.SCHED_IDLE, os.sched_param(0))",
+}
+SETTINGS = ("import os, resource; print(resource.getrlimit(resource.RLIMIT_AS), os.getpriority(os.PRIO_PROCESS, 0), "
+            "len(os.sched_getaffinity(0)), os.sched_getscheduler(0))")
+
+
+@pytest.mark.parametrize("name", list(TAMPERING))
+def test_a_request_that_changes_the_servers_settings_retires_it(sandbox, name):
+    clean = sandbox.exec_python(SETTINGS).stdout
+    sandbox.exec_python(TAMPERING[name])
+    assert sandbox.exec_python(SETTINGS).stdout == clean  # forked from a fresh server
+
+
+def test_ipc_objects_keys_and_deep_trees_do_not_reach_the_next_request(sandbox):
+    made = sandbox.exec_python("""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+IPC_CREAT, IPC_PRIVATE = 0o1000, 0
+assert libc.shmget(IPC_PRIVATE, 1 << 20, IPC_CREAT | 0o600) >= 0
+assert libc.msgget(IPC_PRIVATE, IPC_CREAT | 0o600) >= 0
+open('/dev/mqueue/left', 'w').close()
+path = '/tmp'
+for _ in range(1500):
+    path += '/d'
+    os.mkdir(path)
+print('made')
+""")
+    assert made.stdout == "made\n", made.stderr
+    seen = sandbox.exec_python("""
+import os
+print([len(open('/proc/sysvipc/' + kind).read().splitlines()) for kind in ('shm', 'msg', 'sem')],
+      os.listdir('/dev/mqueue'), os.listdir('/tmp'))
+""")
+    assert seen.stdout == "[1, 1, 1] [] []\n", seen.stdout + seen.stderr
 
 
 def test_a_worn_out_server_is_replaced(sandbox, monkeypatch):
