@@ -6,6 +6,7 @@
     │   ├── DatasetError             a dataset or a task cannot be read
     │   ├── ModelNotFoundError       a model folder is missing or incomplete
     │   └── RunNotFoundError         a run id that the lake does not hold
+    ├── LakeCorrupted                a committed file is missing or altered; never retried
     └── InfraError                   the machinery failed; Prefect retries these (with backoff)
         ├── StorageUnavailable       the lake (S3 endpoint, disk) cannot be reached
         ├── SandboxUnavailable       a sandbox backend (bwrap, docker daemon) is gone
@@ -49,6 +50,14 @@ class ModelNotFoundError(UserError):
 
 class RunNotFoundError(UserError):
     """The lake holds no run with this id."""
+
+
+class LakeCorrupted(RlpipeError):
+    """A file the lake committed (a part, a checkpoint file) is missing or fails its digest.
+
+    Not an InfraError: a retry reads the same bytes. The run stops with this error; the
+    hint says what to restore or delete.
+    """
 
 
 class InfraError(RlpipeError):

@@ -20,8 +20,9 @@ bytes are the same. Re-committing a step keeps the first manifest (and so its me
 timestamps). A checkpoint counts only once its CHECKPOINT.json exists; LATEST never moves
 back. Staged rows (the hand-over between stages inside a step) are content-addressed, so a
 reference to them never changes meaning; they sit outside trajectories/ and are never
-queried. Storage failures raise StorageUnavailable (an InfraError: retried); a missing
-document reads as None.
+queried. Storage failures raise StorageUnavailable (an InfraError: retried); a committed
+part or checkpoint file that is missing or fails its sha256 raises LakeCorrupted (not
+retried: the same bytes would be read again); a missing document reads as None.
 
 What it does not: lock against two writers committing the same step at once (one run has
 one controller), garbage-collect orphans, or know about MLflow or Prefect.
@@ -40,7 +41,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from rlpipe.core.errors import ConfigError, StorageUnavailable
+from rlpipe.core.errors import ConfigError, LakeCorrupted, StorageUnavailable
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.storage.filesystem import LakeLocation, open_lake_location
@@ -137,7 +138,7 @@ class Lake:
         return PartRef(path=relative, rows=len(trajectories), sha256=hashlib.sha256(data).hexdigest())
 
     def read_parts(self, parts: tuple[PartRef, ...] | list[PartRef]) -> list[Trajectory]:
-        """The rows of the parts, in order; StorageUnavailable if one is missing or altered."""
+        """The rows of the parts, in order; LakeCorrupted if one is missing or altered."""
         return from_table(self.read_parts_table(parts))
 
     def read_parts_table(self, parts: tuple[PartRef, ...] | list[PartRef]) -> pa.Table:
@@ -146,13 +147,13 @@ class Lake:
         for part in parts:
             data = self.objects.get(part.path)
             if data is None:
-                raise StorageUnavailable(
+                raise LakeCorrupted(
                     f"lake {self.uri}: part {part.path} listed in a manifest is missing",
                     hint="the lake lost a committed file; restore it or delete the step's manifest",
                 )
             digest = hashlib.sha256(data).hexdigest()
             if digest != part.sha256:
-                raise StorageUnavailable(
+                raise LakeCorrupted(
                     f"lake {self.uri}: part {part.path} has sha256 {digest}, "
                     f"the manifest says {part.sha256}",
                     hint="the file was altered after commit; restore it or delete the step's manifest",
@@ -317,7 +318,7 @@ class Lake:
         for file in info.files:
             digest = self.objects.download(f"{base}/{file.path}", Path(local_dir) / file.path)
             if digest != file.sha256:
-                raise StorageUnavailable(
+                raise LakeCorrupted(
                     f"lake {self.uri}: checkpoint file {base}/{file.path} has sha256 {digest}, "
                     f"expected {file.sha256}",
                     hint="the checkpoint was altered; load an older one "

@@ -19,7 +19,7 @@ from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoin
 from rlpipe.rl.warmstart import warm_start as supervised_warm_start
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.policy import STAGE_OPTIONS
-from rlpipe.core.errors import ConfigError
+from rlpipe.core.errors import ConfigError, LakeCorrupted
 from rlpipe.core.records import Task
 from rlpipe.tasks.runtime import Runtime, get_runtime
 from rlpipe.tasks.track import artifact_key, log_step
@@ -147,6 +147,24 @@ def checkpoint(run_id: str, step: int) -> None:
         runtime.lake.save_checkpoint(run_id, step, Path(folder))
 
 
+def _load_newest_intact_checkpoint(runtime: Runtime, run_id: str, step: int) -> tuple[int, CheckpointMeta, dict]:
+    """Load checkpoint `step` into the policy, or, if it is corrupted, the newest intact one
+    before it (more committed steps are then replayed). LakeCorrupted when none is intact."""
+    while True:
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                runtime.lake.load_checkpoint(run_id, step, Path(folder))
+                meta, trainer_state = load_checkpoint(Path(folder), runtime.policy)
+            return step, meta, trainer_state
+        except LakeCorrupted as exc:
+            older = runtime.lake.latest_checkpoint(run_id, at_or_before=step - 1) if step > 0 else None
+            if older is None:
+                raise
+            get_run_logger().warning("checkpoint %d of run %s is corrupted (%s); falling back to checkpoint %d",
+                                     step, run_id, exc.message, older)
+            step = older
+
+
 @task(name="restore", **STAGE_OPTIONS)
 def restore(run_id: str) -> int:
     """Bring the policy to the last committed step: load the newest checkpoint at or
@@ -158,9 +176,7 @@ def restore(run_id: str) -> int:
     step = runtime.lake.latest_checkpoint(run_id, at_or_before=last)
     if step is None:
         return -1  # not even the warm-start finished: start over from the warm-start
-    with tempfile.TemporaryDirectory() as folder:
-        runtime.lake.load_checkpoint(run_id, step, Path(folder))
-        meta, trainer_state = load_checkpoint(Path(folder), runtime.policy)
+    step, meta, trainer_state = _load_newest_intact_checkpoint(runtime, run_id, step)
     runtime.trainer.load_state_dict(trainer_state)
     runtime.policy_version = meta.policy_version
     if runtime.trainer.reference_model is not None:  # the KL anchor: the warm-started policy

@@ -11,6 +11,7 @@ reference's, and MLflow histories with one point per step.
 Config: 5 steps, checkpoints every 2 steps (0, 2, 4, final 5). Kills land in step 4, so the
 resume loads checkpoint 2 and replays step 3 (and step 4 where it was committed) from the lake.
 `warmstart` dies inside the very first checkpoint, so the resume redoes the warm-start.
+`corrupt-checkpoint` alters checkpoint 2 before its resume, which falls back to checkpoint 0.
 
 All runs of the module go in one fixture, three processes at a time (each with its own lake,
 MLflow store and Prefect home, all reporting to the session's Prefect server).
@@ -55,7 +56,11 @@ SCENARIOS: dict[str, tuple[str, int, list[int]]] = {
     "part-write": ("part-write@4", 4, [1, 2, 3]),
     "checkpoint-write": ("checkpoint-write@{mid_checkpoint_4}", 4, [1, 2, 3, 4]),
     "warmstart": ("checkpoint-write@2", 0, []),
+    "corrupt-checkpoint": ("verify@4", 4, [1, 2, 3]),
 }
+# scenario -> the checkpoint whose weights file is altered in the lake before the resume: the
+# resume finds it LakeCorrupted, falls back to checkpoint 0 and replays steps 1-3 instead
+CORRUPT_BEFORE_RESUME = {"corrupt-checkpoint": 2}
 METRIC_KEYS = ("reward/mean", "train/loss", "train/grad_norm", "time/generate_s")
 # Stage timings are measured by the live step only: a step killed after its commit (in update,
 # or in its checkpoint) is replayed without them, so they may miss that step (never doubled).
@@ -96,6 +101,9 @@ def _run_scenario(root: Path, api: str, name: str, failpoints: str) -> Outcome:
     outcome.committed_after_kill = lake.committed_steps(outcome.run_id)
     outcome.rows_after_kill = count_rows(lake, outcome.run_id)
     outcome.status_after_kill = lake.read_status(outcome.run_id)
+    if name in CORRUPT_BEFORE_RESUME:
+        path = f"checkpoints/{outcome.run_id}/step={CORRUPT_BEFORE_RESUME[name]:06d}/model.safetensors"
+        lake.objects.put(path, b"bit rot")
     started = time.monotonic()
     outcome.resumed = run_cli(
         ["resume", outcome.run_id, "--lake", where.lake_uri], cli_env(where, api), where.folder

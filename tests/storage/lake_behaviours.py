@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.core.errors import RunNotFoundError, StorageUnavailable, UserError
+from rlpipe.core.errors import LakeCorrupted, RunNotFoundError, StorageUnavailable, UserError
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus, StepManifest
 from rlpipe.storage.query import query_trajectories
@@ -131,6 +131,10 @@ def checkpoints_and_latest(lake: Lake, tmp_path: Path) -> None:
     (tmp_path / "other" / "x.bin").write_bytes(b"different")
     assert lake.save_checkpoint("r1", 10, tmp_path / "other") == info
     assert lake.latest_checkpoint("r1") == 20
+    # an altered checkpoint file is LakeCorrupted (not retried), named with the file
+    lake.objects.put("checkpoints/r1/step=000020/model.safetensors", b"flipped")
+    with pytest.raises(LakeCorrupted, match="model.safetensors"):
+        lake.load_checkpoint("r1", 20, tmp_path / "corrupt")
 
 
 def checkpoint_without_marker_is_ignored(lake: Lake, tmp_path: Path) -> None:
@@ -149,7 +153,10 @@ def checkpoint_without_marker_is_ignored(lake: Lake, tmp_path: Path) -> None:
 def altered_part_is_detected(lake: Lake) -> None:
     manifest = _commit(lake, "r1", 0, (3,))
     lake.objects.put(manifest.parts[0].path, b"not parquet")
-    with pytest.raises(StorageUnavailable):
+    with pytest.raises(LakeCorrupted):  # not retried: the same bytes would be read again
+        lake.read_parts(manifest.parts)
+    lake.location.filesystem.delete_file(lake.location.path(manifest.parts[0].path))
+    with pytest.raises(LakeCorrupted):
         lake.read_parts(manifest.parts)
 
 
