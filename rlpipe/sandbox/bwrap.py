@@ -308,8 +308,10 @@ class BwrapSandbox:
     def reset(self) -> None:
         if self._warm is not None and self._warm[0].alive:
             # the warm server killed what each request started and emptied /tmp; it sees this
-            # tmpfs through its own mount namespace, so empty it rather than mount a new one
+            # tmpfs through its own mount namespace, so empty it rather than mount a new one,
+            # and give its root back the mode, owner and (no) xattrs of a fresh one
             self._empty_work_dir()
+            self._restore_work_root()
             return
         self._stop_warm()
         if self.cgroups:
@@ -319,6 +321,15 @@ class BwrapSandbox:
             self._mount_work_tmpfs()
         else:
             self._empty_work_dir()
+            self._restore_work_root()
+
+    def _restore_work_root(self) -> None:
+        """The work dir's own mode, owner and extended attributes (ACLs among them), as made."""
+        for name in os.listxattr(self.work_dir, follow_symlinks=False):
+            os.removexattr(self.work_dir, name, follow_symlinks=False)
+        if self._as_root:
+            os.chown(self.work_dir, self.host_uid, self.host_uid)
+        os.chmod(self.work_dir, 0o700)
 
     def _empty_work_dir(self) -> None:
         for child in list(self.work_dir.iterdir()):

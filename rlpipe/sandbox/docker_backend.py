@@ -13,7 +13,10 @@ Guaranteed (each has an adversarial test in tests/sandbox/test_docker_attacks.py
 - processes: `pids_limit` = `Limits.max_processes` + 4 (the reaper init, the exec wrapper,
   a killer); CPU: `nano_cpus` (the `cpus` argument) and RLIMIT_CPU = `Limits.cpu_time_s`;
 - user 1000 (non-root), all capabilities dropped, `no-new-privileges`; the environment
-  holds only PATH and HOME (nothing of the host's);
+  holds only PATH and HOME (nothing of the host's); the container's init (pid 1, a reaper)
+  runs as nobody (65534) and is not dumpable, so commands can neither signal nor ptrace it;
+- `reset()` empties /work, /tmp and /dev/shm and gives /work's root back its mode and no
+  extended attributes (a command could chmod it or set a default ACL for the next user);
 - every command ends with all of the sandbox user's processes killed (`kill -9 -1` in the
   exec wrapper), so nothing a command started outlives it; on the wall-clock timeout the
   same kill runs from a second exec, and if processes remain after that (a fork bomb that
@@ -32,11 +35,11 @@ request gets what an exec gets (container, user, limits, environment, cwd, exit 
 output caps, timeout, oom_killed from the same counter) and, after it, the server kills
 every other process of the user (orphans, reparented to the container's init, included)
 and empties /tmp and /dev/shm. The server is not the container's init, so a request can
-kill or stop it (same uid): a server that dies, garbles or answers nothing within the
-timeout plus a grace period is lost, every process of the user is killed (as after a timed
-out exec) and the request runs by exec for what was left of its timeout (it may have run:
-killing the server must not buy a second time budget); a request runs by exec with its
-whole timeout where the server cannot start. A plain `exec` retires the server first (its
+kill or stop it (same uid): a server that dies or garbles mid-request makes that request a
+crash, one that answers nothing within the timeout plus a grace period a timeout; either
+way every process of the user is killed (as after a timed out exec) and the request is
+never rerun (killing the server must not buy a second time budget). A request runs by exec
+where the server cannot start, or is found gone before the request. A plain `exec` retires the server first (its
 wrapper's kill would end it); `reset()` keeps it, and while it runs it also serves the
 wipe and `write_files` (a fork instead of a docker exec each). What differs from exec:
 stderr lacks the wrapper shell's line about a signalled command ("Segmentation fault",
@@ -84,6 +87,7 @@ log = logging.getLogger(__name__)
 
 LABEL = "rlpipe.sandbox"
 _USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
+_INIT_USER = "65534:65534"
 _START_HINT = "start an engine: `dockerd > /tmp/dockerd.log 2>&1 &` (as root) or `systemctl start docker`"
 _KILL_ALL = 'i=0; while kill -9 -1 2>/dev/null && [ $i -lt 2000 ]; do i=$((i+1)); done'
 _WRAPPER = ["/bin/sh", "-c", f'"$@"; rc=$?; {_KILL_ALL}; exit $rc', "rlpipe-exec"]
@@ -91,6 +95,11 @@ _WRAPPER = ["/bin/sh", "-c", f'"$@"; rc=$?; {_KILL_ALL}; exit $rc', "rlpipe-exec
 _WARM_SERVER = ["/bin/sh", "-c", 'exec "$@"', "rlpipe-warm", *NOT_INIT_SERVER_ARGV]
 _INIT = """
 import os, signal
+try:  # not dumpable: no process of the sandbox can ptrace it or read /proc/1/mem (it runs as nobody anyway)
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+except Exception:
+    pass
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM})
 while signal.sigwait({signal.SIGCHLD, signal.SIGTERM}) == signal.SIGCHLD:
     try:
@@ -120,6 +129,10 @@ def wipe(path):
             os.unlink(entry.path)
 for root in sys.argv[1:]:
     wipe(root)
+# /work's own mode and extended attributes (ACLs among them), as the tmpfs mount made them
+for name in os.listxattr('/work'):
+    os.removexattr('/work', name)
+os.chmod('/work', 0o700)
 """
 _UNPACK = _WIPE + """
 data, at = sys.stdin.buffer.read(), 0
@@ -231,7 +244,8 @@ class DockerSandbox:
         tmpfs_options = f"size={limits.disk_mb}m,nosuid,nodev"
         try:
             container = self._client.containers.run(
-                self.image, command=["python3", "-S", "-c", _INIT], detach=True, user=_USER,
+                # the init runs as nobody: commands (uid 1000) can neither signal nor ptrace it
+                self.image, command=["python3", "-S", "-c", _INIT], detach=True, user=_INIT_USER,
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 nano_cpus=int(self.cpus * 1e9), pids_limit=limits.max_processes + 4,
                 network_mode="bridge" if limits.network else "none", read_only=True,

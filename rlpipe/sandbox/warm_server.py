@@ -57,6 +57,12 @@ import warnings
 _CHUNK = 1 << 16
 _PR_SET_DUMPABLE = 4
 _SCRATCH_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
+# paths whose mode, owner and extended attributes (ACLs) a request could change for later ones
+_WATCHED_PATHS = (*_SCRATCH_DIRS, "/dev/pts", "/dev/pts/ptmx")
+# sysctls of the sandbox's own IPC and pid namespaces, writable from inside (ns_last_pid moves by itself)
+_NAMESPACE_SYSCTLS = tuple(f"/proc/sys/kernel/{name}" for name in (
+    "msgmni", "msgmax", "msgmnb", "sem", "shmmax", "shmall", "shmmni", "shm_rmid_forced", "auto_msgmni", "pid_max"))
+_COMPILED_CACHE_SIZE = 16
 _SYSV_IPC_TABLES = ("/proc/sysvipc/shm", "/proc/sysvipc/msg", "/proc/sysvipc/sem")
 _IOPRIO_GET = {"x86_64": 252, "aarch64": 31}  # syscall numbers; elsewhere the I/O priority is not checked
 _RLIMITS = sorted(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
@@ -98,6 +104,7 @@ def child(program, code, args, stdin_r, stdout_w, stderr_w, libc):
         os.dup2(stdout_w, 1)
         os.dup2(stderr_w, 2)
         os.closerange(3, 65536)  # the protocol fds above all
+        os.setsid()  # its own session and autogroup, as bwrap --new-session gives an exec
         libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # as dumpable as a freshly started process
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the server runs with SIG_DFL
         try:
@@ -167,7 +174,31 @@ def process_settings(libc):
         "affinity": sorted(os.sched_getaffinity(0)),
         "scheduler": [os.sched_getscheduler(0), os.sched_getparam(0).sched_priority],
         "ioprio": libc.syscall(ioprio_get, 1, 0) if ioprio_get else None,  # IOPRIO_WHO_PROCESS, self
+        "autogroup": read_text("/proc/self/autogroup"),
     }
+
+
+def read_text(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def namespace_state():
+    """Modes, owners and xattrs of the watched paths, and the namespaces' writable sysctls."""
+    paths = {}
+    for path in _WATCHED_PATHS:
+        try:
+            info = os.stat(path, follow_symlinks=False)
+            paths[path] = (info.st_mode, info.st_uid, info.st_gid, sorted(os.listxattr(path, follow_symlinks=False)))
+        except OSError:
+            paths[path] = None
+    mqueue = "/proc/sys/fs/mqueue"
+    sysctls = [*_NAMESPACE_SYSCTLS, *(os.path.join(mqueue, name) for name in sorted(os.listdir(mqueue)))] \
+        if os.path.isdir(mqueue) else list(_NAMESPACE_SYSCTLS)
+    return {"paths": paths, "sysctls": {path: read_text(path) for path in sysctls}}
 
 
 def keys_in_view():
@@ -195,6 +226,11 @@ def residue(baseline, libc):
             pass
     if keys_in_view() - baseline["keys"]:
         found.append("keys left in a keyring")
+    state = namespace_state()
+    found += [f"{path} changed (mode, owner or xattrs)" for path, value in state["paths"].items()
+              if value != baseline["namespace"]["paths"].get(path)]
+    found += [f"sysctl {path} changed" for path, value in state["sysctls"].items()
+              if value != baseline["namespace"]["sysctls"].get(path)]
     return found
 
 
@@ -235,7 +271,10 @@ def empty_scratch():
     for top in _SCRATCH_DIRS:
         try:
             names = os.listdir(top)
-        except OSError:
+        except FileNotFoundError:
+            continue
+        except OSError:  # e.g. a request took the permissions away: not clean
+            clean = False
             continue
         for name in names:
             clean = remove_tree(os.path.join(top, name)) and clean
@@ -269,7 +308,7 @@ def run(request, code, stdin, compiled, libc, baseline):
                 program = compile(code, "<string>", "exec")
             if warned:  # the child compiles it again and its warnings go to the request's stderr
                 program = None
-            else:
+            elif len(compiled) < _COMPILED_CACHE_SIZE:  # the same few programs, run again and again
                 compiled[code] = program
     except (SyntaxError, ValueError) as exc:  # what `python3 -c` prints and exits with
         import traceback
@@ -371,17 +410,23 @@ def main():
     for fd in (0, 1, 2):  # fd 2 too: nothing may block on a pipe nobody reads
         os.dup2(null, fd)
     compiled = {}
-    baseline = {"settings": process_settings(libc), "keys": keys_in_view()}
+    baseline = {"settings": process_settings(libc), "keys": keys_in_view(), "namespace": namespace_state()}
     send(answers_fd, {"ready": True})
-    while True:
-        size = read_exact(requests_fd, 4)
-        if size is None:
-            return
-        request = json.loads(read_exact(requests_fd, struct.unpack(">I", size)[0]))
-        code = read_exact(requests_fd, int(request["code_len"])).decode()
-        stdin = read_exact(requests_fd, int(request["stdin_len"])) or b""
-        header, out, err = run(request, code, stdin, compiled, libc, baseline)
-        send(answers_fd, header, out, err)
+    while serve_one(requests_fd, answers_fd, compiled, libc, baseline):
+        pass  # each request's data lives in serve_one's frame only: no later request finds it
+
+
+def serve_one(requests_fd, answers_fd, compiled, libc, baseline):
+    """Read one request, run it, answer; False at end of input."""
+    size = read_exact(requests_fd, 4)
+    if size is None:
+        return False
+    request = json.loads(read_exact(requests_fd, struct.unpack(">I", size)[0]))
+    code = read_exact(requests_fd, int(request["code_len"])).decode()
+    stdin = read_exact(requests_fd, int(request["stdin_len"])) or b""
+    header, out, err = run(request, code, stdin, compiled, libc, baseline)
+    send(answers_fd, header, out, err)
+    return True
 
 
 if __name__ == "__main__":  # as `python3 -c` runs it

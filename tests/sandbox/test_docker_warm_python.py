@@ -198,3 +198,38 @@ def test_close_ends_the_server_stream(sandbox):
     while process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert process.poll() is not None and not process._reader.is_alive()
+
+
+def test_the_containers_init_is_out_of_reach_of_commands(sandbox):
+    probe = """
+import ctypes, os
+outcome = [os.stat('/proc/1').st_uid]
+try:
+    open('/proc/1/mem', 'rb').read(1)
+    outcome.append('read')
+except OSError as exc:
+    outcome.append(exc.strerror)
+outcome.append(ctypes.CDLL(None, use_errno=True).ptrace(16, 1, None, None))  # PTRACE_ATTACH
+try:
+    os.kill(1, 9)
+    outcome.append('signalled')
+except OSError as exc:
+    outcome.append(exc.strerror)
+print(outcome)
+"""
+    for run in (lambda: sandbox.exec_python(probe), lambda: sandbox.exec(["python3", "-c", probe])):
+        uid, mem, ptrace, kill = eval(run().stdout)  # noqa: S307 - our own program's repr
+        assert uid != 1000 and mem != "read" and ptrace == -1 and kill != "signalled", (uid, mem, ptrace, kill)
+
+
+def test_a_request_that_locks_up_work_does_not_reach_the_next_use(sandbox):
+    sandbox.exec_python("""
+import os
+os.setxattr('/work', 'system.posix_acl_default', bytes.fromhex('02000000' '01000000ffffffff' '04000000ffffffff' '20000000ffffffff'))
+os.chmod('/work', 0)
+""")
+    sandbox.reset()
+    sandbox.write_files({"solution.py": b"print(6 * 7)"})
+    seen = sandbox.exec_python("import os, stat; print(oct(stat.S_IMODE(os.stat('/work').st_mode)), os.listxattr('/work'), "
+                               "open('/work/solution.py').read())")
+    assert seen.stdout == "0o700 [] print(6 * 7)\n", seen.stdout + seen.stderr

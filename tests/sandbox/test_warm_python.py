@@ -210,3 +210,43 @@ def test_a_worn_out_server_is_replaced(sandbox, monkeypatch):
         servers.append(sandbox._warm[1] if sandbox._warm else None)  # host pid of the server
     assert servers[1] is None and servers[3] is None  # retired after its second request
     assert servers[0] is not None and servers[2] is not None and servers[0] != servers[2]
+
+
+def test_a_request_that_locks_up_work_or_tmp_does_not_reach_the_next_use(sandbox):
+    sandbox.exec_python("""
+import os
+open('/tmp/kept', 'w').write('x')
+os.setxattr('/work', 'user.note', b'left by an earlier sample')
+os.setxattr('/work', 'system.posix_acl_default', bytes.fromhex('02000000' '01000000ffffffff' '04000000ffffffff' '20000000ffffffff'))
+for path in ('/work', '/tmp', '/dev/shm'):
+    os.chmod(path, 0)
+""")
+    sandbox.reset()
+    sandbox.write_files({"solution.py": b"print(6 * 7)"})
+    seen = sandbox.exec_python("import os, stat; print(oct(stat.S_IMODE(os.stat('/work').st_mode)), os.listxattr('/work'), "
+                               "os.listdir('/tmp'), open('/work/solution.py').read())")
+    assert seen.stdout == "0o700 [] [] print(6 * 7)\n", seen.stdout + seen.stderr
+
+
+def test_autogroup_nice_and_namespace_sysctls_do_not_reach_the_next_request(sandbox):
+    probe = "print(open('/proc/self/autogroup').read().split()[-1], open('/proc/sys/kernel/msgmni').read().strip())"
+    clean = sandbox.exec_python(probe).stdout
+    tampered = sandbox.exec_python("open('/proc/self/autogroup', 'w').write('19')\n"
+                                   "open('/proc/sys/kernel/msgmni', 'w').write('0')\n" + probe)
+    assert tampered.stdout != clean  # the request itself did change both
+    assert sandbox.exec_python(probe).stdout == clean
+
+
+def test_a_request_cannot_find_the_previous_requests_output_on_the_stack(sandbox):
+    sandbox.exec_python("print('-'.join(['secret', 'output']))")  # the text is in the output only, not the code
+    found = sandbox.exec_python("""
+import sys
+needle = '-'.join(['secret', 'output'])
+frame, hits = sys._getframe().f_back, []
+while frame is not None:
+    hits += [name for name, value in frame.f_locals.items()
+             if isinstance(value, (bytes, str)) and needle in (value.decode(errors='replace') if isinstance(value, bytes) else value)]
+    frame = frame.f_back
+print(hits)
+""")
+    assert found.stdout == "[]\n", found.stdout + found.stderr
