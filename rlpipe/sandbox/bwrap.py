@@ -310,9 +310,12 @@ class BwrapSandbox:
             # the warm server killed what each request started and emptied /tmp; it sees this
             # tmpfs through its own mount namespace, so empty it rather than mount a new one,
             # and give its root back the mode, owner and (no) xattrs of a fresh one
-            self._empty_work_dir()
-            self._restore_work_root()
-            return
+            try:
+                self._empty_work_dir()
+                self._restore_work_root()
+                return
+            except (OSError, RecursionError):  # e.g. dirs nested too deep for rmtree: a fresh mount
+                pass
         self._stop_warm()
         if self.cgroups:
             self.cgroups.kill_all()

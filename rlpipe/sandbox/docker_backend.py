@@ -128,7 +128,16 @@ def wipe(path):
         else:
             os.unlink(entry.path)
 for root in sys.argv[1:]:
-    wipe(root)
+    if os.path.isdir(root):
+        wipe(root)
+# System V IPC objects live as long as the container's IPC namespace (and are charged to its
+# memory): remove them all, as a fresh container would have none
+import ctypes
+libc = ctypes.CDLL(None)
+for table, remove in (("shm", lambda i: libc.shmctl(i, 0, None)), ("msg", lambda i: libc.msgctl(i, 0, None)),
+                      ("sem", lambda i: libc.semctl(i, 0, 0))):
+    for line in open("/proc/sysvipc/" + table).read().strip().splitlines()[1:]:
+        remove(int(line.split()[1]))
 # /work's own mode and extended attributes (ACLs among them), as the tmpfs mount made them
 for name in os.listxattr('/work'):
     os.removexattr('/work', name)
@@ -147,7 +156,7 @@ while at < len(data):
         f.write(data[at:at + data_size])
     at += data_size
 """
-_WIPED_DIRS = ["/work", "/tmp", "/dev/shm"]
+_WIPED_DIRS = ["/work", "/tmp", "/dev/shm", "/dev/mqueue"]
 _UNTAR = "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|').extractall('/work')"
 _TAR = """
 import os, sys, tarfile

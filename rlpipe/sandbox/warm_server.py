@@ -63,7 +63,8 @@ _WATCHED_PATHS = (*_SCRATCH_DIRS, "/dev/pts", "/dev/pts/ptmx")
 _NAMESPACE_SYSCTLS = tuple(f"/proc/sys/kernel/{name}" for name in (
     "msgmni", "msgmax", "msgmnb", "sem", "shmmax", "shmall", "shmmni", "shm_rmid_forced", "auto_msgmni", "pid_max"))
 _COMPILED_CACHE_SIZE = 16
-_SYSV_IPC_TABLES = ("/proc/sysvipc/shm", "/proc/sysvipc/msg", "/proc/sysvipc/sem")
+_SYSV_IPC_REMOVERS = {"/proc/sysvipc/shm": "shmctl", "/proc/sysvipc/msg": "msgctl", "/proc/sysvipc/sem": "semctl"}
+_IPC_RMID = 0
 _IOPRIO_GET = {"x86_64": 252, "aarch64": 31}  # syscall numbers; elsewhere the I/O priority is not checked
 _RLIMITS = sorted(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 NOT_INIT = "--not-init" in sys.argv[1:]  # docker: the container's init is pid 1, not this server
@@ -81,15 +82,36 @@ def read_exact(fd, size):
     return b"".join(parts)
 
 
-def write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+def read_exact_into(fd, size):
+    """`size` bytes read straight into a bytearray (no intermediate copies: see wipe), or None at EOF."""
+    buffer = bytearray(size)
+    view, got = memoryview(buffer), 0
+    while got < size:
+        count = os.readv(fd, [view[got:]])
+        if not count:
+            wipe(buffer)
+            return None
+        got += count
+    return buffer
+
+
+def wipe(*buffers):
+    """Zero request data once answered: a later request is forked from this heap."""
+    for buffer in buffers:
+        memoryview(buffer)[:] = bytes(len(buffer))
 
 
 def send(fd, header, *payloads):
+    """One frame: the JSON header, then the payloads (memoryviews, written without copying them)."""
     encoded = json.dumps(header).encode()
-    write_all(fd, struct.pack(">I", len(encoded)) + encoded + b"".join(payloads))
+    views = [memoryview(struct.pack(">I", len(encoded)) + encoded), *payloads]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views:
+            views[0] = views[0][written:]
 
 
 def child(program, code, args, stdin_r, stdout_w, stderr_w, libc):
@@ -210,20 +232,15 @@ def keys_in_view():
 
 
 def residue(baseline, libc):
-    """What a finished request left behind beyond /tmp: changed server settings, IPC objects, keys.
+    """What a finished request left behind beyond /tmp: changed server settings, IPC objects it
+    could not remove, keys, changed scratch dirs or sysctls.
 
     A fresh sandbox has none of these; a non-empty answer retires the server.
     """
     found = []
     settings = process_settings(libc)
     found += [f"server {name} changed" for name, value in settings.items() if value != baseline["settings"][name]]
-    for table in _SYSV_IPC_TABLES:
-        try:
-            with open(table) as entries:
-                if len(entries.read().strip().splitlines()) > 1:  # a header line, then one per object
-                    found.append(f"System V IPC objects left in {table}")
-        except OSError:
-            pass
+    found += [f"System V IPC objects left in {table}" for table in remove_ipc_objects(libc)]
     if keys_in_view() - baseline["keys"]:
         found.append("keys left in a keyring")
     state = namespace_state()
@@ -232,6 +249,30 @@ def residue(baseline, libc):
     found += [f"sysctl {path} changed" for path, value in state["sysctls"].items()
               if value != baseline["namespace"]["sysctls"].get(path)]
     return found
+
+
+def remove_ipc_objects(libc):
+    """Remove every System V IPC object of the namespace (a fresh exec's namespace has none: in
+    docker the namespace is the container's, and outlives any server); the tables still holding one."""
+    left = []
+    for table, remover in _SYSV_IPC_REMOVERS.items():
+        for ident in ipc_ids(table):
+            if remover == "semctl":
+                libc.semctl(ident, 0, _IPC_RMID)
+            else:
+                getattr(libc, remover)(ident, _IPC_RMID, None)
+        if ipc_ids(table):
+            left.append(table)
+    return left
+
+
+def ipc_ids(table):
+    """The ids in one /proc/sysvipc table (a header line, then one line per object)."""
+    try:
+        with open(table) as entries:
+            return [int(line.split()[1]) for line in entries.read().strip().splitlines()[1:]]
+    except (OSError, ValueError, IndexError):
+        return []
 
 
 def kill_all_others():
@@ -299,7 +340,11 @@ def remove_tree(path):
 
 
 def run(request, code, stdin, compiled, libc, baseline):
-    """One request: fork, feed, capture, time out, clean up; returns (header, stdout, stderr)."""
+    """One request: fork, feed, capture, time out, clean up; returns (header, stdout, stderr).
+
+    stdout and stderr are bytearrays of the output cap (the header says how much of each is
+    filled); the caller zeroes them, and `stdin`, once the answer is sent.
+    """
     try:
         program = compiled.get(code)
         if program is None:
@@ -313,10 +358,10 @@ def run(request, code, stdin, compiled, libc, baseline):
     except (SyntaxError, ValueError) as exc:  # what `python3 -c` prints and exits with
         import traceback
 
-        message = "".join(traceback.format_exception_only(type(exc), exc)).encode()
+        message = bytearray("".join(traceback.format_exception_only(type(exc), exc)).encode())
         return {"exit_code": 1, "signal": 0, "timed_out": False, "stdout_len": 0, "stderr_len": len(message),
                 "stdout_dropped": 0, "stderr_dropped": 0, "clean": True,
-                "server_cpu_s": sum(os.times()[:2])}, b"", message
+                "server_cpu_s": sum(os.times()[:2])}, bytearray(), message
     cap = int(request["output_bytes"])
     stdin_r, stdin_w = os.pipe()
     stdout_r, stdout_w = os.pipe()
@@ -328,8 +373,10 @@ def run(request, code, stdin, compiled, libc, baseline):
     for fd in (stdin_r, stdout_w, stderr_w):
         os.close(fd)
     deadline = started + float(request["timeout_s"])
-    kept = {stdout_r: bytearray(), stderr_r: bytearray()}
+    kept = {stdout_r: bytearray(cap), stderr_r: bytearray(cap)}  # never grown: no stale copy left behind
+    filled = {stdout_r: 0, stderr_r: 0}
     dropped = {stdout_r: 0, stderr_r: 0}
+    scratch = bytearray(_CHUNK)
     pending = memoryview(stdin)
     writers = [stdin_w] if pending else []
     if not pending:
@@ -363,16 +410,18 @@ def run(request, code, stdin, compiled, libc, baseline):
                 kill_all_others()  # stray grandchildren may hold the pipes open: end them
                 continue
             try:
-                chunk = os.read(fd, _CHUNK)
+                count = os.readv(fd, [scratch])
             except BlockingIOError:
                 continue
-            if not chunk:
+            if not count:
                 readers.remove(fd)
                 continue
-            room = cap - len(kept[fd])
-            if room > 0:
-                kept[fd] += chunk[:room]
-            dropped[fd] += max(0, len(chunk) - max(room, 0))
+            taken = min(count, cap - filled[fd])
+            # memoryview to memoryview: a bytearray slice assignment would make (and free) a copy
+            memoryview(kept[fd])[filled[fd]:filled[fd] + taken] = memoryview(scratch)[:taken]
+            filled[fd] += taken
+            dropped[fd] += count - taken
+    wipe(scratch)
     if exit_status is None:  # timed out: the child is still running
         os.kill(pid, signal.SIGKILL)
         exit_status = os.waitpid(pid, 0)[1]
@@ -384,7 +433,7 @@ def run(request, code, stdin, compiled, libc, baseline):
         "exit_code": 128 + os.WTERMSIG(exit_status) if signalled else os.WEXITSTATUS(exit_status),
         "signal": os.WTERMSIG(exit_status) if signalled else 0,
         "timed_out": timed_out,
-        "stdout_len": len(kept[stdout_r]), "stderr_len": len(kept[stderr_r]),
+        "stdout_len": filled[stdout_r], "stderr_len": filled[stderr_r],
         "stdout_dropped": dropped[stdout_r], "stderr_dropped": dropped[stderr_r],
         "clean": False,
         "server_cpu_s": sum(os.times()[:2]),
@@ -395,7 +444,7 @@ def run(request, code, stdin, compiled, libc, baseline):
     if not alone:
         left.append("processes that outlived the cleanup")
     header["clean"], header["residue"] = not left, left
-    return header, bytes(kept[stdout_r]), bytes(kept[stderr_r])
+    return header, kept[stdout_r], kept[stderr_r]
 
 
 def main():
@@ -423,9 +472,12 @@ def serve_one(requests_fd, answers_fd, compiled, libc, baseline):
         return False
     request = json.loads(read_exact(requests_fd, struct.unpack(">I", size)[0]))
     code = read_exact(requests_fd, int(request["code_len"])).decode()
-    stdin = read_exact(requests_fd, int(request["stdin_len"])) or b""
+    stdin = read_exact_into(requests_fd, int(request["stdin_len"]))
+    if stdin is None:
+        return False
     header, out, err = run(request, code, stdin, compiled, libc, baseline)
-    send(answers_fd, header, out, err)
+    send(answers_fd, header, memoryview(out)[:header["stdout_len"]], memoryview(err)[:header["stderr_len"]])
+    wipe(stdin, out, err)
     return True
 
 

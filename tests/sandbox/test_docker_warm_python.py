@@ -233,3 +233,24 @@ os.chmod('/work', 0)
     seen = sandbox.exec_python("import os, stat; print(oct(stat.S_IMODE(os.stat('/work').st_mode)), os.listxattr('/work'), "
                                "open('/work/solution.py').read())")
     assert seen.stdout == "0o700 [] print(6 * 7)\n", seen.stdout + seen.stderr
+
+
+def test_ipc_objects_do_not_outlive_a_request_or_a_reset(sandbox):
+    fill = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+IPC_CREAT, IPC_NOWAIT = 0o1000, 0o4000
+message = ctypes.create_string_buffer(8200)
+ctypes.memmove(message, (1).to_bytes(8, 'little'), 8)
+for key in range(200):
+    queue = libc.msgget(0x1000 + key, IPC_CREAT | 0o600)
+    libc.msgsnd(queue, message, 8192, IPC_NOWAIT)
+assert libc.shmget(0x77, 64 << 20, IPC_CREAT | 0o600) >= 0
+print('made')
+"""
+    tables = "print([len(open('/proc/sysvipc/' + t).read().splitlines()) for t in ('shm', 'msg', 'sem')])"
+    assert sandbox.exec_python(fill).stdout == "made\n"
+    assert sandbox.exec_python(tables).stdout == "[1, 1, 1]\n"  # removed by the warm server
+    assert sandbox.exec(["python3", "-c", fill]).stdout == "made\n"  # a plain exec: removed by reset's wipe
+    sandbox.reset()
+    assert sandbox.exec(["python3", "-c", tables]).stdout == "[1, 1, 1]\n"

@@ -250,3 +250,48 @@ while frame is not None:
 print(hits)
 """)
     assert found.stdout == "[]\n", found.stdout + found.stderr
+
+
+MARK_SCAN = r"""
+import re
+pattern, hits = re.compile(rb'(?:QZXJ){8}'), 0
+with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:
+    for line in maps:
+        span, perms = line.split()[:2]
+        start, end = (int(bound, 16) for bound in span.split('-'))
+        if 'rw' not in perms or end - start > 256 << 20:
+            continue
+        try:
+            mem.seek(start)
+            hits += len(pattern.findall(mem.read(end - start)))
+        except (OSError, ValueError, OverflowError):
+            pass
+print(hits)
+"""
+
+
+@pytest.mark.parametrize("size", [2, 10, 40, 4000])
+def test_a_request_finds_no_trace_of_an_earlier_requests_stdin_or_output_in_its_memory(sandbox, size):
+    # the mark is built at run time, so no code object (the server caches those) holds it
+    mark = b"QZXJ" * 8
+    sandbox.exec_python("import sys\nm = ''.join(['QZXJ'] * 8)\nsys.stdout.write(m * %d)\nsys.stderr.write(m * %d)"
+                        % (size, size), stdin=mark * size)
+    assert sandbox.exec_python(MARK_SCAN).stdout == "0\n"
+
+
+def test_ipc_objects_a_request_leaves_are_removed_and_their_memory_freed(sandbox):
+    made = sandbox.exec_python("""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+IPC_CREAT, IPC_NOWAIT = 0o1000, 0o4000
+message = ctypes.create_string_buffer(8200)
+ctypes.memmove(message, (1).to_bytes(8, 'little'), 8)
+for key in range(200):
+    queue = libc.msgget(0x1000 + key, IPC_CREAT | 0o600)
+    libc.msgsnd(queue, message, 8192, IPC_NOWAIT)
+assert libc.shmget(0x77, 64 << 20, IPC_CREAT | 0o600) >= 0
+print('made')
+""")
+    assert made.stdout == "made\n", made.stderr
+    seen = sandbox.exec_python("print([len(open('/proc/sysvipc/' + t).read().splitlines()) for t in ('shm', 'msg', 'sem')])")
+    assert seen.stdout == "[1, 1, 1]\n"
