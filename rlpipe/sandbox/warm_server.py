@@ -95,10 +95,26 @@ def read_exact_into(fd, size):
     return buffer
 
 
-def wipe(*buffers):
-    """Zero request data once answered: a later request is forked from this heap."""
-    for buffer in buffers:
-        memoryview(buffer)[:] = bytes(len(buffer))
+def wipe(buffer, count=None):
+    """Zero the first `count` bytes (default: all) of a bytearray in place: request data is
+    wiped once answered, because a later request is forked from this heap."""
+    count = len(buffer) if count is None else count
+    if count:
+        ctypes.memset((ctypes.c_char * len(buffer)).from_buffer(buffer), 0, count)
+
+
+class OutputBuffers:
+    """The two capture buffers and the read scratch, allocated once and reused by every request
+    (a fresh megabyte per stream per request cost more than the request)."""
+
+    def __init__(self):
+        self.stdout, self.stderr, self.scratch = bytearray(), bytearray(), bytearray(_CHUNK)
+
+    def sized(self, cap):
+        """(stdout, stderr) of at least `cap` bytes each, all zero."""
+        if len(self.stdout) < cap:
+            self.stdout, self.stderr = bytearray(cap), bytearray(cap)
+        return self.stdout, self.stderr
 
 
 def send(fd, header, *payloads):
@@ -339,11 +355,11 @@ def remove_tree(path):
         return False
 
 
-def run(request, code, stdin, compiled, libc, baseline):
+def run(request, code, stdin, compiled, libc, baseline, buffers):
     """One request: fork, feed, capture, time out, clean up; returns (header, stdout, stderr).
 
-    stdout and stderr are bytearrays of the output cap (the header says how much of each is
-    filled); the caller zeroes them, and `stdin`, once the answer is sent.
+    stdout and stderr are the reused buffers (the header says how much of each is filled);
+    the caller zeroes what was filled, and `stdin`, once the answer is sent.
     """
     try:
         program = compiled.get(code)
@@ -373,10 +389,10 @@ def run(request, code, stdin, compiled, libc, baseline):
     for fd in (stdin_r, stdout_w, stderr_w):
         os.close(fd)
     deadline = started + float(request["timeout_s"])
-    kept = {stdout_r: bytearray(cap), stderr_r: bytearray(cap)}  # never grown: no stale copy left behind
+    kept = dict(zip((stdout_r, stderr_r), buffers.sized(cap)))  # never grown mid-request: no stale copy
     filled = {stdout_r: 0, stderr_r: 0}
     dropped = {stdout_r: 0, stderr_r: 0}
-    scratch = bytearray(_CHUNK)
+    scratch = buffers.scratch
     pending = memoryview(stdin)
     writers = [stdin_w] if pending else []
     if not pending:
@@ -421,7 +437,7 @@ def run(request, code, stdin, compiled, libc, baseline):
             memoryview(kept[fd])[filled[fd]:filled[fd] + taken] = memoryview(scratch)[:taken]
             filled[fd] += taken
             dropped[fd] += count - taken
-    wipe(scratch)
+    wipe(scratch)  # cheap: 64 KiB
     if exit_status is None:  # timed out: the child is still running
         os.kill(pid, signal.SIGKILL)
         exit_status = os.waitpid(pid, 0)[1]
@@ -458,14 +474,14 @@ def main():
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # fd 2 too: nothing may block on a pipe nobody reads
         os.dup2(null, fd)
-    compiled = {}
+    compiled, buffers = {}, OutputBuffers()
     baseline = {"settings": process_settings(libc), "keys": keys_in_view(), "namespace": namespace_state()}
     send(answers_fd, {"ready": True})
-    while serve_one(requests_fd, answers_fd, compiled, libc, baseline):
+    while serve_one(requests_fd, answers_fd, compiled, libc, baseline, buffers):
         pass  # each request's data lives in serve_one's frame only: no later request finds it
 
 
-def serve_one(requests_fd, answers_fd, compiled, libc, baseline):
+def serve_one(requests_fd, answers_fd, compiled, libc, baseline, buffers):
     """Read one request, run it, answer; False at end of input."""
     size = read_exact(requests_fd, 4)
     if size is None:
@@ -475,9 +491,11 @@ def serve_one(requests_fd, answers_fd, compiled, libc, baseline):
     stdin = read_exact_into(requests_fd, int(request["stdin_len"]))
     if stdin is None:
         return False
-    header, out, err = run(request, code, stdin, compiled, libc, baseline)
+    header, out, err = run(request, code, stdin, compiled, libc, baseline, buffers)
     send(answers_fd, header, memoryview(out)[:header["stdout_len"]], memoryview(err)[:header["stderr_len"]])
-    wipe(stdin, out, err)
+    wipe(stdin)
+    wipe(out, header["stdout_len"])
+    wipe(err, header["stderr_len"])
     return True
 
 
