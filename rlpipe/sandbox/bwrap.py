@@ -327,12 +327,13 @@ class BwrapSandbox:
             self._restore_work_root()
 
     def _restore_work_root(self) -> None:
-        """The work dir's own mode, owner and extended attributes (ACLs among them), as made."""
+        """The work dir's own mode, owner, times and extended attributes (ACLs among them), as made."""
         for name in os.listxattr(self.work_dir, follow_symlinks=False):
             os.removexattr(self.work_dir, name, follow_symlinks=False)
         if self._as_root:
             os.chown(self.work_dir, self.host_uid, self.host_uid)
         os.chmod(self.work_dir, 0o700)
+        os.utime(self.work_dir, ns=(0, 0))  # its times could carry bits to the next user
 
     def _empty_work_dir(self) -> None:
         for child in list(self.work_dir.iterdir()):

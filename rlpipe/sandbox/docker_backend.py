@@ -118,30 +118,46 @@ else:
     print(-1)
 """
 _WIPE = """
-import os, sys
-def wipe(path):
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            os.chmod(entry.path, 0o700)
-            wipe(entry.path)
-            os.rmdir(entry.path)
-        else:
-            os.unlink(entry.path)
-for root in sys.argv[1:]:
-    if os.path.isdir(root):
-        wipe(root)
-# System V IPC objects live as long as the container's IPC namespace (and are charged to its
-# memory): remove them all, as a fresh container would have none
-import ctypes
-libc = ctypes.CDLL(None)
-for table, remove in (("shm", lambda i: libc.shmctl(i, 0, None)), ("msg", lambda i: libc.msgctl(i, 0, None)),
-                      ("sem", lambda i: libc.semctl(i, 0, 0))):
-    for line in open("/proc/sysvipc/" + table).read().strip().splitlines()[1:]:
-        remove(int(line.split()[1]))
-# /work's own mode and extended attributes (ACLs among them), as the tmpfs mount made them
+import ctypes, os, sys
+# /work's own mode, times and extended attributes (ACLs among them) first, as the tmpfs mount
+# made them: a command may have locked it (chmod 0) or left a default ACL for the next user
 for name in os.listxattr('/work'):
     os.removexattr('/work', name)
 os.chmod('/work', 0o700)
+def wipe(top):
+    # without recursion: a command may nest dirs thousands deep
+    pending = [(top, False)]
+    while pending:
+        path, emptied = pending.pop()
+        if emptied:
+            os.rmdir(path)
+            continue
+        for entry in os.scandir(path):
+            if entry.is_dir(follow_symlinks=False):
+                os.chmod(entry.path, 0o700)
+                pending += [(entry.path, True), (entry.path, False)]
+            else:
+                os.unlink(entry.path)
+for root in sys.argv[1:]:
+    if os.path.isdir(root):
+        wipe(root)
+os.utime('/work', ns=(0, 0))
+# System V IPC objects live as long as the container's IPC namespace (and are charged to its
+# memory): remove them all, as a fresh container has none; any left fails the wipe (the
+# container is then replaced)
+libc = ctypes.CDLL(None)
+removers = {"shm": lambda i: libc.shmctl(i, 0, None), "msg": lambda i: libc.msgctl(i, 0, None),
+            "sem": lambda i: libc.semctl(i, 0, 0)}
+def ipc_ids(table):
+    try:
+        return [int(line.split()[1]) for line in open("/proc/sysvipc/" + table).read().strip().splitlines()[1:]]
+    except OSError:
+        return []
+for table, remove in removers.items():
+    for ident in ipc_ids(table):
+        remove(ident)
+    if ipc_ids(table):
+        sys.exit("System V IPC objects left in /proc/sysvipc/" + table)
 """
 _UNPACK = _WIPE + """
 data, at = sys.stdin.buffer.read(), 0

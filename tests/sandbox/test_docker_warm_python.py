@@ -254,3 +254,16 @@ print('made')
     assert sandbox.exec(["python3", "-c", fill]).stdout == "made\n"  # a plain exec: removed by reset's wipe
     sandbox.reset()
     assert sandbox.exec(["python3", "-c", tables]).stdout == "[1, 1, 1]\n"
+
+
+@pytest.mark.parametrize("lock", ["os.chmod('/work', 0)", "path = '/work'\nfor _ in range(1500):\n    path += '/d'\n    os.mkdir(path)",
+                                  "os.utime('/work', ns=(1111111111000434343, 1111111111000434343))"])
+def test_a_locked_deep_or_stamped_work_dir_is_wiped_in_place(sandbox, lock):
+    container = sandbox._container_id
+    sandbox.exec_python("import os\n" + lock)
+    sandbox.reset()
+    sandbox.write_files({"solution.py": b"print(6 * 7)"})
+    seen = sandbox.exec_python("import os, stat; print(oct(stat.S_IMODE(os.stat('/work').st_mode)), os.listdir('/work'), "
+                               "os.stat('/work').st_mtime_ns != 1111111111000434343)")
+    assert seen.stdout == "0o700 ['solution.py'] True\n", seen.stdout + seen.stderr
+    assert sandbox._container_id == container  # wiped, not replaced

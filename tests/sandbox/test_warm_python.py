@@ -295,3 +295,12 @@ print('made')
     assert made.stdout == "made\n", made.stderr
     seen = sandbox.exec_python("print([len(open('/proc/sysvipc/' + t).read().splitlines()) for t in ('shm', 'msg', 'sem')])")
     assert seen.stdout == "[1, 1, 1]\n"
+
+
+def test_timestamps_of_scratch_dirs_and_work_carry_nothing_to_the_next_use(sandbox):
+    stamp = 1_111_111_111_000_434_343
+    sandbox.exec_python(f"import os\nfor path in ('/tmp', '/dev/shm', '/dev/mqueue', '/work'):\n"
+                        f"    os.utime(path, ns=({stamp}, {stamp}))")
+    sandbox.reset()
+    times = sandbox.exec_python("import os; print([os.stat(p).st_mtime_ns for p in ('/tmp', '/dev/shm', '/dev/mqueue', '/work')])")
+    assert str(stamp) not in times.stdout and times.exit_code == 0, times
