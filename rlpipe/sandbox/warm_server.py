@@ -11,15 +11,21 @@ the likeliest OOM victim, runs CODE as `__main__` and exits as Python would (Sys
 codes, a traceback and 1 for an uncaught exception). The server feeds stdin, reads both
 outputs up to the cap (the rest is read and dropped), and when the child exits or the
 timeout passes it SIGKILLs every other process in the namespace (`kill(-1)` from pid 1
-spares only itself) and reaps them all, then empties /tmp and /dev/shm. So, as with one
-sandbox start per command, nothing a request started outlives it and no /tmp file carries
-over; /work is left alone (its files belong to the sandbox's user and its reset).
+spares only itself) and reaps them all, removes System V IPC objects, empties /tmp,
+/dev/shm and /dev/mqueue, and zeroes the buffers that held the request's stdin and output
+(later requests are forked from this heap). So, as with one sandbox start per command,
+nothing a request started outlives it and no /tmp file carries over; /work is left alone
+(its files belong to the sandbox's user and its reset).
 
 Why the children cannot tamper with the server: it is pid 1 of the namespace, so no
 process inside can signal it (the kernel drops signals to a namespace's init that it has no
-handler for); it is not dumpable (PR_SET_DUMPABLE 0), so no process of the same uid can
-ptrace it or read /proc/1/mem or /proc/1/fd; and its protocol fds are closed in every
-child before the request's code runs.
+handler for, and SIGINT is set back to SIG_DFL); it is not dumpable (PR_SET_DUMPABLE 0), so
+no process of the same uid can ptrace it or read /proc/1/mem or /proc/1/fd; its protocol
+fds are closed in every child before the request's code runs; and what a same-uid process
+may still change on it or in the namespace (rlimits, nice, affinity, scheduler, I/O
+priority, autogroup, keys, the namespaces' sysctls, the scratch dirs' modes and ACLs) is
+compared after each request with what it was at start: any difference is "residue", and
+the caller retires the server.
 
 Outside a pid namespace of its own (docker, where the container's init is pid 1), the
 server is started with the argument `--not-init`: it then runs without being pid 1, and
@@ -27,18 +33,19 @@ is no longer immune to its requests (same uid: a request can kill or stop it). `
 spares pid 1 and itself, so it still kills every other process of the user; orphans are
 reparented to the container's init, not to the server, so after reaping its own children
 it waits (up to `ORPHANS_GONE_S`) until no other process is left, and answers "clean":
-false if one is. The caller must treat a server that dies or stops answering as lost and
-run the request some other way.
+false if one is. A server that dies or stops answering mid-request is the request's doing:
+the caller reports a crash or a timeout for it (warm_python.py), never a rerun.
 
 Protocol (fds 0 and 1 of the server, taken over at start; both point at /dev/null after):
 each frame is a 4-byte big-endian length and that many bytes of JSON header, then raw
 bytes. The server first sends {"ready": true}. A request is
 {"code_len", "stdin_len", "timeout_s", "output_bytes", "args"} followed by the code and the stdin;
 the answer is {"exit_code", "signal", "timed_out", "stdout_len", "stderr_len",
-"stdout_dropped", "stderr_dropped", "clean", "server_cpu_s"} followed by the captured stdout
-and stderr. "clean" is false when /tmp could not be emptied (or, with `--not-init`, a process
-outlived the cleanup); the caller then retires the server. "server_cpu_s" is the CPU time
-the server itself has used (its RLIMIT_CPU counts it).
+"stdout_dropped", "stderr_dropped", "clean", "residue", "server_cpu_s"} followed by the
+captured stdout and stderr. "clean" is false, with "residue" saying why, when the request
+left something behind (see above), a scratch dir could not be emptied, or (with
+`--not-init`) a process outlived the cleanup; the caller then retires the server.
+"server_cpu_s" is the CPU time the server itself has used (its RLIMIT_CPU counts it).
 End of input ends the server.
 """
 
