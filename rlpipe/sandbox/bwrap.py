@@ -62,8 +62,8 @@ from rlpipe.sandbox.warm_python import (
     SERVER_ARGV,
     WarmInterpreter,
     WarmServerDiedMidRequest,
-    WarmServerHung,
     WarmServerLost,
+    died_mid_request_result,
 )
 from rlpipe.sandbox.workdir import copy_tree, owner_alive, read_beneath, write_beneath
 
@@ -176,28 +176,19 @@ class BwrapSandbox:
         except WarmServerDiedMidRequest as exc:
             self._stop_warm()
             oom_killed = bool(self.cgroups) and self.cgroups.oom_kill_count() > oom_before
-            timed_out = isinstance(exc, WarmServerHung)
-            return ExecResult(exit_code=None, stdout="", stderr="" if timed_out else f"sandbox: {exc}",
-                              stdout_truncated=False, stderr_truncated=False,
-                              duration_s=time.monotonic() - started, timed_out=timed_out, oom_killed=oom_killed)
+            return died_mid_request_result(exc, time.monotonic() - started, oom_killed)
         except WarmServerLost as exc:
             log.info("sandbox %s: warm interpreter gone (%s); running this request by exec", self.name, exc)
             self._stop_warm()
             return self.exec(["python3", "-I", "-S", "-c", code, *args], stdin, timeout_s)
         if answer.residue:
             log.info("sandbox %s: retiring the warm interpreter: %s", self.name, "; ".join(answer.residue))
-        if not answer.clean or warm.worn_out or self._warm_cpu_s() > self.limits.cpu_time_s / 2:
-            self._stop_warm()  # the server's own CPU time counts against RLIMIT_CPU too
-        stderr = answer.stderr.decode("utf-8", errors="replace")
+        if warm.due_for_retirement(answer, self.limits.cpu_time_s):
+            self._stop_warm()
         oom_killed = (self.cgroups.oom_kill_count() > oom_before) if self.cgroups else _looks_like_rlimit_oom(
-            answer.exit_code, stderr)
+            answer.exit_code, answer.stderr.decode("utf-8", errors="replace"))
         killed = answer.timed_out or (oom_killed and answer.signal == signal.SIGKILL)
-        return ExecResult(
-            exit_code=None if killed else answer.exit_code,
-            stdout=answer.stdout.decode("utf-8", errors="replace"), stderr=stderr,
-            stdout_truncated=answer.stdout_dropped > 0, stderr_truncated=answer.stderr_dropped > 0,
-            duration_s=time.monotonic() - started, timed_out=answer.timed_out, oom_killed=oom_killed,
-        )
+        return answer.exec_result(time.monotonic() - started, oom_killed, killed)
 
     def _warm_interpreter(self) -> WarmInterpreter | None:
         """This sandbox's running warm server, started if need be; None where none can run."""
@@ -222,15 +213,6 @@ class BwrapSandbox:
             return None
         self._warm_start_failures = 0
         return self._warm[0]
-
-    def _warm_cpu_s(self) -> float:
-        """CPU seconds the warm server itself has used (children excluded)."""
-        child_pid = self._warm[1] if self._warm else None
-        try:
-            fields = Path(f"/proc/{child_pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            return 0.0
 
     def _stop_warm(self) -> None:
         if self._warm is None:

@@ -79,8 +79,8 @@ from rlpipe.sandbox.warm_python import (
     WarmAnswer,
     WarmInterpreter,
     WarmServerDiedMidRequest,
-    WarmServerHung,
     WarmServerLost,
+    died_mid_request_result,
 )
 
 log = logging.getLogger(__name__)
@@ -343,10 +343,7 @@ class DockerSandbox:
             answer = warm.run(code, list(args), stdin, timeout_s, self.limits.output_bytes)
         except WarmServerDiedMidRequest as exc:  # WarmServerHung too: the request may have killed or stopped it
             self._stop_warm(kill_everything=True)
-            timed_out = isinstance(exc, WarmServerHung)
-            return ExecResult(exit_code=None, stdout="", stderr="" if timed_out else f"sandbox: {exc}",
-                              stdout_truncated=False, stderr_truncated=False,
-                              duration_s=time.monotonic() - started, timed_out=timed_out, oom_killed=False)
+            return died_mid_request_result(exc, time.monotonic() - started, oom_killed=False)
         except WarmServerLost as exc:
             log.info("docker sandbox %s: warm interpreter gone (%s); running this request by exec",
                      self._container_id[:12], exc)
@@ -355,13 +352,7 @@ class DockerSandbox:
         self._retire_warm_if_due(answer)
         oom_killed = not answer.timed_out and (
             answer.exit_code == 137 or b"MemoryError" in answer.stderr[-4096:]) and self._oom_happened()
-        return ExecResult(
-            exit_code=None if answer.timed_out else answer.exit_code,
-            stdout=answer.stdout.decode("utf-8", errors="replace"),
-            stderr=answer.stderr.decode("utf-8", errors="replace"),
-            stdout_truncated=answer.stdout_dropped > 0, stderr_truncated=answer.stderr_dropped > 0,
-            duration_s=time.monotonic() - started, timed_out=answer.timed_out, oom_killed=oom_killed,
-        )
+        return answer.exec_result(time.monotonic() - started, oom_killed, killed=answer.timed_out)
 
     def _warm_interpreter(self) -> WarmInterpreter | None:
         """This container's running warm server, started if need be; None where none can run."""
@@ -383,9 +374,9 @@ class DockerSandbox:
         return self._warm
 
     def _retire_warm_if_due(self, answer: WarmAnswer) -> None:
-        """After an answer: retire a server that left something behind, is worn out, or whose own
-        CPU time (RLIMIT_CPU counts it) passed half of `cpu_time_s`."""
-        if not answer.clean or self._warm.worn_out or answer.server_cpu_s > self.limits.cpu_time_s / 2:
+        """After an answer: retire the server if it is due (WarmInterpreter.due_for_retirement);
+        one that left something behind goes with every process of the user."""
+        if self._warm.due_for_retirement(answer, self.limits.cpu_time_s):
             self._stop_warm(kill_everything=not answer.clean)
 
     def _ours(self, program: str, args: list[str], stdin: bytes, timeout_s: float) -> _RawRun:

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlpipe.sandbox.base import ExecResult
+
 SERVER_SOURCE = Path(__file__).with_name("warm_server.py").read_text()
 SERVER_ARGV = ["python3", "-I", "-S", "-c", SERVER_SOURCE]
 NOT_INIT_SERVER_ARGV = [*SERVER_ARGV, "--not-init"]  # requests can then kill it: see warm_server.py
@@ -62,6 +64,23 @@ class WarmAnswer:
     server_cpu_s: float = 0.0  # the server's own CPU time (RLIMIT_CPU counts it)
     residue: tuple[str, ...] = ()  # what the request left behind, when not clean
 
+    def exec_result(self, duration_s: float, oom_killed: bool, killed: bool) -> ExecResult:
+        """The ExecResult of this answer; `killed` (our timeout, an OOM kill) makes exit_code None."""
+        return ExecResult(
+            exit_code=None if killed else self.exit_code,
+            stdout=self.stdout.decode("utf-8", errors="replace"), stderr=self.stderr.decode("utf-8", errors="replace"),
+            stdout_truncated=self.stdout_dropped > 0, stderr_truncated=self.stderr_dropped > 0,
+            duration_s=duration_s, timed_out=self.timed_out, oom_killed=oom_killed,
+        )
+
+
+def died_mid_request_result(exc: WarmServerDiedMidRequest, duration_s: float, oom_killed: bool) -> ExecResult:
+    """What a request whose server died (a crash) or fell silent (a timeout) under it did; never rerun it."""
+    timed_out = isinstance(exc, WarmServerHung)
+    return ExecResult(exit_code=None, stdout="", stderr="" if timed_out else f"sandbox: {exc}",
+                      stdout_truncated=False, stderr_truncated=False, duration_s=duration_s,
+                      timed_out=timed_out, oom_killed=oom_killed)
+
 
 class WarmInterpreter:
     """One running warm_server.py behind `process`'s stdin and stdout pipes."""
@@ -78,9 +97,10 @@ class WarmInterpreter:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    @property
-    def worn_out(self) -> bool:
-        return self.requests >= MAX_REQUESTS
+    def due_for_retirement(self, answer: WarmAnswer, cpu_time_s: float) -> bool:
+        """After `answer`: the request left something behind, the server has served MAX_REQUESTS,
+        or its own CPU time (RLIMIT_CPU counts it) passed half of the sandbox's `cpu_time_s`."""
+        return not answer.clean or self.requests >= MAX_REQUESTS or answer.server_cpu_s > cpu_time_s / 2
 
     def run(self, code: str, args: list[str], stdin: bytes, timeout_s: float, output_bytes: int) -> WarmAnswer:
         """Run `code` as `python3 -I -S -c code *args` would, in a forked child; one request at a time."""

@@ -455,6 +455,11 @@ def run(request, code, stdin, compiled, libc, baseline, buffers):
     alone = kill_all_others()
     for fd in [pidfd, stdout_r, stderr_r, *writers]:
         os.close(fd)
+    left = residue(baseline, libc)
+    if not empty_scratch():
+        left.append("scratch files that could not be deleted")
+    if not alone:
+        left.append("processes that outlived the cleanup")
     signalled = os.WIFSIGNALED(exit_status)
     header = {
         "exit_code": 128 + os.WTERMSIG(exit_status) if signalled else os.WEXITSTATUS(exit_status),
@@ -462,15 +467,9 @@ def run(request, code, stdin, compiled, libc, baseline, buffers):
         "timed_out": timed_out,
         "stdout_len": filled[stdout_r], "stderr_len": filled[stderr_r],
         "stdout_dropped": dropped[stdout_r], "stderr_dropped": dropped[stderr_r],
-        "clean": False,
+        "clean": not left, "residue": left,
         "server_cpu_s": sum(os.times()[:2]),
     }
-    left = residue(baseline, libc)
-    if not empty_scratch():
-        left.append("scratch files that could not be deleted")
-    if not alone:
-        left.append("processes that outlived the cleanup")
-    header["clean"], header["residue"] = not left, left
     return header, kept[stdout_r], kept[stderr_r]
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import Limits
+from tests.sandbox.warm_programs import COMMON_PROGRAMS, DENY_ALL_DEFAULT_ACL, IPC_FILL, IPC_TABLES, result_fields
 
 pytestmark = pytest.mark.docker
 
@@ -36,22 +37,10 @@ def sandbox():
     made.close()
 
 
-def fields(result):
-    return (result.exit_code, result.stdout, result.stdout_truncated, result.stderr_truncated, result.timed_out,
-            result.oom_killed)
-
-
 PROGRAMS = {
-    "prints": ("import sys; print('out'); print('err', file=sys.stderr)", b""),
-    "exit 3": ("raise SystemExit(3)", b""),
-    "exit message": ("raise SystemExit('bye')", b""),
-    "os._exit": ("import os; os._exit(5)", b""),
-    "exception": ("def f():\n    1/0\nf()", b""),
-    "syntax error": ("x = (", b""),
-    "stdin and argv": ("import sys; print(len(sys.stdin.buffer.read()), sys.argv)", b"s" * 200_000),
+    **COMMON_PROGRAMS,
     "capped output": ("import sys; print('x' * 5000); print('y' * 5000, file=sys.stderr)", b""),
     "environment and cwd": ("import os; print(sorted(os.environ.items()), os.getcwd())", b""),
-    "segfault": ("import ctypes; ctypes.string_at(0)", b""),
 }
 
 
@@ -60,7 +49,7 @@ def test_exec_python_gives_what_a_plain_exec_gives(sandbox, name):
     code, stdin = PROGRAMS[name]
     warm = sandbox.exec_python(code, stdin, args=["a", "b"])
     plain = sandbox.exec(["python3", "-I", "-S", "-c", code, "a", "b"], stdin)
-    assert fields(warm) == fields(plain)
+    assert result_fields(warm) == result_fields(plain)
     if name != "segfault":  # there the exec wrapper's shell adds its own "Segmentation fault" line
         assert warm.stderr == plain.stderr
     assert sandbox._warm is None  # the plain exec retired the server (its end-of-command kill would end it)
@@ -225,7 +214,7 @@ print(outcome)
 def test_a_request_that_locks_up_work_does_not_reach_the_next_use(sandbox):
     sandbox.exec_python("""
 import os
-os.setxattr('/work', 'system.posix_acl_default', bytes.fromhex('02000000' '01000000ffffffff' '04000000ffffffff' '20000000ffffffff'))
+""" + DENY_ALL_DEFAULT_ACL + """
 os.chmod('/work', 0)
 """)
     sandbox.reset()
@@ -236,24 +225,11 @@ os.chmod('/work', 0)
 
 
 def test_ipc_objects_do_not_outlive_a_request_or_a_reset(sandbox):
-    fill = """
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-IPC_CREAT, IPC_NOWAIT = 0o1000, 0o4000
-message = ctypes.create_string_buffer(8200)
-ctypes.memmove(message, (1).to_bytes(8, 'little'), 8)
-for key in range(200):
-    queue = libc.msgget(0x1000 + key, IPC_CREAT | 0o600)
-    libc.msgsnd(queue, message, 8192, IPC_NOWAIT)
-assert libc.shmget(0x77, 64 << 20, IPC_CREAT | 0o600) >= 0
-print('made')
-"""
-    tables = "print([len(open('/proc/sysvipc/' + t).read().splitlines()) for t in ('shm', 'msg', 'sem')])"
-    assert sandbox.exec_python(fill).stdout == "made\n"
-    assert sandbox.exec_python(tables).stdout == "[1, 1, 1]\n"  # removed by the warm server
-    assert sandbox.exec(["python3", "-c", fill]).stdout == "made\n"  # a plain exec: removed by reset's wipe
+    assert sandbox.exec_python(IPC_FILL).stdout == "made\n"
+    assert sandbox.exec_python(IPC_TABLES).stdout == "[1, 1, 1]\n"  # removed by the warm server
+    assert sandbox.exec(["python3", "-c", IPC_FILL]).stdout == "made\n"  # a plain exec: removed by reset's wipe
     sandbox.reset()
-    assert sandbox.exec(["python3", "-c", tables]).stdout == "[1, 1, 1]\n"
+    assert sandbox.exec(["python3", "-c", IPC_TABLES]).stdout == "[1, 1, 1]\n"
 
 
 @pytest.mark.parametrize("lock", ["os.chmod('/work', 0)", "path = '/work'\nfor _ in range(1500):\n    path += '/d'\n    os.mkdir(path)",

@@ -17,6 +17,7 @@ import pytest
 
 from rlpipe.sandbox.base import Limits
 from tests.sandbox._bwrap_support import require_bwrap
+from tests.sandbox.warm_programs import COMMON_PROGRAMS, DENY_ALL_DEFAULT_ACL, IPC_FILL, IPC_TABLES, result_fields
 
 pytestmark = pytest.mark.bwrap
 
@@ -33,15 +34,8 @@ def sandbox():
 
 
 PROGRAMS = {
-    "prints": ("import sys; print('out'); print('err', file=sys.stderr)", b""),
-    "exit 3": ("raise SystemExit(3)", b""),
-    "exit message": ("raise SystemExit('bye')", b""),
-    "os._exit": ("import os; os._exit(5)", b""),
-    "exception": ("def f():\n    1/0\nf()", b""),
-    "syntax error": ("x = (", b""),
-    "stdin and argv": ("import sys; print(len(sys.stdin.buffer.read()), sys.argv)", b"s" * 200_000),
+    **COMMON_PROGRAMS,
     "capped output": ("print('x' * 5000)", b""),
-    "segfault": ("import ctypes; ctypes.string_at(0)", b""),
     "name": ("print(__name__, sorted(k for k in globals() if not k.startswith('__')))", b""),
     "syntax warning": ("x = 'a' is 'a'\nprint(x)", b""),
     "exit overflow": ("import sys; sys.exit(2**63)", b""),
@@ -57,8 +51,7 @@ def test_exec_python_gives_what_a_plain_exec_gives(sandbox, name):
     code, stdin = PROGRAMS[name]
     warm = sandbox.exec_python(code, stdin, args=["a", "b"])
     plain = sandbox.exec(["python3", "-I", "-S", "-c", code, "a", "b"], stdin)
-    assert (warm.exit_code, warm.stdout, warm.stdout_truncated, warm.stderr_truncated, warm.timed_out, warm.oom_killed) == (
-        plain.exit_code, plain.stdout, plain.stdout_truncated, plain.stderr_truncated, plain.timed_out, plain.oom_killed)
+    assert result_fields(warm) == result_fields(plain)
     assert warm.stderr.replace("<string>", "") == plain.stderr.replace("<string>", "")
 
 
@@ -217,7 +210,7 @@ def test_a_request_that_locks_up_work_or_tmp_does_not_reach_the_next_use(sandbox
 import os
 open('/tmp/kept', 'w').write('x')
 os.setxattr('/work', 'user.note', b'left by an earlier sample')
-os.setxattr('/work', 'system.posix_acl_default', bytes.fromhex('02000000' '01000000ffffffff' '04000000ffffffff' '20000000ffffffff'))
+""" + DENY_ALL_DEFAULT_ACL + """
 for path in ('/work', '/tmp', '/dev/shm'):
     os.chmod(path, 0)
 """)
@@ -280,20 +273,9 @@ def test_a_request_finds_no_trace_of_an_earlier_requests_stdin_or_output_in_its_
 
 
 def test_ipc_objects_a_request_leaves_are_removed_and_their_memory_freed(sandbox):
-    made = sandbox.exec_python("""
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-IPC_CREAT, IPC_NOWAIT = 0o1000, 0o4000
-message = ctypes.create_string_buffer(8200)
-ctypes.memmove(message, (1).to_bytes(8, 'little'), 8)
-for key in range(200):
-    queue = libc.msgget(0x1000 + key, IPC_CREAT | 0o600)
-    libc.msgsnd(queue, message, 8192, IPC_NOWAIT)
-assert libc.shmget(0x77, 64 << 20, IPC_CREAT | 0o600) >= 0
-print('made')
-""")
+    made = sandbox.exec_python(IPC_FILL)
     assert made.stdout == "made\n", made.stderr
-    seen = sandbox.exec_python("print([len(open('/proc/sysvipc/' + t).read().splitlines()) for t in ('shm', 'msg', 'sem')])")
+    seen = sandbox.exec_python(IPC_TABLES)
     assert seen.stdout == "[1, 1, 1]\n"
 
 
