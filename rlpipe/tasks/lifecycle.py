@@ -13,14 +13,14 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from rlpipe import __version__
+from rlpipe.core.errors import ConfigError, LakeCorrupted
+from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.base import SamplingParams
 from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoint
 from rlpipe.rl.warmstart import warm_start as supervised_warm_start
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.policy import STAGE_OPTIONS
-from rlpipe.core.errors import ConfigError, LakeCorrupted
-from rlpipe.core.records import Task
 from rlpipe.tasks.runtime import Runtime, get_runtime
 from rlpipe.tasks.track import artifact_key, log_step
 from rlpipe.tasks.update import apply_committed_update
