@@ -238,7 +238,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(*_explain(exc)) from exc
-    if config.model.path is None:  # a model folder's own config.json is checked before a run (tasks/preflight.py)
+    if config.model.path is None:  # a model folder's own config.json: tasks/model_checks.py, before a run
         model = config.model
         check_attention_shape(model.hidden_size, model.num_heads, model.num_heads, None,
                               {"hidden_size": "model.hidden_size", "num_heads": "model.num_heads"})

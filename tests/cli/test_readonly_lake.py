@@ -64,3 +64,14 @@ def test_an_existing_empty_local_lake_lists_no_runs(tmp_path: Path) -> None:
     result = run_rlpipe(["runs", "list", "--lake", str(lake), "--json"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_an_existing_s3_lake_opens_read_only(tmp_path: Path, s3_endpoint: str) -> None:
+    client = boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                          region_name="us-east-1")
+    client.create_bucket(Bucket="has-a-lake")
+    client.put_object(Bucket="has-a-lake", Key="lake/runs/r1/status.json", Body=b"{}")  # a run folder without run.json
+    result = run_rlpipe(["runs", "list", "--lake", "s3://has-a-lake/lake", "--json"], tmp_path,
+                        AWS_ENDPOINT_URL=s3_endpoint, **S3_KEYS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"  # r1 has no run.json: not a run
