@@ -5,7 +5,8 @@
     │   ├── ConfigError              a config key, value or file is wrong
     │   ├── DatasetError             a dataset or a task cannot be read
     │   ├── ModelNotFoundError       a model folder is missing or incomplete
-    │   └── RunNotFoundError         a run id that the lake does not hold
+    │   ├── RunNotFoundError         a run id that the lake does not hold
+    │   └── LakeNotFoundError        no lake at the URI (read-only commands never create one)
     ├── LakeCorrupted                a committed file is missing or altered; never retried
     └── InfraError                   the machinery failed; Prefect retries these (with backoff)
         ├── StorageUnavailable       the lake (S3 endpoint, disk) cannot be reached
@@ -50,6 +51,10 @@ class ModelNotFoundError(UserError):
 
 class RunNotFoundError(UserError):
     """The lake holds no run with this id."""
+
+
+class LakeNotFoundError(UserError):
+    """Nothing is stored at the lake URI: no folder, no bucket (or nothing under its prefix)."""
 
 
 class LakeCorrupted(RlpipeError):

@@ -125,6 +125,18 @@ def load_local_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedToken
     return model, tokenizer
 
 
+def load_local_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """The tokenizer of a model folder, as `load_local_model` loads it (no weights are read)."""
+    folder = check_model_folder(path)
+    try:
+        tokenizer = _load_tokenizer(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelNotFoundError(f"cannot load the tokenizer in {folder}: {exc}",
+                                 "pass a folder written by model.save_pretrained() and tokenizer.save_pretrained()") from exc
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
 def check_model_folder(path: str | Path) -> Path:
     """Raise ModelNotFoundError unless `path` holds a config, weights and a tokenizer."""
     folder = Path(path)

@@ -3,6 +3,8 @@ checkpoint, and restore a run from the lake (checkpoint + replay of committed st
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import tempfile
 import time
 from collections import defaultdict
@@ -13,6 +15,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from rlpipe import __version__
+from rlpipe.core.config import config_changes, config_from_dict
 from rlpipe.core.errors import ConfigError, LakeCorrupted
 from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
@@ -58,10 +61,21 @@ def open_run(run_id: str) -> bool:
             f"run {run_id!r} was started with config {info.config_hash}; this flow run has {runtime.config.config_hash()}",
             "resume a run with its own config (`rlpipe resume RUN_ID`), or start a new run id",
         )
+    if resumed and _resumable_changes(info, runtime):
+        # Resumed with more steps (or another checkpoint/eval interval): run.json says what the
+        # run now is, so `runs show` and a later plain `rlpipe resume` go on to the new count.
+        info = dataclasses.replace(info, config_json=runtime.config.model_dump_json())
+        runtime.lake.write_run_info(info)
     runtime.mlflow_run_id = info.mlflow_run_id
     runtime.incarnation = str(info.created_at_ms)
     runtime.tracker.set_tags(info.mlflow_run_id, {"prefect.flow_run_id": str(flow_run.get_id() or "")})
     return resumed
+
+
+def _resumable_changes(info: RunInfo, runtime: Runtime) -> list[tuple[str, str | None, str | None]]:
+    """What differs between run.json and this flow run's config, beyond where it is stored or tracked."""
+    stored = config_from_dict(json.loads(info.config_json))
+    return [change for change in config_changes(stored, runtime.config) if not change[0].startswith(("storage.", "tracking."))]
 
 
 # No retries: a retry would go on from half-trained weights. The run fails instead, and a
@@ -118,13 +132,22 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
     return result
 
 
+FINAL_EVAL = "after_rl"
+
+
 @task(name="evaluate", **STAGE_OPTIONS)
 def evaluate(run_id: str, name: str) -> dict[str, float]:
     """Greedy pass@1 on the held-out tasks, overall and per domain; stored in the lake
-    under `name` (e.g. before_rl, after_rl) and logged to MLflow."""
+    under `name` (e.g. before_rl, after_rl) and logged to MLflow.
+
+    A stored result is returned as is (the run was interrupted after it: the lake is the
+    truth), except a stored after_rl of another policy version: the run was extended after
+    its final evaluation, and the final policy is now a newer one. Every other name
+    (before_rl, step_N) is a fixed point of the run."""
     runtime = get_runtime(run_id)
     stored = runtime.lake.read_json(run_id, f"evals/{name}.json")
-    if stored is not None:  # evaluated before this run was interrupted: the lake is the truth
+    stale = name == FINAL_EVAL and stored is not None and stored.get("policy_version") != runtime.policy_version
+    if stored is not None and not stale:
         return {key: float(value) for key, value in stored.items() if key != "policy_version"}
     result = greedy_accuracy(runtime, runtime.heldout)
     # MLflow first: the stored result makes a re-run return early, and the tracker skips a
