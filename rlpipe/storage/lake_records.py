@@ -1,6 +1,6 @@
 """The small JSON documents of the lake: run info, run status, step manifests, checkpoints.
 
-What it does: frozen dataclasses for each document and their exact JSON round trip
+What it does: frozen dataclasses for each document (StepTrainMetrics too) and their exact JSON round trip
 (`to_json()` / `from_json(text)`), so the lake never hands out dicts. One typed serializer
 does it for every document (`LakeDocument`: a pydantic TypeAdapter per dataclass): the
 fields in declaration order, tuples as JSON arrays, enums as their values, indented by 2,
@@ -106,6 +106,20 @@ class StepManifest(LakeDocument):
 
     def metric(self, name: str) -> float | None:
         return next((value for key, value in self.metrics if key == name), None)
+
+
+@dataclass(frozen=True)
+class StepTrainMetrics(LakeDocument):
+    """runs/{run_id}/steps/{step:06d}/TRAIN.json: what is known of a step only after its
+    commit (the policy update's `train/*` metrics, the stage timings `time/*`), written
+    after the manifest, never instead of it: a step without one is still committed.
+
+    `metrics` are (name, value) pairs sorted by name.
+    """
+
+    run_id: str
+    step: int
+    metrics: tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True)
