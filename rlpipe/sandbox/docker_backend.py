@@ -49,6 +49,8 @@ Snapshots: `docker commit` does not see tmpfs mounts, so `snapshot()` streams a 
 out of the container and keeps it in this process's memory (bounded by `disk_mb`);
 `restore()` empties /work and unpacks it. Files go in and out the same way (framed bytes over
 the exec's stdin/stdout): `docker cp`/`put_archive` would write under the tmpfs, not into it.
+The programs that do it in the container (the wipe, the file upload, tar and untar, the
+read, the OOM counter; the container's init) are modules of sandbox/programs/, sent as text.
 
 Not guaranteed: isolation from kernel exploits (containers share the host kernel; use
 gVisor/kata as the runtime for hostile code at scale); one command at a time per sandbox
@@ -299,7 +301,7 @@ class DockerSandbox:
             self._stop_warm(kill_everything=not answer.clean)
 
     def _ours(self, program: str, args: list[str], stdin: bytes, timeout_s: float) -> _RawRun:
-        """One of this module's python programs (at most 4096 bytes of output kept): forked by the
+        """A program of sandbox/programs/ (at most 4096 bytes of output kept): forked by the
         running warm server if there is one, else by its own `docker exec`; same user and cwd."""
         warm = self._warm if self._warm is not None and self._warm.alive else None
         if warm is not None:
