@@ -2,9 +2,10 @@
 
 Its text, below that of programs/cleanup.py (the tree and IPC wipes it shares with
 docker's wipe), is run inside a sandbox as `python3 -I -S -c <text>` (stdlib only), as the
-pid namespace's pid 1, by sandbox/warm_python.py (rlpipe imports it only in tests). Each request is one `python3 -I -S -c CODE` with a stdin, a
-timeout and an output cap, run in a child forked from this already-started interpreter,
-so a request costs a fork instead of a sandbox start plus an interpreter start.
+pid namespace's pid 1, by sandbox/warm_python.py (rlpipe itself never imports it). Each
+request is one `python3 -I -S -c CODE` with a stdin, a timeout and an output cap, run in a
+child forked from this already-started interpreter, so a request costs a fork instead of
+a sandbox start plus an interpreter start.
 
 Per request: fork; the child closes every fd but fresh pipes on 0, 1 and 2, makes itself
 the likeliest OOM victim, runs CODE as `__main__` and exits as Python would (SystemExit
