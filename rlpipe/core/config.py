@@ -47,7 +47,11 @@ class EnvConfig(_Section):
     domains: dict[str, float] = {"arithmetic": 1.0}
     """Domain name -> sampling ratio (normalised). Known: arithmetic, reverse, code."""
     train_size: int = Field(4000, gt=0)
-    """Tasks per domain in the seeded training split."""
+    """Training tasks the warm-start's supervised examples come from, drawn by domain ratio
+    (seeded; a domain whose train split is smaller repeats its tasks). It does not bound
+    what RL steps draw: each step samples rollout.prompts_per_step tasks from every
+    domain's whole train split (the split's size is set by the domain: max_operand,
+    max_word_len, HumanEval's problems)."""
     heldout_size: int = Field(200, gt=0)
     """Tasks per domain in the seeded held-out split (disjoint from training)."""
     max_operand: int = Field(99, gt=0)

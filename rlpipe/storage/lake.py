@@ -5,7 +5,9 @@ Layout under the root (a folder or s3://bucket/prefix):
     runs/{run_id}/run.json                         RunInfo
     runs/{run_id}/status.json                      RunStatus (overwritten as the run moves)
     runs/{run_id}/steps/{step:06d}/MANIFEST.json   StepManifest, written LAST for the step
-    trajectories/run_id={run_id}/step={step}/part-{name}.parquet   immutable, zstd
+    runs/{run_id}/steps/{step:06d}/TRAIN.json      StepTrainMetrics, after the manifest (update, timings)
+    trajectories/run_id={run_id}/step={step}/part-{name}.parquet   immutable, zstd; run_id and
+                                                   step only in the path (schema.PART_SCHEMA)
     checkpoints/{run_id}/step={step:06d}/...       the files of a local folder
     checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json   file list + digests, after the files
     checkpoints/{run_id}/LATEST                    the highest complete step, written last
@@ -52,9 +54,17 @@ from rlpipe.storage.lake_records import (
     RunInfo,
     RunStatus,
     StepManifest,
+    StepTrainMetrics,
 )
 from rlpipe.storage.objects import ObjectStore, storage_errors
-from rlpipe.storage.schema import TRAJECTORY_SCHEMA, from_table, to_table
+from rlpipe.storage.schema import (
+    TRAJECTORY_SCHEMA,
+    from_table,
+    partition_of,
+    to_part_table,
+    to_table,
+    with_partition_columns,
+)
 
 _STAGED_PATTERN = re.compile(
     r"^staging/run_id=[A-Za-z0-9][A-Za-z0-9._-]*/step=\d+/[A-Za-z0-9._-]+-[0-9a-f]{16}\.parquet$"
@@ -133,7 +143,7 @@ class Lake:
             f"trajectories/run_id={_check_name('run id', run_id)}/step={step}/"
             f"part-{_check_name('part name', name)}.parquet"
         )
-        data = _parquet_bytes(trajectories)
+        data = _parquet_bytes(to_part_table(trajectories, run_id, step))
         self.objects.put(relative, data, crash_point="part-write")
         return PartRef(path=relative, rows=len(trajectories), sha256=hashlib.sha256(data).hexdigest())
 
@@ -159,7 +169,7 @@ class Lake:
                     hint="the file was altered after commit; restore it or delete the step's manifest",
                 )
             table = pq.read_table(pa.BufferReader(data))
-            tables.append(table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA))
+            tables.append(with_partition_columns(table, *partition_of(part.path)))
         return pa.concat_tables(tables)
 
     def commit_step(self, manifest: StepManifest) -> StepManifest:
@@ -182,6 +192,21 @@ class Lake:
     def read_manifest(self, run_id: str, step: int) -> StepManifest | None:
         data = self.objects.get(self._manifest_path(run_id, step))
         return None if data is None else StepManifest.from_json(data.decode())
+
+    def record_train_metrics(self, run_id: str, step: int, metrics: dict[str, float]) -> StepTrainMetrics:
+        """Store the after-commit metrics of a committed step (merged over those stored: a
+        replayed update brings its train/* metrics again, not the first run's timings)."""
+        if self.read_manifest(run_id, step) is None:
+            raise ValueError(f"step {step} of run {run_id} is not committed: its train metrics have no step to join")
+        stored = self.read_train_metrics(run_id, step)
+        merged = {**(dict(stored.metrics) if stored else {}), **{name: float(value) for name, value in metrics.items()}}
+        record = StepTrainMetrics(run_id=run_id, step=step, metrics=tuple(sorted(merged.items())))
+        self.objects.put(self._step_path(run_id, step, "TRAIN.json"), record.to_json().encode())
+        return record
+
+    def read_train_metrics(self, run_id: str, step: int) -> StepTrainMetrics | None:
+        data = self.objects.get(self._step_path(run_id, step, "TRAIN.json"))
+        return None if data is None else StepTrainMetrics.from_json(data.decode())
 
     def committed_steps(self, run_id: str) -> list[int]:
         """Steps of the run that have a manifest, ascending."""
@@ -211,7 +236,7 @@ class Lake:
 
     def write_staged(self, run_id: str, step: int, stage: str, trajectories: list[Trajectory]) -> str:
         """Store the rows a stage hands to the next; return their reference (content-addressed)."""
-        data = _parquet_bytes(trajectories)
+        data = _parquet_bytes(to_table(trajectories))
         digest = hashlib.sha256(data).hexdigest()[:16]
         relative = (
             f"staging/run_id={_check_name('run id', run_id)}/step={step}/"
@@ -256,7 +281,10 @@ class Lake:
         return f"runs/{_check_name('run id', run_id)}/{name}"
 
     def _manifest_path(self, run_id: str, step: int) -> str:
-        return f"runs/{_check_name('run id', run_id)}/steps/{step:06d}/MANIFEST.json"
+        return self._step_path(run_id, step, "MANIFEST.json")
+
+    def _step_path(self, run_id: str, step: int, name: str) -> str:
+        return f"runs/{_check_name('run id', run_id)}/steps/{step:06d}/{name}"
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -329,9 +357,9 @@ class Lake:
     def _checkpoint_dir(self, run_id: str, step: int) -> str:
         return f"checkpoints/{_check_name('run id', run_id)}/step={step:06d}"
 
-def _parquet_bytes(trajectories: list[Trajectory]) -> bytes:
+def _parquet_bytes(table: pa.Table) -> bytes:
     buffer = io.BytesIO()
-    pq.write_table(to_table(trajectories), buffer, compression="zstd")
+    pq.write_table(table, buffer, compression="zstd")
     return buffer.getvalue()
 
 

@@ -118,7 +118,7 @@ def step_tasks(runtime: "Runtime", step: int) -> list[Task]:
     if len({task.task_id for task in tasks}) != len(tasks):
         raise ConfigError(
             f"step {step} drew the same task twice: rollout.prompts_per_step={count} is larger than a domain's training split",
-            "lower rollout.prompts_per_step or raise envs.train_size (a GRPO group is one task's samples)",
+            "lower rollout.prompts_per_step or widen the domain (e.g. envs.max_operand; a GRPO group is one task's samples)",
         )
     return tasks
 

@@ -91,8 +91,10 @@ def query_counts_only_committed_parts(lake: Lake) -> None:
     assert result.rows == [(0, 5), (1, 4)]
     # rewards: index 0..2 -> 1,0,1; 0..1 -> 1,0; 0..3 -> 1,0,1,0 ; none unscored below index 4
     assert query_trajectories(lake, "select sum(reward) from trajectories").rows == [(5.0,)]
-    metrics = query_trajectories(lake, "select step, value from step_metrics where name = 'train/loss' order by step")
-    assert metrics.rows == [(0, 1.5), (1, 1.5)]
+    metrics = query_trajectories(lake, "select step, reward_mean, loss from step_metrics order by step")
+    assert metrics.rows == [(0, 0.5, 1.5), (1, 0.5, 1.5)]
+    values = query_trajectories(lake, "select step, value from step_metric_values where name = 'train/loss' order by step")
+    assert values.rows == [(0, 1.5), (1, 1.5)]
     one_run = query_trajectories(lake, "select count(*) from trajectories", run_id="r1")
     assert one_run.rows == [(9,)]
     with pytest.raises(RunNotFoundError):
