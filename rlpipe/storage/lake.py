@@ -6,7 +6,8 @@ Layout under the root (a folder or s3://bucket/prefix):
     runs/{run_id}/status.json                      RunStatus (overwritten as the run moves)
     runs/{run_id}/steps/{step:06d}/MANIFEST.json   StepManifest, written LAST for the step
     trajectories/run_id={run_id}/step={step}/part-{name}.parquet   immutable, zstd
-    checkpoints/{run_id}/step={step:06d}/...       the files of a local folder
+    checkpoints/{run_id}/step={step:06d}/...       the files of a local folder (rl/checkpoint.py:
+                                                   policy/ an HF model folder, trainer/ beside it)
     checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json   file list + digests, after the files
     checkpoints/{run_id}/LATEST                    the highest complete step, written last
     staging/run_id={run_id}/step={step}/{stage}-{digest}.parquet   rows passed between stages

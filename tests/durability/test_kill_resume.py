@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
 
+from rlpipe.rl.checkpoint import WEIGHTS_FILE
 from rlpipe.storage.lake import Lake
 from tests.durability.cli_runs import (
     SMALL_ROWS,
@@ -102,7 +103,7 @@ def _run_scenario(root: Path, api: str, name: str, failpoints: str) -> Outcome:
     outcome.rows_after_kill = count_rows(lake, outcome.run_id)
     outcome.status_after_kill = lake.read_status(outcome.run_id)
     if name in CORRUPT_BEFORE_RESUME:
-        path = f"checkpoints/{outcome.run_id}/step={CORRUPT_BEFORE_RESUME[name]:06d}/model.safetensors"
+        path = f"checkpoints/{outcome.run_id}/step={CORRUPT_BEFORE_RESUME[name]:06d}/{WEIGHTS_FILE}"
         lake.objects.put(path, b"bit rot")
     started = time.monotonic()
     outcome.resumed = run_cli(
