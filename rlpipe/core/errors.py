@@ -53,7 +53,8 @@ class RunNotFoundError(UserError):
 
 
 class LakeCorrupted(RlpipeError):
-    """A file the lake committed (a part, a checkpoint file) is missing or fails its digest.
+    """A file the lake committed (a part, a checkpoint file) is missing, fails its digest, or
+    holds what rlpipe never writes (a checkpoint pickle that would run code).
 
     Not an InfraError: a retry reads the same bytes. The run stops with this error; the
     hint says what to restore or delete.
