@@ -310,12 +310,23 @@ class Lake:
         return None
 
     def load_checkpoint(self, run_id: str, step: int, local_dir: Path) -> CheckpointInfo | None:
-        """Download a complete checkpoint into `local_dir` (digests checked), or None."""
+        """Download a complete checkpoint into `local_dir` (digests checked), or None.
+        LakeCorrupted names a listed file that is missing or altered."""
         base = self._checkpoint_dir(run_id, step)
         data = self.objects.get(f"{base}/CHECKPOINT.json")
         if data is None:
             return None
         info = CheckpointInfo.from_json(data.decode())
+        paths = [self.location.path(f"{base}/{file.path}") for file in info.files]
+        with storage_errors(f"checking the files of checkpoint {step}", self.location):
+            found = self._fs.get_file_info(paths) if paths else []
+        missing = [file.path for file, found_info in zip(info.files, found) if found_info.type != pafs.FileType.File]
+        if missing:  # lost, not unreachable: a retry would not find them either
+            raise LakeCorrupted(
+                f"lake {self.uri}: checkpoint {base} lacks {', '.join(missing)} (listed in its CHECKPOINT.json)",
+                hint="the lake lost checkpoint files; load an older one "
+                "(latest_checkpoint(run_id, at_or_before=step - 1))",
+            )
         for file in info.files:
             digest = self.objects.download(f"{base}/{file.path}", Path(local_dir) / file.path)
             if digest != file.sha256:

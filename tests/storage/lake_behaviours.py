@@ -135,6 +135,10 @@ def checkpoints_and_latest(lake: Lake, tmp_path: Path) -> None:
     lake.objects.put("checkpoints/r1/step=000020/model.safetensors", b"flipped")
     with pytest.raises(LakeCorrupted, match="model.safetensors"):
         lake.load_checkpoint("r1", 20, tmp_path / "corrupt")
+    # a listed file that is gone is LakeCorrupted too (lost, not unreachable: never retried)
+    lake.location.filesystem.delete_file(lake.location.path("checkpoints/r1/step=000010/trainer/state.json"))
+    with pytest.raises(LakeCorrupted, match="step=000010 lacks trainer/state.json"):
+        lake.load_checkpoint("r1", 10, tmp_path / "lost")
 
 
 def checkpoint_without_marker_is_ignored(lake: Lake, tmp_path: Path) -> None:
