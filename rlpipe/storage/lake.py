@@ -23,7 +23,8 @@ back. Staged rows (the hand-over between stages inside a step) are content-addre
 reference to them never changes meaning; they sit outside trajectories/ and are never
 queried. Storage failures raise StorageUnavailable (an InfraError: retried); a committed
 part or checkpoint file that is missing or fails its sha256 raises LakeCorrupted (not
-retried: the same bytes would be read again); a missing document reads as None.
+retried: the same bytes would be read again); staged rows that are gone raise
+StagedRowsMissing (not retried: the flow recomputes them); a missing document reads as None.
 
 What it does not: lock against two writers committing the same step at once (one run has
 one controller), garbage-collect orphans, or know about MLflow or Prefect.
@@ -42,7 +43,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from rlpipe.core.errors import ConfigError, LakeCorrupted, StorageUnavailable
+from rlpipe.core.errors import ConfigError, LakeCorrupted, StagedRowsMissing, StorageUnavailable
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.storage.filesystem import LakeLocation, open_lake_location
@@ -222,14 +223,14 @@ class Lake:
         return relative
 
     def read_staged(self, staged_uri: str) -> list[Trajectory]:
-        """The rows behind a reference from write_staged; StorageUnavailable if gone."""
+        """The rows behind a reference from write_staged; StagedRowsMissing if gone."""
         if not _STAGED_PATTERN.match(staged_uri):
             raise ValueError(f"not a staged-rows reference: {staged_uri!r}")
         data = self.objects.get(staged_uri)
         if data is None:
-            raise StorageUnavailable(
+            raise StagedRowsMissing(
                 f"lake {self.uri}: staged rows {staged_uri} are missing",
-                hint="rerun the step's earlier stages (they were cleaned or never written)",
+                hint="the step's earlier stages are rerun without their cache (they were cleaned or lost)",
             )
         return from_table(pq.read_table(pa.BufferReader(data)))
 

@@ -12,6 +12,9 @@ Config: 5 steps, checkpoints every 2 steps (0, 2, 4, final 5). Kills land in ste
 resume loads checkpoint 2 and replays step 3 (and step 4 where it was committed) from the lake.
 `warmstart` dies inside the very first checkpoint, so the resume redoes the warm-start.
 `corrupt-checkpoint` alters checkpoint 2 before its resume, which falls back to checkpoint 0.
+`lost-files` deletes checkpoint 2's weights file and the staged rows of step 4 (which the
+cached `generate` of step 4 points at) before its resume: the resume falls back to checkpoint
+0 and recomputes step 4's stages uncached.
 
 All runs of the module go in one fixture, three processes at a time (each with its own lake,
 MLflow store and Prefect home, all reporting to the session's Prefect server).
@@ -20,6 +23,7 @@ MLflow store and Prefect home, all reporting to the session's Prefect server).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,10 +62,14 @@ SCENARIOS: dict[str, tuple[str, int, list[int]]] = {
     "checkpoint-write": ("checkpoint-write@{mid_checkpoint_4}", 4, [1, 2, 3, 4]),
     "warmstart": ("checkpoint-write@2", 0, []),
     "corrupt-checkpoint": ("verify@4", 4, [1, 2, 3]),
+    "lost-files": ("verify@4", 4, [1, 2, 3]),
 }
 # scenario -> the checkpoint whose weights file is altered in the lake before the resume: the
 # resume finds it LakeCorrupted, falls back to checkpoint 0 and replays steps 1-3 instead
 CORRUPT_BEFORE_RESUME = {"corrupt-checkpoint": 2}
+# scenario -> (checkpoint whose weights file is deleted, step whose staged rows are deleted)
+# before the resume: a lake that lost files, not one that cannot be reached
+LOST_BEFORE_RESUME = {"lost-files": (2, 4)}
 METRIC_KEYS = ("reward/mean", "train/loss", "train/grad_norm", "time/generate_s")
 # Stage timings are measured by the live step only: a step killed after its commit (in update,
 # or in its checkpoint) is replayed without them, so they may miss that step (never doubled).
@@ -105,6 +113,12 @@ def _run_scenario(root: Path, api: str, name: str, failpoints: str) -> Outcome:
     if name in CORRUPT_BEFORE_RESUME:
         path = f"checkpoints/{outcome.run_id}/step={CORRUPT_BEFORE_RESUME[name]:06d}/{WEIGHTS_FILE}"
         lake.objects.put(path, b"bit rot")
+    if name in LOST_BEFORE_RESUME:
+        checkpoint, step = LOST_BEFORE_RESUME[name]
+        Path(where.lake_uri, f"checkpoints/{outcome.run_id}/step={checkpoint:06d}/{WEIGHTS_FILE}").unlink()
+        staged = Path(where.lake_uri, f"staging/run_id={outcome.run_id}/step={step}")
+        assert [path.name for path in staged.iterdir()], "the killed run staged generate's rows"
+        shutil.rmtree(staged)
     started = time.monotonic()
     outcome.resumed = run_cli(
         ["resume", outcome.run_id, "--lake", where.lake_uri], cli_env(where, api), where.folder
@@ -209,6 +223,20 @@ def test_resume_takes_generate_from_the_stage_cache(runs: dict[str, Outcome]) ->
     assert "Completed" not in killed.get("verify", []), killed  # it died inside verify
     assert resumed["generate"] == ["Cached"], resumed
     assert resumed["verify"] == ["Completed"], resumed  # never finished before: computed now
+
+
+def test_lost_files_fall_back_to_an_intact_checkpoint_and_recompute_staged_rows(runs: dict[str, Outcome]) -> None:
+    """`lost-files`: checkpoint 2 lacks its weights file and step 4's staged rows are gone. The
+    resume loads checkpoint 0 instead (no minute of retries) and, when the cached `generate`
+    of step 4 hands `verify` a reference to the deleted rows, reruns the stages uncached. That
+    it ends with exactly the reference's rows and weights is checked by the tests above."""
+    outcome = runs["lost-files"]
+    assert outcome.resumed.returncode == 0, outcome.resumed.stderr[-3000:]
+    assert "falling back to checkpoint 0" in outcome.resumed.stderr + outcome.resumed.stdout
+    killed, resumed = asyncio.run(_stage_states(f"{outcome.run_id}-step-4"))
+    assert sorted(resumed["generate"]) == ["Cached", "Completed"], resumed  # the cache hit, then the rerun
+    assert sorted(resumed["verify"]) == ["Completed", "Failed"], resumed  # StagedRowsMissing, once, not retried
+    assert resumed["persist"] == ["Completed"], resumed
 
 
 async def _stage_states(flow_run_name: str) -> list[dict[str, list[str]]]:

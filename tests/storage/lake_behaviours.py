@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.core.errors import LakeCorrupted, RunNotFoundError, StorageUnavailable, UserError
+from rlpipe.core.errors import LakeCorrupted, RunNotFoundError, StagedRowsMissing, StorageUnavailable, UserError
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus, StepManifest
 from rlpipe.storage.query import query_trajectories
@@ -175,7 +175,7 @@ def staged_rows_and_documents(lake: Lake) -> None:
         lake.read_staged("runs/r1/run.json")
     assert query_trajectories(lake, "select count(*) from trajectories").rows == [(0,)]
     lake.clean_staged("r1", 3)
-    with pytest.raises(StorageUnavailable):
+    with pytest.raises(StagedRowsMissing, match=staged):  # not an InfraError: the flow recomputes
         lake.read_staged(staged)
     lake.clean_staged("r1", 3)  # again: nothing to do
     assert lake.read_json("r1", "evals/before_rl.json") is None
