@@ -33,7 +33,13 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterName,
+    LogFilter,
+    LogFilterFlowRunId,
+)
 
 from rlpipe.rl.checkpoint import WEIGHTS_FILE
 from rlpipe.storage.lake import Lake
@@ -232,11 +238,23 @@ def test_lost_files_fall_back_to_an_intact_checkpoint_and_recompute_staged_rows(
     it ends with exactly the reference's rows and weights is checked by the tests above."""
     outcome = runs["lost-files"]
     assert outcome.resumed.returncode == 0, outcome.resumed.stderr[-3000:]
-    assert "falling back to checkpoint 0" in outcome.resumed.stderr + outcome.resumed.stdout
+    warnings = asyncio.run(_flow_run_log_messages(outcome.run_id))
+    assert any("checkpoint 2 of run kr-lost-files is corrupted" in message and "lacks policy/model.safetensors" in message
+               and message.endswith("falling back to checkpoint 0") for message in warnings), warnings
     killed, resumed = asyncio.run(_stage_states(f"{outcome.run_id}-step-4"))
     assert sorted(resumed["generate"]) == ["Cached", "Completed"], resumed  # the cache hit, then the rerun
     assert sorted(resumed["verify"]) == ["Completed", "Failed"], resumed  # StagedRowsMissing, once, not retried
     assert resumed["persist"] == ["Completed"], resumed
+
+
+async def _flow_run_log_messages(flow_run_name: str) -> list[str]:
+    """The messages Prefect holds for every flow run of that name (the run's own flow runs)."""
+    async with get_client() as client:
+        flow_runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+        logs = await client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id for flow_run in flow_runs]))
+        )
+        return [log.message for log in logs]
 
 
 async def _stage_states(flow_run_name: str) -> list[dict[str, list[str]]]:
