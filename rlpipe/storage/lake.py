@@ -8,7 +8,8 @@ Layout under the root (a folder or s3://bucket/prefix):
     runs/{run_id}/steps/{step:06d}/TRAIN.json      StepTrainMetrics, after the manifest (update, timings)
     trajectories/run_id={run_id}/step={step}/part-{name}.parquet   immutable, zstd; run_id and
                                                    step only in the path (schema.PART_SCHEMA)
-    checkpoints/{run_id}/step={step:06d}/...       the files of a local folder
+    checkpoints/{run_id}/step={step:06d}/...       the files of a local folder (rl/checkpoint.py:
+                                                   policy/ an HF model folder, trainer/ beside it)
     checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json   file list + digests, after the files
     checkpoints/{run_id}/LATEST                    the highest complete step, written last
     staging/run_id={run_id}/step={step}/{stage}-{digest}.parquet   rows passed between stages
@@ -24,7 +25,8 @@ back. Staged rows (the hand-over between stages inside a step) are content-addre
 reference to them never changes meaning; they sit outside trajectories/ and are never
 queried. Storage failures raise StorageUnavailable (an InfraError: retried); a committed
 part or checkpoint file that is missing or fails its sha256 raises LakeCorrupted (not
-retried: the same bytes would be read again); a missing document reads as None.
+retried: the same bytes would be read again); staged rows that are gone raise
+StagedRowsMissing (not retried: the flow recomputes them); a missing document reads as None.
 
 What it does not: lock against two writers committing the same step at once (one run has
 one controller), garbage-collect orphans, or know about MLflow or Prefect.
@@ -43,7 +45,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from rlpipe.core.errors import ConfigError, LakeCorrupted, StorageUnavailable
+from rlpipe.core.errors import ConfigError, LakeCorrupted, StagedRowsMissing, StorageUnavailable
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.storage.filesystem import LakeLocation, open_lake_location
@@ -246,14 +248,14 @@ class Lake:
         return relative
 
     def read_staged(self, staged_uri: str) -> list[Trajectory]:
-        """The rows behind a reference from write_staged; StorageUnavailable if gone."""
+        """The rows behind a reference from write_staged; StagedRowsMissing if gone."""
         if not _STAGED_PATTERN.match(staged_uri):
             raise ValueError(f"not a staged-rows reference: {staged_uri!r}")
         data = self.objects.get(staged_uri)
         if data is None:
-            raise StorageUnavailable(
+            raise StagedRowsMissing(
                 f"lake {self.uri}: staged rows {staged_uri} are missing",
-                hint="rerun the step's earlier stages (they were cleaned or never written)",
+                hint="the step's earlier stages are rerun without their cache (they were cleaned or lost)",
             )
         return from_table(pq.read_table(pa.BufferReader(data)))
 
@@ -337,12 +339,23 @@ class Lake:
         return None
 
     def load_checkpoint(self, run_id: str, step: int, local_dir: Path) -> CheckpointInfo | None:
-        """Download a complete checkpoint into `local_dir` (digests checked), or None."""
+        """Download a complete checkpoint into `local_dir` (digests checked), or None.
+        LakeCorrupted names a listed file that is missing or altered."""
         base = self._checkpoint_dir(run_id, step)
         data = self.objects.get(f"{base}/CHECKPOINT.json")
         if data is None:
             return None
         info = CheckpointInfo.from_json(data.decode())
+        paths = [self.location.path(f"{base}/{file.path}") for file in info.files]
+        with storage_errors(f"checking the files of checkpoint {step}", self.location):
+            found = self._fs.get_file_info(paths) if paths else []
+        missing = [file.path for file, found_info in zip(info.files, found) if found_info.type != pafs.FileType.File]
+        if missing:  # lost, not unreachable: a retry would not find them either
+            raise LakeCorrupted(
+                f"lake {self.uri}: checkpoint {base} lacks {', '.join(missing)} (listed in its CHECKPOINT.json)",
+                hint="the lake lost checkpoint files; load an older one "
+                "(latest_checkpoint(run_id, at_or_before=step - 1))",
+            )
         for file in info.files:
             digest = self.objects.download(f"{base}/{file.path}", Path(local_dir) / file.path)
             if digest != file.sha256:

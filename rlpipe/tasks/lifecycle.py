@@ -20,7 +20,7 @@ from rlpipe.core.errors import ConfigError, LakeCorrupted
 from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.base import SamplingParams
-from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoint
+from rlpipe.rl.checkpoint import POLICY_DIR, CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
 from rlpipe.rl.warmstart import warm_start as supervised_warm_start
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.policy import STAGE_OPTIONS
@@ -162,7 +162,8 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
 
 @task(name="checkpoint", **STAGE_OPTIONS)
 def checkpoint(run_id: str, step: int) -> None:
-    """Save weights (HF layout) + optimizer state for `step`; the lake writes LATEST last."""
+    """Save policy/ (an HF model folder) and trainer/ (optimizer state, meta) for `step`;
+    the lake writes CHECKPOINT.json and then LATEST last."""
     runtime = get_runtime(run_id)
     meta = CheckpointMeta(step=step, policy_version=runtime.policy_version, config_hash=runtime.config.config_hash())
     with tempfile.TemporaryDirectory() as folder:
@@ -171,13 +172,14 @@ def checkpoint(run_id: str, step: int) -> None:
 
 
 def _load_newest_intact_checkpoint(runtime: Runtime, run_id: str, step: int) -> tuple[int, CheckpointMeta, dict]:
-    """Load checkpoint `step` into the policy, or, if it is corrupted, the newest intact one
-    before it (more committed steps are then replayed). LakeCorrupted when none is intact."""
+    """Load checkpoint `step` into the policy, or, if it is corrupted (a file altered, missing,
+    or a trainer pickle that would run code), the newest intact one before it (more committed
+    steps are then replayed). LakeCorrupted when none is intact."""
     while True:
         try:
             with tempfile.TemporaryDirectory() as folder:
                 runtime.lake.load_checkpoint(run_id, step, Path(folder))
-                meta, trainer_state = load_checkpoint(Path(folder), runtime.policy)
+                meta, trainer_state = load_checkpoint(Path(folder), runtime.policy, _checkpoint_uri(runtime, run_id, step))
             return step, meta, trainer_state
         except LakeCorrupted as exc:
             older = runtime.lake.latest_checkpoint(run_id, at_or_before=step - 1) if step > 0 else None
@@ -186,6 +188,10 @@ def _load_newest_intact_checkpoint(runtime: Runtime, run_id: str, step: int) -> 
             get_run_logger().warning("checkpoint %d of run %s is corrupted (%s); falling back to checkpoint %d",
                                      step, run_id, exc.message, older)
             step = older
+
+
+def _checkpoint_uri(runtime: Runtime, run_id: str, step: int) -> str:
+    return f"{runtime.lake.uri.rstrip('/')}/checkpoints/{run_id}/step={step:06d}"
 
 
 @task(name="restore", **STAGE_OPTIONS)
@@ -205,7 +211,7 @@ def restore(run_id: str) -> int:
     if runtime.trainer.reference_model is not None:  # the KL anchor: the warm-started policy
         with tempfile.TemporaryDirectory() as folder:
             runtime.lake.load_checkpoint(run_id, 0, Path(folder))
-            load_checkpoint(Path(folder), runtime.trainer.reference_model)
+            load_policy_weights(Path(folder), runtime.trainer.reference_model)
     for replayed in range(step + 1, last + 1):
         train_metrics = apply_committed_update(runtime, replayed)
         log_step(runtime, replayed, train_metrics)
@@ -230,7 +236,7 @@ def finish(run_id: str, before: float, after: float) -> dict[str, object]:
         f"MLflow run: [{runtime.mlflow_run_id}]({url})" if url
         else f"MLflow run `{runtime.mlflow_run_id}` in `{tracker.uri}` (view: `mlflow ui --backend-store-uri {tracker.uri}`)"
     )
-    checkpoint = f"{lake.uri.rstrip('/')}/checkpoints/{run_id}/step={final_step:06d}"
+    checkpoint = f"{_checkpoint_uri(runtime, run_id, final_step)}/{POLICY_DIR}"  # the HF model folder
     create_markdown_artifact(
         key=f"rlpipe-summary-{artifact_key(run_id)}",
         markdown=(
