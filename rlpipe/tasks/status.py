@@ -1,0 +1,89 @@
+"""What a run says about itself while it runs: status.json (running, failed, interrupted,
+finished), links.json (where to watch it: the MLflow run and the Prefect flow run) and
+progress/warmstart.json (the warm start's steps, loss and accuracy checks).
+
+Plain functions the train flow and its tasks call; all writes are best effort (the step
+manifests are the truth, so a lake that cannot take a status line right now does not fail
+the run). Not here: deciding when a run fails (flows/), printing anything (cli/).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+
+from prefect.exceptions import TerminationSignal
+from prefect.runtime import flow_run
+from prefect.utilities.urls import url_for
+
+from rlpipe.storage.lake_records import RunState, RunStatus
+from rlpipe.tasks.runtime import get_runtime
+
+log = logging.getLogger(__name__)
+
+LINKS_DOCUMENT = "links.json"
+WARMSTART_DOCUMENT = "progress/warmstart.json"
+INTERRUPTED = "interrupted by "  # the prefix of status.json's error for a signal (SIGINT, SIGTERM)
+
+
+def interruption(error: BaseException) -> str | None:
+    """"SIGINT" or "SIGTERM" when `error` is how a signal surfaced (^C, `kill`), else None.
+
+    ^C is a KeyboardInterrupt; SIGTERM is Prefect's TerminationSignal inside a flow run and
+    the CLI's own KeyboardInterrupt subclass (with `signum`) outside one."""
+    if isinstance(error, TerminationSignal):
+        return signal.Signals(error.signal).name
+    if isinstance(error, KeyboardInterrupt):
+        return signal.Signals(getattr(error, "signum", signal.SIGINT)).name
+    return None
+
+
+def set_running(run_id: str, step: int, stage: str) -> None:
+    _write(run_id, RunState.RUNNING, step, stage, None)
+
+
+def set_finished(run_id: str, step: int) -> None:
+    _write(run_id, RunState.FINISHED, step, "done", None)
+
+
+def set_failed(run_id: str, step: int, stage: str, error: BaseException) -> None:
+    """FAILED with the error; a signal is written as "interrupted by SIGINT" (no traceback
+    text), which `rlpipe runs show` reports as an interruption."""
+    signal_name = interruption(error)
+    message = INTERRUPTED + signal_name if signal_name else f"{type(error).__name__}: {error}"[:2000]
+    _write(run_id, RunState.FAILED, step, stage, message)
+
+
+def _write(run_id: str, state: RunState, step: int, stage: str, message: str | None) -> None:
+    try:
+        get_runtime(run_id).lake.write_status(RunStatus(run_id, state, step, stage, message, int(time.time() * 1000)))
+    except Exception as exc:  # noqa: BLE001 - best effort, see the module docstring
+        log.warning("could not write the status of run %s: %s", run_id, exc)
+
+
+def record_links(run_id: str) -> dict[str, str | None]:
+    """links.json of this flow run: the MLflow run (URL when the server has a UI) and the
+    Prefect flow run (URL when PREFECT_API_URL names a server; None in ephemeral mode,
+    whose temporary server has no UI and stops with the command)."""
+    runtime = get_runtime(run_id)
+    flow_run_id = str(flow_run.get_id() or "")
+    links: dict[str, str | None] = {
+        "mlflow_tracking_uri": runtime.tracker.uri,
+        "mlflow_run_id": runtime.mlflow_run_id,
+        "mlflow_run_url": runtime.tracker.run_url(runtime.mlflow_run_id),
+        "prefect_flow_run_id": flow_run_id,
+        "prefect_flow_run_url": (url_for("flow-run", obj_id=flow_run_id) or None) if flow_run_id else None,
+    }
+    try:
+        runtime.lake.write_json(run_id, LINKS_DOCUMENT, links)
+    except Exception as exc:  # noqa: BLE001 - best effort
+        log.warning("could not write the links of run %s: %s", run_id, exc)
+    return links
+
+
+def write_warmstart_progress(run_id: str, document: dict[str, object]) -> None:
+    try:
+        get_runtime(run_id).lake.write_json(run_id, WARMSTART_DOCUMENT, document)
+    except Exception as exc:  # noqa: BLE001 - best effort
+        log.warning("could not write the warm-start progress of run %s: %s", run_id, exc)
