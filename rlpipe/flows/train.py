@@ -103,18 +103,21 @@ def train(config_json: str, run_id: str) -> TrainSummary:
     """Train a policy with GRPO; resume from the lake if the run already exists."""
     config = RunConfig.model_validate_json(config_json)
     runtime = build_runtime(run_id, config)  # raises on bad input before anything is written
-    failing_step = None
+    failing_step, stage = None, "open-run"  # what status.json names if the run fails here
     try:
         # 1. A new run, or the state of an existing one rebuilt from the lake.
         resumed = lifecycle.open_run(run_id)
         links = status.record_links(run_id)  # the CLI prints them as soon as they are in the lake
+        stage = "restore"
         last_committed = lifecycle.restore(run_id) if resumed else -1
         # 2. A new run (or one killed before its first checkpoint) warm-starts.
         if last_committed < 0:
-            status.set_running(run_id, 0, "warm-start")
+            stage = "warm-start"
+            status.set_running(run_id, 0, stage)
             lifecycle.warm_start(run_id)
             lifecycle.checkpoint(run_id, 0)
             last_committed = 0
+        stage = "evaluate"
         before = lifecycle.evaluate(run_id, "before_rl")
         # 3. The RL steps not committed yet (rl-step writes its own failed status).
         for step in range(last_committed + 1, config.train.steps + 1):
@@ -125,8 +128,11 @@ def train(config_json: str, run_id: str) -> TrainSummary:
             if config.eval.every_steps and step % config.eval.every_steps == 0 and step != config.train.steps:
                 lifecycle.evaluate(run_id, f"step_{step:06d}")
         # 4. Held-out accuracy after RL, the final checkpoint (HF layout), the summary.
+        stage = "evaluate"
         after = lifecycle.evaluate(run_id, "after_rl")
+        stage = "checkpoint"
         lifecycle.checkpoint(run_id, config.train.steps)
+        stage = "finish"
         summary = lifecycle.finish(run_id, before["accuracy"], after["accuracy"])
         status.set_finished(run_id, config.train.steps)
         return TrainSummary(
@@ -134,7 +140,7 @@ def train(config_json: str, run_id: str) -> TrainSummary:
         )
     except BaseException as exc:
         if failing_step is None:
-            status.set_failed(run_id, runtime.policy_version, "train", exc)
+            status.set_failed(run_id, runtime.policy_version, stage, exc)
         if runtime.mlflow_run_id:
             try:
                 runtime.tracker.end_run(runtime.mlflow_run_id, "KILLED" if status.interruption(exc) else "FAILED")

@@ -151,6 +151,20 @@ class Tracker:
                 self._client.log_batch(mlflow_run_id, metrics=fresh)
         return len(fresh)
 
+    def log_series(self, mlflow_run_id: str, key: str, points: list[tuple[int, float]]) -> int:
+        """Log (step, value) points of one metric in one request, skipping those at or below
+        the highest step already logged for `key` (a series that is re-run from its start,
+        like a warm start after a crash, adds no duplicate point). Returns how many were logged."""
+        if not points:
+            return 0
+        stamp = int(time.time() * 1000)
+        with _tracking_errors(self.uri, f"logging {key}"):
+            latest = self._latest_steps(mlflow_run_id).get(key, -1)
+            fresh = [Metric(key, float(value), stamp, step) for step, value in points if step > latest]
+            if fresh:
+                self._client.log_batch(mlflow_run_id, metrics=fresh)
+        return len(fresh)
+
     def _latest_steps(self, mlflow_run_id: str) -> dict[str, int]:
         """Key -> highest step logged so far (MLflow keeps the max-step point as "latest")."""
         data = self._client.get_run(mlflow_run_id).data

@@ -87,3 +87,58 @@ def write_warmstart_progress(run_id: str, document: dict[str, object]) -> None:
         get_runtime(run_id).lake.write_json(run_id, WARMSTART_DOCUMENT, document)
     except Exception as exc:  # noqa: BLE001 - best effort
         log.warning("could not write the warm-start progress of run %s: %s", run_id, exc)
+
+
+class WarmStartProgress:
+    """Reports the warm start as it goes: warmstart/loss to MLflow every LOG_EVERY steps
+    (one request per batch of points), warmstart/accuracy at each accuracy check, and
+    progress/warmstart.json (steps done, last loss, last check) for `rlpipe train`'s
+    progress line and `rlpipe runs show`, at most once per WRITE_EVERY_S."""
+
+    LOG_EVERY = 10
+    WRITE_EVERY_S = 1.0
+
+    def __init__(self, run_id: str, max_steps: int, target_accuracy: float | None) -> None:
+        self.run_id = run_id
+        self.document: dict[str, object] = {
+            "steps_done": 0, "steps_max": max_steps, "loss": None, "accuracy": None,
+            "accuracy_step": None, "target_accuracy": target_accuracy, "finished": False,
+        }
+        self._losses: list[tuple[int, float]] = []
+        self._written_at = 0.0
+        self.write(force=True)
+
+    def step(self, step: int, loss: float) -> None:
+        self.document.update(steps_done=step, loss=loss)
+        self._losses.append((step, loss))
+        if len(self._losses) >= self.LOG_EVERY:
+            self._flush_losses()
+        self.write()
+
+    def checked(self, step: int, accuracy: float) -> None:
+        self.document.update(accuracy=accuracy, accuracy_step=step)
+        self._flush_losses()
+        self._log("warmstart/accuracy", [(step, accuracy)])
+        self.write(force=True)
+
+    def finish(self) -> None:
+        self.document["finished"] = True
+        self._flush_losses()
+        self.write(force=True)
+
+    def write(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._written_at >= self.WRITE_EVERY_S:
+            self._written_at = now
+            write_warmstart_progress(self.run_id, dict(self.document))
+
+    def _flush_losses(self) -> None:
+        points, self._losses = self._losses, []
+        self._log("warmstart/loss", points)
+
+    def _log(self, key: str, points: list[tuple[int, float]]) -> None:
+        runtime = get_runtime(self.run_id)
+        try:
+            runtime.tracker.log_series(runtime.mlflow_run_id, key, points)
+        except Exception as exc:  # noqa: BLE001 - metrics are not worth failing the warm start for
+            log.warning("could not log %s of run %s: %s", key, self.run_id, exc)
