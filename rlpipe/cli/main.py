@@ -5,6 +5,7 @@ local services (`rlpipe up`) are known, so `rlpipe train` reports to them unaske
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from pathlib import Path
@@ -102,6 +103,9 @@ def _train(run_config: RunConfig, run_id: str, verbose: bool):
     services_cli.export_service_env(verbose)
     if not verbose:
         _quiet_libraries()
+        # MLflow logs a SQLite error with its traceback before raising it; the error itself
+        # reaches the flow (which reports it), the traceback would bury the interrupt line.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     from rlpipe.flows.train import train as train_flow
     from rlpipe.tasks.prefect_server import temporary_prefect_server
 

@@ -141,6 +141,8 @@ def train(config_json: str, run_id: str) -> TrainSummary:
     except BaseException as exc:
         if failing_step is None:
             status.set_failed(run_id, runtime.policy_version, stage, exc)
+        if status.interruption(exc):
+            status.release_interrupted_frames(exc)
         if runtime.mlflow_run_id:
             try:
                 runtime.tracker.end_run(runtime.mlflow_run_id, "KILLED" if status.interruption(exc) else "FAILED")

@@ -9,9 +9,11 @@ the run). Not here: deciding when a run fails (flows/), printing anything (cli/)
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import time
+import traceback
 
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
@@ -31,12 +33,31 @@ def interruption(error: BaseException) -> str | None:
     """"SIGINT" or "SIGTERM" when `error` is how a signal surfaced (^C, `kill`), else None.
 
     ^C is a KeyboardInterrupt; SIGTERM is Prefect's TerminationSignal inside a flow run and
-    the CLI's own KeyboardInterrupt subclass (with `signum`) outside one."""
-    if isinstance(error, TerminationSignal):
-        return signal.Signals(error.signal).name
-    if isinstance(error, KeyboardInterrupt):
-        return signal.Signals(getattr(error, "signum", signal.SIGINT)).name
+    the CLI's own KeyboardInterrupt subclass (with `signum`) outside one. The chain of
+    causes and contexts is searched too."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:  # also when a library replaced it
+        seen.add(id(error))  # (Prefect's task engine raises ValueError for a ^C in its set-up)
+        if isinstance(error, TerminationSignal):
+            return signal.Signals(error.signal).name
+        if isinstance(error, KeyboardInterrupt):
+            return signal.Signals(getattr(error, "signum", signal.SIGINT)).name
+        error = error.__cause__ or error.__context__
     return None
+
+
+def release_interrupted_frames(error: BaseException) -> None:
+    """Drop the locals of the frames a signal interrupted, and collect them: a SQLite
+    transaction cut short there (MLflow's store, in this process) holds the database's
+    write lock until its connection is freed, and the run's own end (MLflow KILLED) would
+    wait for that lock and fail."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if error.__traceback__ is not None:
+            traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
+    gc.collect()
 
 
 def set_running(run_id: str, step: int, stage: str) -> None:
