@@ -78,9 +78,6 @@ def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
     with sigterm_raises():
         try:
             summary = _train(run_config, run_id, verbose)
-        except KeyboardInterrupt as exc:  # ^C, or SIGTERM as Terminated, before or after the flow run
-            hold_signals()
-            signal_name = "SIGTERM" if getattr(exc, "signum", None) else "SIGINT"
         except BaseException as exc:
             signal_name = _signal_of(exc)
             if signal_name is None:
@@ -121,15 +118,18 @@ def _train(run_config: RunConfig, run_id: str, verbose: bool):
 
 
 def _signal_of(exc: BaseException) -> str | None:
-    """"SIGINT"/"SIGTERM" when `exc` is how a signal surfaced (also Prefect's
-    TerminationSignal), else None. Prefect is imported by then, or exc is not its."""
+    """"SIGINT"/"SIGTERM" when `exc` is how a signal surfaced (^C's KeyboardInterrupt, the
+    CLI's Terminated, Prefect's TerminationSignal, or an error raised from one), else None."""
+    import signal
     import sys
 
-    if "prefect" not in sys.modules:
-        return None
-    from rlpipe.tasks.status import interruption
+    if "prefect" in sys.modules:  # else it cannot be Prefect's, and importing it now is slow
+        from rlpipe.tasks.status import interruption
 
-    return interruption(exc)
+        return interruption(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+    return None
 
 
 def _interrupted_line(run_config: RunConfig, run_id: str, signal_name: str) -> str:
