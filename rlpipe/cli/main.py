@@ -152,7 +152,7 @@ def _print_summary(summary) -> None:
     console.print(f"[green]finished[/] run [bold]{summary.run_id}[/]: {summary.steps_committed} steps committed")
     console.print(f"lake:    {summary.lake_uri}")
     console.print(f"mlflow:  {summary.mlflow_run_url or summary.tracking_uri}  run {summary.mlflow_run_id}")
-    console.print(f"prefect: {summary.prefect_flow_run_url or _no_prefect_ui(summary.prefect_flow_run_id)}")
+    console.print(f"prefect: {summary.prefect_flow_run_url or _no_prefect_ui(summary.prefect_flow_run_id)}", soft_wrap=True)
     console.print(f"policy:  {summary.final_checkpoint}  (HF model folder)")
     console.print(
         f"held-out accuracy: {summary.accuracy_before_rl:.3f} before RL -> "

@@ -26,8 +26,8 @@ WARMSTART_DOCUMENT = "progress/warmstart.json"
 def no_prefect_ui(flow_run_id: str) -> str:
     """What to say of the Prefect flow run when there is no UI to link to (ephemeral mode)."""
     return (
-        f"flow run {flow_run_id or '-'} on a temporary Prefect server (no UI; it stops with this command). "
-        "To watch runs in the Prefect UI, start `rlpipe up` before training."
+        f"flow run {flow_run_id or '-'} (ephemeral mode: Prefect's temporary server has no UI and "
+        "stops with `rlpipe train`; for the Prefect UI, start `rlpipe up` before training)"
     )
 
 
