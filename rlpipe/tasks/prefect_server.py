@@ -86,13 +86,13 @@ def temporary_prefect_server() -> Iterator[str | None]:
     PREFECT_API_URL); yield its API URL (None when an API is configured). On exit, drain
     Prefect's log and event workers, then stop the server (also after an interrupt)."""
     server = None
-    if uses_temporary_server():
-        server = SubprocessASGIServer._instances.get(None)
-        if server is None or not server.running:  # else someone else's (a test harness): theirs to stop
-            SubprocessASGIServer._instances.pop(None, None)
-            server = DetachedTemporaryServer()
-            server.start(timeout=STARTUP_TIMEOUT_S)
     try:
+        if uses_temporary_server():
+            server = SubprocessASGIServer._instances.get(None)
+            if server is None or not server.running:  # else someone else's (a test harness): theirs to stop
+                SubprocessASGIServer._instances.pop(None, None)
+                server = DetachedTemporaryServer()
+                server.start(timeout=STARTUP_TIMEOUT_S)  # a ^C while it starts still stops it below
         yield None if server is None else server.api_url
     finally:
         drain_prefect_workers()

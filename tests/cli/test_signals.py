@@ -244,3 +244,29 @@ def test_runs_show_of_a_failed_or_interrupted_run_prints_the_resume_command(tmp_
     lake.write_status(RunStatus("r-7", RunState.FINISHED, 6, "done", None, 3))
     finished = run_cli(["runs", "show", "r-7", "--lake", lake_uri], env, tmp_path)
     assert "resume with" not in finished.stdout
+
+
+@pytest.mark.slow
+def test_the_temporary_prefect_server_does_not_outlive_a_killed_cli(tmp_path: Path) -> None:
+    """SIGKILL leaves no time to stop anything: the kernel's parent-death signal ends the
+    server, which runs in its own session (a terminal ^C reaches only the CLI)."""
+    import subprocess
+    import sys
+
+    env = cli_env(make_where(tmp_path), prefect_api_url=None)
+    env.pop("PREFECT_API_URL", None)
+    program = (
+        "import time\n"
+        "from rlpipe.tasks.prefect_server import SubprocessASGIServer, temporary_prefect_server\n"
+        "with temporary_prefect_server():\n"
+        "    print(SubprocessASGIServer._instances[None].server_process.pid, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    cli = subprocess.Popen([sys.executable, "-c", program], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(cli.stdout.readline())
+        assert os.getsid(server_pid) != os.getsid(cli.pid)
+    finally:
+        cli.kill()
+        cli.wait()
+    assert wait_for_no_process(env["PREFECT_HOME"]) == []
