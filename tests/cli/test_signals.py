@@ -22,6 +22,7 @@ import select
 import signal
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +70,7 @@ class Interrupted:
     seconds_after_signal: float
 
 
-def run_on_pty(args: list[str], env: dict[str, str], cwd: Path, ready: callable, send: str) -> Interrupted:
+def run_on_pty(args: list[str], env: dict[str, str], cwd: Path, ready: Callable[[], bool], send: str) -> Interrupted:
     """Start the CLI with a pty as its controlling terminal; once `ready()` is true send ^C
     (`send="int"`) or SIGTERM (`send="term"`) and read until it exits."""
     pid, master = pty.fork()
@@ -127,11 +128,11 @@ def wait_for_no_process(marker: str, timeout_s: float = 20) -> list[str]:
     return left
 
 
-def warmstart_started(lake: Path, run_id: str) -> callable:
+def warmstart_started(lake: Path, run_id: str) -> Callable[[], bool]:
     return (lake / "runs" / run_id / "progress" / "warmstart.json").exists  # written as it begins
 
 
-def step_committed(lake: Path, run_id: str, step: int) -> callable:
+def step_committed(lake: Path, run_id: str, step: int) -> Callable[[], bool]:
     manifest = lake / "runs" / run_id / "steps" / f"{step:06d}" / "MANIFEST.json"
     return manifest.exists
 
