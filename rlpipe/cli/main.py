@@ -10,6 +10,7 @@ may change, and a changed step count is said aloud ("extending run X from 10 to 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from pathlib import Path
@@ -78,7 +79,28 @@ def resume(
 
 
 def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
+    """Run the train flow; on ^C or SIGTERM end in order (see cli/signals.py): one line
+    with the resume command, exit 130 or 143, no process left behind."""
+    from rlpipe.cli.signals import exit_code, hold_signals, sigterm_raises
+
+    with sigterm_raises():
+        try:
+            summary = _train(run_config, run_id, verbose)
+        except BaseException as exc:
+            signal_name = _signal_of(exc)
+            if signal_name is None:
+                raise
+            hold_signals()
+        else:
+            _print_summary(summary)
+            return
+    console.print(_interrupted_line(run_config, run_id, signal_name), soft_wrap=True)  # one line, whatever the width
+    raise typer.Exit(exit_code(signal_name))
+
+
+def _train(run_config: RunConfig, run_id: str, verbose: bool):
     from rlpipe.cli.progress import follow_run
+    from rlpipe.cli.signals import hold_signals
     from rlpipe.tasks.runtime import preflight
 
     preflight(run_config)  # bad input fails here, before a flow run or a lake write
@@ -86,19 +108,70 @@ def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
     services_cli.export_service_env(verbose)
     if not verbose:
         _quiet_libraries()
+        # MLflow logs a SQLite error with its traceback before raising it; the error itself
+        # reaches the flow (which reports it), the traceback would bury the interrupt line.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     from rlpipe.flows.train import train as train_flow
+    from rlpipe.tasks.prefect_server import temporary_prefect_server
 
     console.print(f"run [bold]{run_id}[/]  lake [cyan]{run_config.storage.lake_uri}[/]")
-    with follow_run(run_config, run_id, console):
-        summary = train_flow(run_config.model_dump_json(), run_id)
+    with temporary_prefect_server():  # stopped last, after the flow run has recorded its end
+        try:
+            with follow_run(run_config, run_id, console):
+                return train_flow(run_config.model_dump_json(), run_id)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) or _signal_of(exc):
+                hold_signals()  # the server's stop and the workers' flush are bounded waits
+            raise
+
+
+def _signal_of(exc: BaseException) -> str | None:
+    """"SIGINT"/"SIGTERM" when `exc` is how a signal surfaced (^C's KeyboardInterrupt, the
+    CLI's Terminated, Prefect's TerminationSignal, or an error raised from one), else None."""
+    import signal
+    import sys
+
+    if "prefect" in sys.modules:  # else it cannot be Prefect's, and importing it now is slow
+        from rlpipe.tasks.status import interruption
+
+        return interruption(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+    return None
+
+
+def _interrupted_line(run_config: RunConfig, run_id: str, signal_name: str) -> str:
+    """One line: where the run stopped and how to resume it (from the lake's status.json)."""
+    from rlpipe.cli.runs import resume_command
+    from rlpipe.tasks.builders import build_lake
+
+    try:
+        lake = build_lake(run_config)
+        info, status = lake.read_run_info(run_id), lake.read_status(run_id)
+    except Exception:  # noqa: BLE001 - the line must come out even when the lake is gone
+        info = status = None
+    if info is None:
+        return f"[yellow]interrupted ({signal_name})[/] before run {run_id} was created; nothing to resume"
+    where = f" at step {status.step} ({status.stage})" if status is not None else ""
+    return f"[yellow]interrupted ({signal_name})[/]{where}; resume with: {resume_command(run_id, run_config.storage.lake_uri)}"
+
+
+def _print_summary(summary) -> None:
     console.print(f"[green]finished[/] run [bold]{summary.run_id}[/]: {summary.steps_committed} steps committed")
-    console.print(f"lake:   {summary.lake_uri}")
-    console.print(f"mlflow: {summary.mlflow_run_url or summary.tracking_uri}  run {summary.mlflow_run_id}")
-    console.print(f"policy: {summary.final_checkpoint}  (HF model folder)")
+    console.print(f"lake:    {summary.lake_uri}")
+    console.print(f"mlflow:  {summary.mlflow_run_url or summary.tracking_uri}  run {summary.mlflow_run_id}")
+    console.print(f"prefect: {summary.prefect_flow_run_url or _no_prefect_ui(summary.prefect_flow_run_id)}", soft_wrap=True)
+    console.print(f"policy:  {summary.final_checkpoint}  (HF model folder)")
     console.print(
         f"held-out accuracy: {summary.accuracy_before_rl:.3f} before RL -> "
         f"[bold]{summary.accuracy_after_rl:.3f}[/] after ({summary.accuracy_after_rl - summary.accuracy_before_rl:+.3f})"
     )
+
+
+def _no_prefect_ui(flow_run_id: str) -> str:
+    from rlpipe.cli.progress import no_prefect_ui
+
+    return no_prefect_ui(flow_run_id)
 
 
 def _open_lake(run_config: RunConfig):

@@ -1,18 +1,49 @@
-"""A progress bar for `rlpipe train` that follows the run through the lake (committed
-steps and status), from a side thread: the flow itself knows nothing of the terminal."""
+"""The progress display of `rlpipe train`: follows the run through the lake from a side
+thread (the flow itself knows nothing of the terminal).
+
+- links.json, once it appears: the MLflow run and the Prefect flow run, printed once;
+- progress/warmstart.json: a warm-start bar (steps done of the budget, loss, the last
+  greedy-accuracy check against its target);
+- committed steps and status.json: the RL-steps bar (stage, mean reward).
+"""
 
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from rlpipe.core.config import RunConfig
 
 POLL_S = 1.0
+LINKS_DOCUMENT = "links.json"  # written by tasks/status.py
+WARMSTART_DOCUMENT = "progress/warmstart.json"
+
+
+def no_prefect_ui(flow_run_id: str) -> str:
+    """What to say of the Prefect flow run when there is no UI to link to (ephemeral mode)."""
+    return (
+        f"flow run {flow_run_id or '-'} (ephemeral mode: Prefect's temporary server has no UI and "
+        "stops with `rlpipe train`; for the Prefect UI, start `rlpipe up` before training)"
+    )
+
+
+def link_lines(links: dict[str, Any]) -> list[str]:
+    """The two lines that say where to watch a run."""
+    mlflow = links.get("mlflow_run_url") or f"{links.get('mlflow_tracking_uri')}  run {links.get('mlflow_run_id')}"
+    prefect = links.get("prefect_flow_run_url") or no_prefect_ui(str(links.get("prefect_flow_run_id") or ""))
+    return [f"mlflow:  {mlflow}", f"prefect: {prefect}"]
+
+
+def warmstart_detail(document: dict[str, Any]) -> str:
+    detail = f"loss {document['loss']:.3f}" if document.get("loss") is not None else ""
+    if document.get("accuracy") is not None:
+        target = document.get("target_accuracy")
+        detail += f"  accuracy {document['accuracy']:.2f}" + (f" (target {target:.2f})" if target is not None else "")
+    return detail
 
 
 @contextmanager
@@ -20,26 +51,52 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
     from rlpipe.tasks.builders import build_lake
 
     lake = build_lake(run_config)
-    total = run_config.train.steps
     stop = threading.Event()
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console, transient=False,
     )
-    bar = progress.add_task("RL steps", total=total, detail="starting")
+    rl_bar = progress.add_task("RL steps", total=run_config.train.steps, detail="starting")
+    state: dict[str, Any] = {"links_shown": False, "warmstart_bar": None}
+    try:
+        stale_links = lake.read_json(run_id, LINKS_DOCUMENT)  # a resumed run's previous flow run
+    except Exception:  # noqa: BLE001
+        stale_links = None
+
+    def show_links() -> None:
+        links = lake.read_json(run_id, LINKS_DOCUMENT)
+        if links is not None and links != stale_links:
+            for line in link_lines(links):
+                progress.console.print(line, soft_wrap=True, markup=False)
+            state["links_shown"] = True
+
+    def show_warmstart() -> None:
+        document = lake.read_json(run_id, WARMSTART_DOCUMENT)
+        if document is None:
+            return
+        bar: TaskID | None = state["warmstart_bar"]
+        if bar is None:
+            bar = state["warmstart_bar"] = progress.add_task("warm-start", total=int(document["steps_max"]), detail="")
+        done = int(document["steps_done"])
+        total = done if document.get("finished") else int(document["steps_max"])  # stopped early: full bar
+        progress.update(bar, completed=done, total=total, detail=warmstart_detail(document))
 
     def poll() -> None:
         while not stop.wait(POLL_S):
             try:
-                steps = lake.committed_steps(run_id)
+                if not state["links_shown"]:
+                    show_links()
                 status = lake.read_status(run_id)
+                if status is not None and status.stage == "warm-start" or state["warmstart_bar"] is not None:
+                    show_warmstart()
+                steps = lake.committed_steps(run_id)
                 reward = lake.read_manifest(run_id, steps[-1]).metric("reward/mean") if steps else None
-            except Exception:  # noqa: BLE001 - the bar is best effort; the flow reports errors
+            except Exception:  # noqa: BLE001 - the display is best effort; the flow reports errors
                 continue
             detail = f"{status.stage}" if status else ""
             if reward is not None:
                 detail += f"  reward {reward:.3f}"
-            progress.update(bar, completed=len(steps), detail=detail)
+            progress.update(rl_bar, completed=len(steps), detail=detail)
 
     thread = threading.Thread(target=poll, daemon=True)
     with progress:
@@ -50,6 +107,6 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
             stop.set()
             thread.join(timeout=5)
             try:
-                progress.update(bar, completed=len(lake.committed_steps(run_id)), detail="")
+                progress.update(rl_bar, completed=len(lake.committed_steps(run_id)), detail="")
             except Exception:  # noqa: BLE001
                 pass

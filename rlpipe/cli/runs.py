@@ -1,9 +1,12 @@
-"""Read-only commands over the lake: `runs list`, `runs show`, `query`."""
+"""Read-only commands over the lake: `runs list`, `runs show`, `query`.
+
+`runs show` of a failed or interrupted run says how to resume it (`resume_command`)."""
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
 from typing import Any
 
 from rich.console import Console
@@ -12,6 +15,8 @@ from rich.table import Table
 from rlpipe.core.errors import RunNotFoundError
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
+
+INTERRUPTED = "interrupted by "  # status.json's error for a signal (tasks/status.py writes it)
 
 
 def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
@@ -26,6 +31,8 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
     after = lake.read_json(run_id, "evals/after_rl.json")
     if status is None:
         state = "unknown"
+    elif status.state.value == "failed" and (status.error or "").startswith(INTERRUPTED):
+        state = f"{status.error} at step {status.step} in stage {status.stage}"
     elif status.state.value == "failed":
         state = f"failed at step {status.step} in stage {status.stage}: {status.error}"
     elif status.state.value == "running":
@@ -51,7 +58,16 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
         "heldout_before_rl": before,
         "heldout_after_rl": after,
         "lake_uri": lake.uri,
+        "resume_command": resume_command(run_id, lake.uri) if status and status.state.value == "failed" else None,
+        "links": lake.read_json(run_id, "links.json"),
+        "warmstart": lake.read_json(run_id, "progress/warmstart.json"),
     }
+
+
+def resume_command(run_id: str, lake_uri: str) -> str:
+    """The command that resumes `run_id` from the lake (its config and MLflow store are in
+    run.json; an S3 lake's endpoint and keys come from the environment or --config)."""
+    return f"rlpipe resume {shlex.quote(run_id)} --lake {shlex.quote(lake_uri)}"
 
 
 def print_runs(lake: Lake, json_out: bool, console: Console) -> None:
@@ -73,8 +89,15 @@ def print_run(lake: Lake, run_id: str, json_out: bool, console: Console) -> None
     if json_out:
         print(json.dumps(report, indent=2, default=str))
         return
-    console.print(f"[bold]{run_id}[/]  {report['state_detail']}")
+    console.print(f"[bold]{run_id}[/]  {report['state_detail']}", markup=True, highlight=False)
+    if report["resume_command"]:
+        console.print(f"resume with: {report['resume_command']}", soft_wrap=True, markup=False)
     console.print(f"lake {report['lake_uri']}  mlflow run {report['mlflow_run_id']}  config {report['config_hash']}")
+    if report["links"]:
+        from rlpipe.cli.progress import link_lines
+
+        for line in link_lines(report["links"]):
+            console.print(line, soft_wrap=True, markup=False)
     console.print(f"steps committed: {report['steps_committed']} of {report['config']['train']['steps']}")
     before, after = report["heldout_accuracy_before_rl"], report["heldout_accuracy_after_rl"]
     console.print(f"held-out accuracy: before RL {_fmt(before)}  after RL {_fmt(after)}")

@@ -8,7 +8,8 @@
 The lake decides what is done: a run that already exists is restored (checkpoint + replay
 of committed steps) instead of started, and only uncommitted steps run. Every stage is a
 task that passes references (run id, step, URIs, policy version), never models or rows;
-the flow bodies themselves do no I/O but the best-effort status line.
+the flow bodies themselves do no I/O but the best-effort status lines (tasks/status.py).
+Flows import only tasks/ and core/ (an import-linter contract).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from prefect import flow
 
 from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import StagedRowsMissing
-from rlpipe.storage.lake_records import RunState, RunStatus
-from rlpipe.tasks import advantage, lifecycle, persist, rollout, track, update, verify
+from rlpipe.tasks import advantage, lifecycle, persist, rollout, status, track, update, verify
 from rlpipe.tasks.runtime import build_runtime, get_runtime, release_runtime
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ class TrainSummary:
     tracking_uri: str
     mlflow_run_id: str
     mlflow_run_url: str | None
+    prefect_flow_run_id: str
+    prefect_flow_run_url: str | None
     steps_committed: int
     accuracy_before_rl: float
     accuracy_after_rl: float
@@ -88,7 +90,7 @@ def rl_step(run_id: str, step: int) -> None:
             clock.enter("checkpoint")
             lifecycle.checkpoint(run_id, step)
     except BaseException as exc:
-        _set_status(run_id, RunState.FAILED, step, clock.stage, exc)
+        status.set_failed(run_id, step, clock.stage, exc)
         raise
 
 
@@ -114,50 +116,52 @@ def train(config_json: str, run_id: str) -> TrainSummary:
     """Train a policy with GRPO; resume from the lake if the run already exists."""
     config = RunConfig.model_validate_json(config_json)
     runtime = build_runtime(run_id, config)  # raises on bad input before anything is written
-    failing_step = None
+    failing_step, stage = None, "open-run"  # what status.json names if the run fails here
     try:
         # 1. A new run, or the state of an existing one rebuilt from the lake.
         resumed = lifecycle.open_run(run_id)
+        links = status.record_links(run_id)  # the CLI prints them as soon as they are in the lake
+        stage = "restore"
         last_committed = lifecycle.restore(run_id) if resumed else -1
         # 2. A new run (or one killed before its first checkpoint) warm-starts.
         if last_committed < 0:
-            _set_status(run_id, RunState.RUNNING, 0, "warm-start")
+            stage = "warm-start"
+            status.set_running(run_id, 0, stage)
             lifecycle.warm_start(run_id)
             lifecycle.checkpoint(run_id, 0)
             last_committed = 0
+        stage = "evaluate"
         before = lifecycle.evaluate(run_id, "before_rl")
         # 3. The RL steps not committed yet (rl-step writes its own failed status).
         for step in range(last_committed + 1, config.train.steps + 1):
-            _set_status(run_id, RunState.RUNNING, step, "rl-step")
+            status.set_running(run_id, step, "rl-step")
             failing_step = step
             rl_step(run_id, step)
             failing_step = None
             if config.eval.every_steps and step % config.eval.every_steps == 0 and step != config.train.steps:
                 lifecycle.evaluate(run_id, f"step_{step:06d}")
         # 4. Held-out accuracy after RL, the final checkpoint (HF layout), the summary.
+        stage = "evaluate"
         after = lifecycle.evaluate(run_id, "after_rl")
+        stage = "checkpoint"
         lifecycle.checkpoint(run_id, config.train.steps)
+        stage = "finish"
         summary = lifecycle.finish(run_id, before["accuracy"], after["accuracy"])
-        _set_status(run_id, RunState.FINISHED, config.train.steps, "done")
-        return TrainSummary(**summary)
+        status.set_finished(run_id, config.train.steps)
+        return TrainSummary(
+            **summary, prefect_flow_run_id=str(links["prefect_flow_run_id"]), prefect_flow_run_url=links["prefect_flow_run_url"]
+        )
     except BaseException as exc:
         if failing_step is None:
-            _set_status(run_id, RunState.FAILED, runtime.policy_version, "train", exc)
+            status.set_failed(run_id, runtime.policy_version, stage, exc)
+        if status.interruption(exc):
+            status.release_interrupted_frames(exc)
         if runtime.mlflow_run_id:
             try:
-                runtime.tracker.end_run(runtime.mlflow_run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+                runtime.tracker.end_run(runtime.mlflow_run_id, "KILLED" if status.interruption(exc) else "FAILED")
             except Exception as tracking_error:  # noqa: BLE001 - the run's own error matters more
                 log.warning("could not mark MLflow run %s failed: %s", runtime.mlflow_run_id, tracking_error)
         raise
     finally:
         release_runtime(run_id)
 
-
-def _set_status(run_id: str, state: RunState, step: int, stage: str, error: BaseException | None = None) -> None:
-    """Best effort: status.json is what `rlpipe runs show` says; manifests are the truth,
-    so a lake that cannot take the status line right now does not fail the run."""
-    message = None if error is None else f"{type(error).__name__}: {error}"[:2000]
-    try:
-        get_runtime(run_id).lake.write_status(RunStatus(run_id, state, step, stage, message, int(time.time() * 1000)))
-    except Exception as exc:  # noqa: BLE001
-        log.warning("could not write the status of run %s: %s", run_id, exc)

@@ -9,7 +9,8 @@ any reward signal. The budget is exactly steps * batch_size sequences, constant 
 rate, gradients clipped to norm 1.0.
 
 An optional `stop_check` ends it early (the caller decides how: the train flow checks greedy
-accuracy on a sample of training tasks against `warmstart.target_accuracy`).
+accuracy on a sample of training tasks against `warmstart.target_accuracy`). An optional
+`on_step(step, loss)` hears of every step (the caller reports progress and metrics).
 
 What it does not: evaluate, schedule the learning rate, or read datasets from disk.
 """
@@ -36,12 +37,14 @@ def warm_start(
     weight_decay: float = 0.0,
     stop_check: Callable[[int], bool] | None = None,
     check_every: int = 5,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Train on (prompt, answer) pairs; returns the mean answer-token loss of every step.
 
     `stop_check(steps_done)`, called every `check_every` steps, ends the warm-start early
     when it returns True (e.g. once the policy is right often enough for RL to learn from);
-    `steps` stays the upper bound of the budget."""
+    `steps` stays the upper bound of the budget. `on_step(step, loss)` is called after every
+    optimizer step, before the stop check."""
     if steps <= 0:
         return []
     if not examples:
@@ -64,6 +67,8 @@ def warm_start(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, losses[-1])
         if stop_check is not None and step % check_every == 0 and step < steps:
             model.eval()
             if stop_check(step):

@@ -151,6 +151,20 @@ class Tracker:
                 self._client.log_batch(mlflow_run_id, metrics=fresh)
         return len(fresh)
 
+    def log_series(self, mlflow_run_id: str, key: str, points: list[tuple[int, float]]) -> int:
+        """Log (step, value) points of one metric in one request, skipping those at or below
+        the highest step already logged for `key` (a series that is re-run from its start,
+        like a warm start after a crash, adds no duplicate point). Returns how many were logged."""
+        if not points:
+            return 0
+        stamp = int(time.time() * 1000)
+        with _tracking_errors(self.uri, f"logging {key}"):
+            latest = self._latest_steps(mlflow_run_id).get(key, -1)
+            fresh = [Metric(key, float(value), stamp, step) for step, value in points if step > latest]
+            if fresh:
+                self._client.log_batch(mlflow_run_id, metrics=fresh)
+        return len(fresh)
+
     def _latest_steps(self, mlflow_run_id: str) -> dict[str, int]:
         """Key -> highest step logged so far (MLflow keeps the max-step point as "latest")."""
         data = self._client.get_run(mlflow_run_id).data
@@ -164,12 +178,6 @@ class Tracker:
         if latest_step is None or latest_step < step:
             return False  # the common case: steps only grow, one request per step
         return any(point.step == step for point in self._client.get_metric_history(mlflow_run_id, key))
-
-    def metric_history(self, mlflow_run_id: str, key: str) -> list[tuple[int, float, int]]:
-        """(step, value, timestamp_ms) of every point of a metric, by step."""
-        with _tracking_errors(self.uri, f"reading metric {key}"):
-            points = self._client.get_metric_history(mlflow_run_id, key)
-        return sorted((p.step, p.value, p.timestamp) for p in points)
 
     def set_tags(self, mlflow_run_id: str, tags: Mapping[str, str]) -> None:
         with _tracking_errors(self.uri, "setting tags"):

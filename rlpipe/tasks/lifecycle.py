@@ -25,6 +25,7 @@ from rlpipe.rl.warmstart import warm_start as supervised_warm_start
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import Runtime, get_runtime
+from rlpipe.tasks.status import WarmStartProgress
 from rlpipe.tasks.track import artifact_key, log_step
 from rlpipe.tasks.update import apply_committed_update
 from rlpipe.tasks.verify import verify_all
@@ -83,11 +84,13 @@ def _resumable_changes(info: RunInfo, runtime: Runtime) -> list[tuple[str, str |
 @task(name="warm-start", retries=0)
 def warm_start(run_id: str) -> float:
     """Supervised steps on reference answers (at most `warmstart.steps`, fewer when
-    `warmstart.target_accuracy` is reached on training tasks); return the last loss."""
+    `warmstart.target_accuracy` is reached on training tasks); return the last loss.
+    Progress (steps, loss, accuracy checks) goes to MLflow and the lake as it runs."""
     runtime = get_runtime(run_id)
     config = runtime.config
     tasks = runtime.mixture.sample(config.envs.train_size, rng_seed=derive_seed(config.seed, 0, "warmstart"))
     examples = [(t.prompt, t.reference_answer) for t in tasks if t.reference_answer is not None]
+    progress = WarmStartProgress(run_id, config.warmstart.steps, config.warmstart.target_accuracy)
     stop_check = None
     if config.warmstart.target_accuracy is not None:
         check_tasks = runtime.mixture.sample(config.warmstart.check_tasks, rng_seed=derive_seed(config.seed, 0, "warmstart-check"))
@@ -96,6 +99,7 @@ def warm_start(run_id: str) -> float:
             runtime.engine.load_weights(runtime.trainer.named_weights(), 0)
             accuracy = greedy_accuracy(runtime, check_tasks)["accuracy"]
             get_run_logger().info("warm-start step %d: greedy accuracy on training tasks %.3f", steps_done, accuracy)
+            progress.checked(steps_done, accuracy)
             return accuracy >= config.warmstart.target_accuracy
 
     losses = supervised_warm_start(
@@ -108,7 +112,9 @@ def warm_start(run_id: str) -> float:
         seed=derive_seed(config.seed, 0, "warmstart-order"),
         stop_check=stop_check,
         check_every=config.warmstart.check_every_steps,
+        on_step=progress.step,
     )
+    progress.finish()
     runtime.trainer.reset_reference()  # the KL anchor is the warm-started policy
     runtime.engine.load_weights(runtime.trainer.named_weights(), 0)
     return losses[-1] if losses else float("nan")

@@ -1,7 +1,10 @@
 """Stage task `track`: store a committed step's after-commit metrics (the update's, the
 timings) in the lake beside its manifest (TRAIN.json), log all its metrics to MLflow
 (timestamps from the step manifest, so a retried or resumed step adds no duplicate point)
-and refresh the Prefect table artifact of step metrics."""
+and refresh the Prefect table artifact of step metrics.
+
+The table holds every committed step, also after a resume: the first `track` of a process
+rebuilds the rows of the steps before it from the lake (manifests and TRAIN.json)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from prefect.artifacts import create_table_artifact
 
 from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import Runtime, get_runtime
+
+SHOWN = ("step", "reward/mean", "train/loss", "train/kl", "train/grad_norm", "time/step_s")
 
 
 def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, float]:
@@ -28,13 +33,26 @@ def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, 
 def track(run_id: str, step: int, extra: dict[str, float]) -> None:
     runtime = get_runtime(run_id)
     metrics = log_step(runtime, step, extra)
+    if not runtime.step_metrics:
+        runtime.step_metrics.extend(earlier_rows(runtime, step))
+    runtime.step_metrics[:] = [row for row in runtime.step_metrics if row["step"] != step]  # a retried track
     runtime.step_metrics.append({"step": step, **metrics})
-    shown = ("step", "reward/mean", "train/loss", "train/kl", "train/grad_norm", "time/step_s")
     create_table_artifact(
         key=f"rlpipe-steps-{artifact_key(run_id)}",
-        table=[{name: round(row.get(name, float("nan")), 4) for name in shown} for row in runtime.step_metrics],
+        table=[{name: round(row.get(name, float("nan")), 4) for name in SHOWN} for row in runtime.step_metrics],
         description=f"Step metrics of run {run_id} (updated each step)",
     )
+
+
+def earlier_rows(runtime: Runtime, step: int) -> list[dict[str, float]]:
+    """The table rows of the committed steps before `step`, from the lake alone: each
+    manifest's metrics and the TRAIN.json beside it (train/*, time/*)."""
+    rows = []
+    for earlier in (s for s in runtime.lake.committed_steps(runtime.run_id) if s < step):
+        row = {"step": earlier, **dict(runtime.lake.read_manifest(runtime.run_id, earlier).metrics)}
+        train = runtime.lake.read_train_metrics(runtime.run_id, earlier)
+        rows.append({**row, **(dict(train.metrics) if train else {})})
+    return rows
 
 
 def artifact_key(run_id: str) -> str:
