@@ -179,6 +179,12 @@ class Tracker:
             return False  # the common case: steps only grow, one request per step
         return any(point.step == step for point in self._client.get_metric_history(mlflow_run_id, key))
 
+    def metric_history(self, mlflow_run_id: str, key: str) -> list[tuple[int, float, int]]:
+        """(step, value, timestamp_ms) of every point of a metric, by step."""
+        with _tracking_errors(self.uri, f"reading metric {key}"):
+            points = self._client.get_metric_history(mlflow_run_id, key)
+        return sorted((p.step, p.value, p.timestamp) for p in points)
+
     def set_tags(self, mlflow_run_id: str, tags: Mapping[str, str]) -> None:
         with _tracking_errors(self.uri, "setting tags"):
             for key, value in tags.items():
