@@ -20,8 +20,8 @@ from rlpipe.engines.base import SamplingParams
 from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoint
 from rlpipe.rl.warmstart import warm_start as supervised_warm_start
 from rlpipe.storage.lake_records import RunInfo
-from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import Runtime, get_runtime
+from rlpipe.tasks.stage_options import STAGE_OPTIONS
 from rlpipe.tasks.track import artifact_key, log_step
 from rlpipe.tasks.update import apply_committed_update
 from rlpipe.tasks.verify import verify_all

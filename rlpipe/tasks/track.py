@@ -7,8 +7,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.artifacts import create_table_artifact
 
-from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import Runtime, get_runtime
+from rlpipe.tasks.stage_options import STAGE_OPTIONS
 
 
 def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, float]:
