@@ -142,7 +142,7 @@ def rows(lake: Lake, run_id: str) -> dict[tuple[int, str, int], tuple]:
 def final_weights(lake: Lake, run_id: str, step: int) -> dict[str, torch.Tensor]:
     folder = Path(tempfile.mkdtemp())
     lake.load_checkpoint(run_id, step, folder)
-    return load_file(str(folder / "model.safetensors"))
+    return load_file(str(folder / "policy" / "model.safetensors"))
 
 
 def mlflow_points(folder: Path, lake: Lake, run_id: str, key: str) -> list[tuple[int, float]]:

@@ -1,6 +1,11 @@
 """The `rlpipe` command (typer): parses arguments, then calls flows (train) or, for
 read-only commands (runs, query), storage/ directly. Prefect is imported only once the
-local services (`rlpipe up`) are known, so `rlpipe train` reports to them unasked."""
+local services (`rlpipe up`) are known, so `rlpipe train` reports to them unasked.
+
+Only `train` creates a lake; read-only commands and run lookups open it as it is, and a
+missing lake is exit 2 naming it. A resumed run keeps its config; only what the config
+hash leaves out (train.steps, eval.*, checkpoint.*, sandbox.pool_size, storage, tracking)
+may change, and a changed step count is said aloud ("extending run X from 10 to 15 steps")."""
 
 from __future__ import annotations
 
@@ -11,14 +16,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from rlpipe.cli import sandbox as sandbox_cli
 from rlpipe.cli import services as services_cli
+from rlpipe.cli.consoles import literal, stdout_console
 from rlpipe.cli.errors import report_errors
 from rlpipe.cli.verify import verify as verify_command
-from rlpipe.core.config import RunConfig, config_from_dict, load_config
-from rlpipe.core.errors import ConfigError, RunNotFoundError
+from rlpipe.core.config import RunConfig, config_changes, config_from_dict, hash_excluded, load_config, with_overrides
+from rlpipe.core.errors import ConfigError, LakeNotFoundError, RunNotFoundError
 
 app = typer.Typer(help="RL post-training with verifiable rewards, as durable Prefect flows.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect runs stored in the lake.", no_args_is_help=True)
@@ -27,7 +32,7 @@ app.add_typer(sandbox_cli.app, name="sandbox", help="Run commands in a sandbox; 
 app.command("verify", help="Score a JSONL file of completions offline.")(report_errors(verify_command))
 app.command("up", help="Start a local Prefect server and MLflow UI on loopback.")(report_errors(services_cli.up))
 app.command("down", help="Stop what `rlpipe up` started.")(report_errors(services_cli.down))
-console = Console()
+console = stdout_console()
 
 SET_HELP = "Override a config value: section.key=value (repeatable)."
 LAKE_HELP = "Lake URI (folder or s3://bucket/prefix); default: from --config, else ./rlpipe-lake."
@@ -50,7 +55,8 @@ def train(
     """Train a policy with GRPO; print the run id, the lake, the MLflow run and held-out accuracy."""
     run_config = load_config(config, set_)
     if resume is not None:
-        run_id, run_config = resume, _stored_config(run_config, resume, config_given=config is not None or bool(set_))
+        config_given = config is not None or bool(set_)
+        run_id, run_config = resume, _resumed_config(run_config, resume, run_config if config_given else None)
     else:
         run_id = run_id or _new_run_id(config)
         _refuse_existing(run_config, run_id)
@@ -62,11 +68,13 @@ def train(
 def resume(
     run_id: str = typer.Argument(..., help="The run to resume."),
     lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
+    set_: list[str] = typer.Option([], "--set", help="Change what a resume may change, e.g. train.steps=N to extend "
+                                   "the run (only keys left out of the config hash: train.steps, eval.*, checkpoint.*)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
 ) -> None:
-    """Resume a run: replay committed steps from the lake, then go on."""
+    """Resume a run: replay committed steps from the lake, then go on (to train.steps)."""
     base = _config_for_lake(None, lake)
-    _run_train(_stored_config(base, run_id, config_given=False), run_id, verbose)
+    _run_train(_resumed_config(base, run_id, None, set_), run_id, verbose)
 
 
 def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
@@ -94,9 +102,13 @@ def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
 
 
 def _open_lake(run_config: RunConfig):
+    """The lake of `run_config` as it is: never created here (exit 2 when missing)."""
     from rlpipe.tasks.builders import build_lake
 
-    return build_lake(run_config)
+    try:
+        return build_lake(run_config, create=False)
+    except LakeNotFoundError as exc:
+        raise LakeNotFoundError(exc.message, "check --lake/--config (storage.lake_uri); `rlpipe train` creates a lake") from None
 
 
 def _export_s3_keys(run_config: RunConfig) -> None:
@@ -123,22 +135,53 @@ def _quiet_libraries() -> None:
 
 
 def _refuse_existing(run_config: RunConfig, run_id: str) -> None:
-    if _open_lake(run_config).read_run_info(run_id) is not None:
+    try:
+        lake = _open_lake(run_config)
+    except LakeNotFoundError:
+        return  # a new lake: the run's pre-flight creates it
+    if lake.read_run_info(run_id) is not None:
         raise ConfigError(f"run {run_id!r} already exists in {run_config.storage.lake_uri}", f"resume it with --resume {run_id}, or pick another --run-id")
 
 
-def _stored_config(current: RunConfig, run_id: str, config_given: bool) -> RunConfig:
-    """The config a run was started with (storage/tracking from `current`)."""
-    info = _open_lake(current).read_run_info(run_id)
+def _resumed_config(base: RunConfig, run_id: str, given: Optional[RunConfig], overrides: list[str] = ()) -> RunConfig:
+    """The config to resume run `run_id` with: the config `given` (`train CONFIG --resume`),
+    else the run's stored config with `overrides` applied (`resume RUN --set`); storage from
+    `base`. Refused unless it computes what the run computes (same config hash) and keeps
+    every committed step; a changed step count (or eval/checkpoint interval) is printed."""
+    lake = _open_lake(base)
+    info = lake.read_run_info(run_id)
     if info is None:
-        raise RunNotFoundError(f"no run {run_id!r} in {current.storage.lake_uri}", "list runs with `rlpipe runs list`, or point --lake/--config at the lake that holds it")
+        raise RunNotFoundError(f"no run {run_id!r} in {base.storage.lake_uri}", "list runs with `rlpipe runs list`, or point --lake/--config at the lake that holds it")
     stored = config_from_dict(json.loads(info.config_json))
-    if config_given and current.config_hash() != stored.config_hash():
-        raise ConfigError(f"the config given differs from run {run_id!r}'s (hash {current.config_hash()} != {stored.config_hash()})", "resume with the run's own config: `rlpipe resume RUN_ID`")
-    # Without a config (`rlpipe resume RUN --lake X`) the run logs on into the MLflow store it
-    # started in, not the embedded default of the current folder (where its MLflow run is missing).
-    tracking = current.tracking if config_given else stored.tracking
-    return stored.model_copy(update={"storage": current.storage, "tracking": tracking})
+    if given is None:
+        # Without a config (`rlpipe resume RUN --lake X`) the run logs on into the MLflow store it
+        # started in, not the embedded default of the current folder (where its MLflow run is missing).
+        given = with_overrides(stored.model_copy(update={"storage": base.storage}), list(overrides))
+    else:
+        given = given.model_copy(update={"storage": base.storage})
+    changes = [change for change in config_changes(stored, given) if not change[0].startswith(("storage.", "tracking."))]
+    computed = [change for change in changes if not hash_excluded(change[0])]
+    if computed:
+        listed = ", ".join(f"{key} {old} -> {new}" for key, old, new in computed)
+        raise ConfigError(
+            f"run {run_id!r} cannot go on with another config: {listed} (config hash {stored.config_hash()} -> {given.config_hash()})",
+            "a resumed run keeps what it computes; only train.steps, eval.*, checkpoint.* and sandbox.pool_size may change. "
+            "Resume with the run's own config (`rlpipe resume RUN_ID`), or start a new run",
+        )
+    committed = lake.committed_steps(run_id)
+    if committed and given.train.steps < committed[-1]:
+        raise ConfigError(
+            f"run {run_id!r} has {committed[-1]} steps committed; train.steps={given.train.steps} would drop some",
+            f"pass train.steps >= {committed[-1]} (e.g. --set train.steps={stored.train.steps}), or start a new run",
+        )
+    if given.train.steps != stored.train.steps:
+        verb = "extending" if given.train.steps > stored.train.steps else "shortening"
+        console.print(f"{verb} run {literal(run_id)} from {stored.train.steps} to {given.train.steps} steps "
+                      f"({len(committed)} committed)")
+    for key, old, new in changes:
+        if key != "train.steps":
+            console.print(f"resuming run {literal(run_id)} with {literal(key)} {literal(old)} -> {literal(new)}")
+    return given
 
 
 def _config_for_lake(config: Optional[Path], lake: Optional[str]) -> RunConfig:

@@ -2,6 +2,10 @@
 
 Talks to sandbox/ directly (no flow, no Prefect). The docker backend is imported only when
 asked for, so `--backend bwrap` works where the docker SDK or engine is missing.
+
+`sandbox run` exits with the command's own status, so scripts can use it like the command;
+what the sandbox did to the command has its own codes (RUN_EXIT_CODES, like coreutils
+`timeout` and `docker run`): 124 timed out, 137 killed for memory, 125 the sandbox failed.
 """
 
 from __future__ import annotations
@@ -12,14 +16,25 @@ from collections.abc import Callable
 from enum import Enum
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from rlpipe.cli.errors import report_errors
+from rlpipe.cli.consoles import stdout_console
+from rlpipe.cli.errors import print_error, report_errors
+from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import ExecResult, Limits, Sandbox
 
 app = typer.Typer(help="Run commands in a sandbox; check its guarantees.", no_args_is_help=True)
-console = Console()
+console = stdout_console()
+
+
+EXIT_TIMEOUT = 124  # like coreutils `timeout`
+EXIT_SANDBOX_FAILED = 125  # like `docker run`: the sandbox could not run the command or lost its status
+EXIT_OOM = 137  # 128 + SIGKILL: what a shell reports for a process the OOM killer ended
+RUN_EXIT_CODES = (
+    "Exit status: the command's own (0-255); 124 if it ran past --timeout-s; 137 if it was killed for "
+    "using more than --memory-mb; 125 if the sandbox failed (backend unavailable, or the command was "
+    "killed without a status); 2 for bad arguments."
+)
 
 
 class Backend(str, Enum):
@@ -38,7 +53,19 @@ def sandbox_factory(backend: Backend) -> Callable[[Limits], Sandbox]:
     return lambda limits: BwrapSandbox(limits)
 
 
-@app.command("run")
+def run_exit_code(result: ExecResult) -> int:
+    """The exit status of `sandbox run` for what the command did (see RUN_EXIT_CODES)."""
+    if result.timed_out:
+        return EXIT_TIMEOUT
+    if result.oom_killed:
+        return EXIT_OOM
+    if result.exit_code is None:
+        return EXIT_SANDBOX_FAILED
+    return result.exit_code
+
+
+@app.command("run", help="Run COMMAND in a fresh sandbox and print what it did (exit code, output, limits hit).\n\n"
+             + RUN_EXIT_CODES)
 @report_errors
 def run(
     command: list[str] = typer.Argument(..., help="The command and its arguments (put them after `--`)."),
@@ -48,17 +75,21 @@ def run(
     network: bool = typer.Option(False, "--network", help="Allow network access (off by default)."),
     as_json: bool = typer.Option(False, "--json", help="Print the ExecResult as JSON."),
 ) -> None:
-    """Run COMMAND in a fresh sandbox and print what it did (exit code, output, limits hit)."""
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, network=network)
-    sandbox = sandbox_factory(backend)(limits)
     try:
-        result = sandbox.exec(list(command))
-    finally:
-        sandbox.close()
+        sandbox = sandbox_factory(backend)(limits)
+        try:
+            result = sandbox.exec(list(command))
+        finally:
+            sandbox.close()
+    except SandboxUnavailable as exc:
+        print_error(exc)
+        raise typer.Exit(EXIT_SANDBOX_FAILED) from None
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(result)))
     else:
         console.print(_result_table(result))
+    raise typer.Exit(run_exit_code(result))
 
 
 def _result_table(result: ExecResult) -> Table:

@@ -18,8 +18,8 @@ import urllib.request
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from rlpipe.cli.consoles import stdout_console
 from rlpipe.core.errors import InfraError
 from rlpipe.storage.local_services import (
     LocalServices,
@@ -30,7 +30,7 @@ from rlpipe.storage.local_services import (
     write_services,
 )
 
-console = Console()
+console = stdout_console()
 STARTUP_TIMEOUT_S = 90.0
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from rlpipe.cli.consoles import stderr_console, stdout_console
 from rlpipe.cli.sandbox import Backend, reap_leaked, sandbox_factory
 from rlpipe.core.errors import ConfigError, DatasetError
 from rlpipe.core.records import Task, Verdict
@@ -32,8 +32,8 @@ from rlpipe.envs.mixture import build_env
 from rlpipe.sandbox.base import Limits
 
 PASS_AT_K = (1, 10, 100)
-console = Console()
-progress_console = Console(stderr=True)
+console = stdout_console()
+progress_console = stderr_console()
 
 
 @dataclass(frozen=True)

@@ -34,18 +34,24 @@ class ModelConfig(_Section):
     num_layers: int = Field(2, gt=0)
     """Decoder layers of the tiny model."""
     num_heads: int = Field(4, gt=0)
-    """Attention heads of the tiny model (hidden_size must divide by it)."""
+    """Attention heads of the tiny model: hidden_size must divide by it, into an even head
+    size (rotary position embeddings rotate pairs of dimensions)."""
     intermediate_size: int = Field(512, gt=0)
     """MLP width of the tiny model."""
     max_position_embeddings: int = Field(128, gt=0)
-    """Longest prompt + completion the tiny model handles, in tokens."""
+    """Longest prompt + completion the tiny model handles, in tokens (checked before a run
+    starts against the configured domains' longest prompt + rollout.max_new_tokens)."""
 
 
 class EnvConfig(_Section):
     domains: dict[str, float] = {"arithmetic": 1.0}
     """Domain name -> sampling ratio (normalised). Known: arithmetic, reverse, code."""
     train_size: int = Field(4000, gt=0)
-    """Tasks per domain in the seeded training split."""
+    """Training tasks the warm-start's supervised examples come from, drawn by domain ratio
+    (seeded; a domain whose train split is smaller repeats its tasks). It does not bound
+    what RL steps draw: each step samples rollout.prompts_per_step tasks from every
+    domain's whole train split (the split's size is set by the domain: max_operand,
+    max_word_len, HumanEval's problems)."""
     heldout_size: int = Field(200, gt=0)
     """Tasks per domain in the seeded held-out split (disjoint from training)."""
     max_operand: int = Field(99, gt=0)
@@ -160,6 +166,18 @@ class SandboxConfig(_Section):
     """Concurrent sandboxes. None = derived from host cores and memory."""
 
 
+_HASH_EXCLUDED: dict[str, Any] = {
+    "storage": True, "tracking": True, "eval": True, "checkpoint": True, "train": {"steps"}, "sandbox": {"pool_size"},
+}
+
+
+def hash_excluded(key: str) -> bool:
+    """Whether `section.key` is left out of the config hash: a resumed run may change it."""
+    section, _, leaf = key.partition(".")
+    rule = _HASH_EXCLUDED.get(section)
+    return rule is True or (isinstance(rule, set) and leaf in rule)
+
+
 class RunConfig(_Section):
     seed: int = 0
     """Seed of the run; each step's seed is derived from (seed, step)."""
@@ -178,17 +196,29 @@ class RunConfig(_Section):
     def config_hash(self) -> str:
         """Hash of everything that changes what a run computes: not where it is stored or
         tracked, how long it runs, or how often it checkpoints and evaluates (so a run can
-        be resumed with more steps)."""
-        data = self.model_dump(
-            mode="json",
-            exclude={"storage": True, "tracking": True, "eval": True, "checkpoint": True,
-                     "train": {"steps"}, "sandbox": {"pool_size"}},
-        )
+        be resumed with more steps: see `hash_excluded`)."""
+        data = self.model_dump(mode="json", exclude=_HASH_EXCLUDED)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def flat(self) -> dict[str, str]:
         """The config as `section.key -> str`, for MLflow params."""
         return {key: str(value) for key, value in _flatten(self.model_dump(mode="json")).items()}
+
+
+def config_changes(old: RunConfig, new: RunConfig) -> list[tuple[str, str | None, str | None]]:
+    """(`section.key`, old value, new value) of every key whose value differs, sorted."""
+    before, after = old.flat(), new.flat()
+    return [(key, before.get(key), after.get(key)) for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+
+
+def with_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
+    """`config` with `a.b=c` overrides applied, validated (S3 keys, never dumped, are kept)."""
+    data = config.model_dump(mode="json")
+    for override in overrides:
+        _apply_override(data, override)
+    updated = config_from_dict(data)
+    keys = {"s3_access_key": config.storage.s3_access_key, "s3_secret_key": config.storage.s3_secret_key}
+    return updated.model_copy(update={"storage": updated.storage.model_copy(update=keys)})
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
@@ -209,9 +239,48 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     try:
-        return RunConfig.model_validate(data)
+        config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(*_explain(exc)) from exc
+    if config.model.path is None:  # a model folder's own config.json: tasks/model_checks.py, before a run
+        model = config.model
+        check_attention_shape(model.hidden_size, model.num_heads, model.num_heads, None,
+                              {"hidden_size": "model.hidden_size", "num_heads": "model.num_heads"})
+    return config
+
+
+def check_attention_shape(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int | None,
+                          names: dict[str, str]) -> None:
+    """ConfigError unless the attention shape can be built: hidden_size splits into num_heads
+    heads (unless head_dim is given), the head size is even (rotary embeddings rotate pairs
+    of dimensions), and num_heads splits into groups of num_kv_heads. `names` maps each
+    quantity to the field that sets it, for the message."""
+    def name(key: str) -> str:
+        return names.get(key, key)
+
+    if head_dim is None:
+        if hidden_size % num_heads:
+            below, above = hidden_size - hidden_size % num_heads, hidden_size + num_heads - hidden_size % num_heads
+            raise ConfigError(
+                f"{name('hidden_size')}={hidden_size} does not split into {name('num_heads')}={num_heads} attention heads "
+                f"({hidden_size} / {num_heads} is not a whole number)",
+                f"make {name('hidden_size')} a multiple of {num_heads} (e.g. {' or '.join(str(n) for n in (below, above) if n)}) "
+                f"or change {name('num_heads')}",
+            )
+        head_dim = hidden_size // num_heads
+    if head_dim % 2:
+        raise ConfigError(
+            f"the attention head size is odd: {name('hidden_size')}={hidden_size} / {name('num_heads')}={num_heads} = {head_dim}"
+            if "head_dim" not in names else f"{name('head_dim')}={head_dim} is odd",
+            "rotary position embeddings need an even head size: pick hidden_size / num_heads even, "
+            f"e.g. {name('hidden_size')}={2 * num_heads * max(1, (head_dim + 1) // 2)}",
+        )
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ConfigError(
+            f"{name('num_kv_heads')}={num_kv_heads} does not divide {name('num_heads')}={num_heads}",
+            "grouped-query attention shares each key/value head among num_heads / num_kv_heads query heads: "
+            "use a divisor of num_heads (num_heads itself for plain multi-head attention)",
+        )
 
 
 def _apply_override(data: dict[str, Any], override: str) -> None:

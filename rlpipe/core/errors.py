@@ -5,8 +5,10 @@
     │   ├── ConfigError              a config key, value or file is wrong
     │   ├── DatasetError             a dataset or a task cannot be read
     │   ├── ModelNotFoundError       a model folder is missing or incomplete
-    │   └── RunNotFoundError         a run id that the lake does not hold
+    │   ├── RunNotFoundError         a run id that the lake does not hold
+    │   └── LakeNotFoundError        no lake at the URI (read-only commands never create one)
     ├── LakeCorrupted                a committed file is missing or altered; never retried
+    ├── StagedRowsMissing            rows handed between stages are gone; the flow recomputes them
     └── InfraError                   the machinery failed; Prefect retries these (with backoff)
         ├── StorageUnavailable       the lake (S3 endpoint, disk) cannot be reached
         ├── SandboxUnavailable       a sandbox backend (bwrap, docker daemon) is gone
@@ -52,11 +54,25 @@ class RunNotFoundError(UserError):
     """The lake holds no run with this id."""
 
 
+class LakeNotFoundError(UserError):
+    """Nothing is stored at the lake URI: no folder, no bucket (or nothing under its prefix)."""
+
+
 class LakeCorrupted(RlpipeError):
-    """A file the lake committed (a part, a checkpoint file) is missing or fails its digest.
+    """A file the lake committed (a part, a checkpoint file) is missing, fails its digest, or
+    holds what rlpipe never writes (a checkpoint pickle that would run code).
 
     Not an InfraError: a retry reads the same bytes. The run stops with this error; the
     hint says what to restore or delete.
+    """
+
+
+class StagedRowsMissing(RlpipeError):
+    """The staged rows a stage was handed (a reference from an earlier, possibly cached, stage)
+    are not in the lake: cleaned, or a lake that lost them.
+
+    Not an InfraError: a retry reads the same missing file. The step flow catches it and
+    reruns the producing stages without their cache (seeded: the same rows again).
     """
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: committed parts keep run_id and step in their hive path only (storage/schema.py)
 
 
 class VerdictReason(str, Enum):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from prefect import flow
 
 from rlpipe.core.config import RunConfig
+from rlpipe.core.errors import StagedRowsMissing
 from rlpipe.storage.lake_records import RunState, RunStatus
 from rlpipe.tasks import advantage, lifecycle, persist, rollout, track, update, verify
 from rlpipe.tasks.runtime import build_runtime, get_runtime, release_runtime
@@ -63,18 +64,13 @@ def rl_step(run_id: str, step: int) -> None:
         # 1. The step's tasks: a function of (run seed, step).
         clock.enter("sample")
         task_ids = rollout.sample(run_id, step)
-        # 2. Sample group_size completions per task with the current policy.
-        clock.enter("generate")
-        generated_uri = rollout.generate(run_id, step, task_ids)
-        # 3. Verify every completion (fanned out inside the task).
-        clock.enter("verify")
-        verified_uri = verify.verify(run_id, step, generated_uri)
-        # 4. Group-normalised advantages.
-        clock.enter("advantages")
-        scored_uri = advantage.advantages(run_id, step, verified_uri)
-        # 5. Commit the step: Parquet part, then the manifest.
-        clock.enter("persist")
-        persist.persist(run_id, step, scored_uri)
+        # 2-5. Sample, verify, score, commit. A cached stage may point at staged rows that
+        #      are gone (cleaned, or a lake that lost them): then run the stages again uncached.
+        try:
+            _stage_and_commit(run_id, step, task_ids, clock, refresh_cache=False)
+        except StagedRowsMissing as exc:
+            log.warning("step %d of run %s: %s; rerunning its stages without the cache", step, run_id, exc.message)
+            _stage_and_commit(run_id, step, task_ids, clock, refresh_cache=True)
         # 6. The policy update on the committed rows (mini_batches_per_step x epochs_per_step
         #    optimizer steps).
         clock.enter("update")
@@ -94,6 +90,23 @@ def rl_step(run_id: str, step: int) -> None:
     except BaseException as exc:
         _set_status(run_id, RunState.FAILED, step, clock.stage, exc)
         raise
+
+
+def _stage_and_commit(run_id: str, step: int, task_ids: tuple[str, ...], clock: _StageClock, refresh_cache: bool) -> None:
+    """Stages 2-5 of a step; `refresh_cache` recomputes the cached ones (same seeds, same rows)."""
+    stage = (lambda task_: task_.with_options(refresh_cache=True)) if refresh_cache else (lambda task_: task_)
+    # 2. Sample group_size completions per task with the current policy.
+    clock.enter("generate")
+    generated_uri = stage(rollout.generate)(run_id, step, task_ids)
+    # 3. Verify every completion (fanned out inside the task).
+    clock.enter("verify")
+    verified_uri = stage(verify.verify)(run_id, step, generated_uri)
+    # 4. Group-normalised advantages.
+    clock.enter("advantages")
+    scored_uri = stage(advantage.advantages)(run_id, step, verified_uri)
+    # 5. Commit the step: Parquet part, then the manifest.
+    clock.enter("persist")
+    persist.persist(run_id, step, scored_uri)
 
 
 @flow(name="rl-train", flow_run_name="{run_id}")

@@ -1,6 +1,17 @@
-"""Save and load a policy checkpoint in a local folder: the HF model folder layout
-(config.json, model.safetensors, tokenizer files) plus the trainer's optimizer state and a
-small meta file. A checkpoint folder loads with plain `transformers` as a model.
+"""Save and load a policy checkpoint in a local folder, in two sub-folders:
+
+    policy/    a plain HF model folder: config.json, generation_config.json,
+               model.safetensors, tokenizer.json, tokenizer_config.json. Nothing else, so
+               `AutoModelForCausalLM` / `AutoTokenizer` / `pipeline` load it as is.
+    trainer/   what only rlpipe needs to go on training: optimizer.pt (the AdamW state) and
+               rlpipe_checkpoint.json (step, policy version, config hash).
+
+Loading executes nothing from the folder: weights come from safetensors, the optimizer
+state through `torch.load(weights_only=True)` (tensors and plain containers only), the meta
+from JSON. A trainer file that holds anything else (a pickle that would import or call code)
+is refused with LakeCorrupted naming the file: a checkpoint written by rlpipe never does,
+so someone altered it (digests do not help when the writer of the bucket rewrites
+CHECKPOINT.json too).
 
 Not here: where checkpoints live (storage/lake.py uploads and downloads folders).
 """
@@ -8,14 +19,21 @@ Not here: where checkpoints live (storage/lake.py uploads and downloads folders)
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-TRAINER_STATE_FILE = "trainer_state.pt"
-META_FILE = "rlpipe_checkpoint.json"
+from rlpipe.core.errors import LakeCorrupted
+
+POLICY_DIR = "policy"
+TRAINER_DIR = "trainer"
+OPTIMIZER_FILE = f"{TRAINER_DIR}/optimizer.pt"
+META_FILE = f"{TRAINER_DIR}/rlpipe_checkpoint.json"
+WEIGHTS_FILE = f"{POLICY_DIR}/model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -26,16 +44,17 @@ class CheckpointMeta:
 
 
 def save_checkpoint(folder: Path, model, tokenizer, trainer_state: dict, meta: CheckpointMeta) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
-    torch.save(trainer_state, folder / TRAINER_STATE_FILE)
+    """Write policy/ (HF layout) and trainer/ (optimizer state, meta) under `folder`."""
+    (folder / TRAINER_DIR).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder / POLICY_DIR, safe_serialization=True)
+    tokenizer.save_pretrained(folder / POLICY_DIR)
+    torch.save(trainer_state, folder / OPTIMIZER_FILE)
     (folder / META_FILE).write_text(json.dumps(asdict(meta)))
 
 
-def load_checkpoint(folder: Path, model) -> tuple[CheckpointMeta, dict]:
-    """Load weights into `model` in place; return the meta and the trainer state."""
-    state = load_file(str(folder / "model.safetensors"))
+def load_policy_weights(folder: Path, model) -> None:
+    """Load policy/model.safetensors of a checkpoint folder into `model` in place."""
+    state = load_file(str(folder / WEIGHTS_FILE))
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Tied embeddings are saved once; anything else missing is a broken checkpoint.
     missing = [name for name in missing if name != "lm_head.weight"]
@@ -43,6 +62,32 @@ def load_checkpoint(folder: Path, model) -> tuple[CheckpointMeta, dict]:
         raise ValueError(f"checkpoint {folder} does not match the model: missing={missing} unexpected={unexpected}")
     if "lm_head.weight" not in state and getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
-    trainer_state = torch.load(folder / TRAINER_STATE_FILE, weights_only=False)
+
+
+def load_checkpoint(folder: Path, model, source: str = "") -> tuple[CheckpointMeta, dict]:
+    """Load weights into `model` in place; return the meta and the trainer state. `source`
+    (where the folder came from, e.g. the lake's checkpoint URI) names files in errors.
+
+    The trainer state is read before the weights, so a refused checkpoint leaves `model`
+    untouched (the caller may fall back to an older one)."""
+    trainer_state = load_trainer_state(folder / OPTIMIZER_FILE, f"{(source or str(folder)).rstrip('/')}/{OPTIMIZER_FILE}")
     meta = CheckpointMeta(**json.loads((folder / META_FILE).read_text()))
+    load_policy_weights(folder, model)
     return meta, trainer_state
+
+
+def load_trainer_state(path: Path, name: str) -> dict:
+    """The optimizer state, unpickled with torch's weights-only loader (no code runs);
+    `name` is how errors call the file."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        # torch's message is a page of advice (load it unsafely); keep only what it found
+        found = re.search(r"WeightsUnpickler error: ([^\n.]+)", str(exc))
+        what = found.group(1).strip() if found else ""
+        raise LakeCorrupted(
+            f"checkpoint file {name} holds objects other than tensors and plain containers"
+            f"{f' ({what})' if what else ''}; refused to unpickle it",
+            hint="rlpipe never writes such a file: someone altered the checkpoint. Delete this "
+            "checkpoint folder (an older one is used) and check who can write the lake",
+        ) from exc

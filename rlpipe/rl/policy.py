@@ -3,25 +3,27 @@
 What it does:
 - `build_char_tokenizer` makes a `PreTrainedTokenizerFast` with one token per character of an
   alphabet (built with the `tokenizers` library, no download), plus the special tokens
-  <pad> <eos> <bos> <unk>. It round-trips through `save_pretrained` /
-  `AutoTokenizer.from_pretrained`.
+  <pad> <eos> <bos> <unk>. It is a byte-level BPE without merges, built exactly as
+  transformers 5 rebuilds a Qwen2Tokenizer from a tokenizer.json, so a saved policy folder
+  loads with the same ids through `AutoTokenizer.from_pretrained` whatever the architecture
+  (see `build_char_tokenizer`).
 - `build_tiny_model` makes a randomly initialised float32 Qwen2 or Llama causal LM from a
   transformers config, seeded.
 - `load_local_model` loads a model folder written by `save_pretrained` (config, weights,
-  tokenizer) and raises ModelNotFoundError with a hint when a piece is missing.
+  tokenizer) through the standard `AutoTokenizer` / `AutoModelForCausalLM` path, and raises
+  ModelNotFoundError with a hint when a piece is missing.
 
 What it does not: download anything (no hub access), choose a device, or train.
 """
 
 from __future__ import annotations
 
-import json
 import string
 from pathlib import Path
 from typing import Literal
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -51,16 +53,35 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
     """A tokenizer with one id per character of `alphabet` (duplicates ignored).
 
-    Ids 0..3 are <pad> <eos> <bos> <unk>; characters follow in alphabet order. A character
-    outside the alphabet encodes as <unk>. Decoding concatenates characters with no spaces.
+    Ids 0..3 are <pad> <eos> <bos> <unk>; characters follow in alphabet order. Decoding
+    concatenates characters with no spaces. A character outside the alphabet is dropped when
+    encoding (no id; <unk> is kept as a special token but never produced).
+
+    Why byte-level BPE: for a qwen2 config.json, transformers 5's AutoTokenizer always builds a
+    `Qwen2Tokenizer` (qwen2 is in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS, so no
+    `tokenizer_class` in tokenizer_config.json changes that) and keeps only the vocabulary and
+    merges of tokenizer.json: a byte-level BPE model without unknown token, NFC, a ByteLevel
+    pre-tokenizer and decoder. A WordLevel vocabulary keyed by raw characters lost the space
+    (and newline) that way. So the vocabulary is keyed by the byte-level symbol of each
+    character (" " -> "Ġ", "\n" -> "Ċ"; printable ASCII maps to itself), with no merges, and the
+    pipeline is the one that rebuild applies: both paths (the rebuild, and tokenizer.json read
+    as saved for llama) give the same ids as this object. Ids are those of the previous
+    character tokenizer for every character of the alphabet.
     """
     vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     for char in alphabet:
-        if char not in vocab:
-            vocab[char] = len(vocab)
-    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
+        symbols = "".join(piece for piece, _ in byte_level.pre_tokenize_str(char))
+        if len(symbols) != 1:
+            raise ValueError(f"alphabet character {char!r} is not one byte in UTF-8; use ASCII characters")
+        vocab.setdefault(symbols, len(vocab))
+    backend = Tokenizer(
+        models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False,
+                   continuing_subword_prefix="", end_of_word_suffix="")
+    )
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = byte_level
+    backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
@@ -68,8 +89,8 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenize
         bos_token=BOS_TOKEN,
         unk_token=UNK_TOKEN,
         clean_up_tokenization_spaces=False,
+        padding_side="left",  # saved in tokenizer_config.json: batched generation of a causal LM
     )
-    tokenizer.padding_side = "left"
     return tokenizer
 
 
@@ -125,6 +146,18 @@ def load_local_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedToken
     return model, tokenizer
 
 
+def load_local_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """The tokenizer of a model folder, as `load_local_model` loads it (no weights are read)."""
+    folder = check_model_folder(path)
+    try:
+        tokenizer = _load_tokenizer(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelNotFoundError(f"cannot load the tokenizer in {folder}: {exc}",
+                                 "pass a folder written by model.save_pretrained() and tokenizer.save_pretrained()") from exc
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
 def check_model_folder(path: str | Path) -> Path:
     """Raise ModelNotFoundError unless `path` holds a config, weights and a tokenizer."""
     folder = Path(path)
@@ -141,14 +174,5 @@ def check_model_folder(path: str | Path) -> Path:
 
 
 def _load_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
-    """AutoTokenizer, except for a generic tokenizers-backed tokenizer (like the char tokenizer).
-
-    transformers 5 swaps a generic `TokenizersBackend` for the architecture's own tokenizer class
-    (Qwen2Tokenizer for a qwen2 config.json), which rebuilds the pre-tokenizer and breaks a
-    character-level vocabulary; loading the generic class directly keeps tokenizer.json as saved.
-    """
-    config_file = folder / "tokenizer_config.json"
-    tokenizer_class = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
-    if tokenizer_class in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-        return PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+    """The standard path, as an HF user loads the folder: `AutoTokenizer.from_pretrained`."""
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)

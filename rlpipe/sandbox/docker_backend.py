@@ -49,6 +49,8 @@ Snapshots: `docker commit` does not see tmpfs mounts, so `snapshot()` streams a 
 out of the container and keeps it in this process's memory (bounded by `disk_mb`);
 `restore()` empties /work and unpacks it. Files go in and out the same way (framed bytes over
 the exec's stdin/stdout): `docker cp`/`put_archive` would write under the tmpfs, not into it.
+The programs that do it in the container (the wipe, the file upload, tar and untar, the
+read, the OOM counter; the container's init) are modules of sandbox/programs/, sent as text.
 
 Not guaranteed: isolation from kernel exploits (containers share the host kernel; use
 gVisor/kata as the runtime for hostile code at scale); one command at a time per sandbox
@@ -74,6 +76,7 @@ from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
 from rlpipe.sandbox.docker_warm import ExecStreamProcess, FrameSplitter
 from rlpipe.sandbox.image import SANDBOX_UID, ensure_image
+from rlpipe.sandbox.programs import docker_work, program_source
 from rlpipe.sandbox.warm_python import (
     NOT_INIT_SERVER_ARGV,
     WarmAnswer,
@@ -93,94 +96,12 @@ _KILL_ALL = 'i=0; while kill -9 -1 2>/dev/null && [ $i -lt 2000 ]; do i=$((i+1))
 _WRAPPER = ["/bin/sh", "-c", f'"$@"; rc=$?; {_KILL_ALL}; exit $rc', "rlpipe-exec"]
 # the warm server gets the environment a wrapped command gets (dash adds PWD), and no kill at its end
 _WARM_SERVER = ["/bin/sh", "-c", 'exec "$@"', "rlpipe-warm", *NOT_INIT_SERVER_ARGV]
-_INIT = """
-import os, signal
-try:  # not dumpable: no process of the sandbox can ptrace it or read /proc/1/mem (it runs as nobody anyway)
-    import ctypes
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
-except Exception:
-    pass
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM})
-while signal.sigwait({signal.SIGCHLD, signal.SIGTERM}) == signal.SIGCHLD:
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
-"""
-_OOM_COUNT = """
-for path, key in (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"), ("/sys/fs/cgroup/memory.events", "oom_kill")):
-    try:
-        print(dict(line.split() for line in open(path))[key]); break
-    except (OSError, KeyError, ValueError):
-        pass
-else:
-    print(-1)
-"""
-_WIPE = """
-import ctypes, os, sys
-# /work's own mode, times and extended attributes (ACLs among them) first, as the tmpfs mount
-# made them: a command may have locked it (chmod 0) or left a default ACL for the next user
-for name in os.listxattr('/work'):
-    os.removexattr('/work', name)
-os.chmod('/work', 0o700)
-def wipe(top):
-    # without recursion: a command may nest dirs thousands deep
-    pending = [(top, False)]
-    while pending:
-        path, emptied = pending.pop()
-        if emptied:
-            os.rmdir(path)
-            continue
-        for entry in os.scandir(path):
-            if entry.is_dir(follow_symlinks=False):
-                os.chmod(entry.path, 0o700)
-                pending += [(entry.path, True), (entry.path, False)]
-            else:
-                os.unlink(entry.path)
-for root in sys.argv[1:]:
-    if os.path.isdir(root):
-        wipe(root)
-os.utime('/work', ns=(0, 0))
-# System V IPC objects live as long as the container's IPC namespace (and are charged to its
-# memory): remove them all, as a fresh container has none; any left fails the wipe (the
-# container is then replaced)
-libc = ctypes.CDLL(None)
-removers = {"shm": lambda i: libc.shmctl(i, 0, None), "msg": lambda i: libc.msgctl(i, 0, None),
-            "sem": lambda i: libc.semctl(i, 0, 0)}
-def ipc_ids(table):
-    try:
-        return [int(line.split()[1]) for line in open("/proc/sysvipc/" + table).read().strip().splitlines()[1:]]
-    except OSError:
-        return []
-for table, remove in removers.items():
-    for ident in ipc_ids(table):
-        remove(ident)
-    if ipc_ids(table):
-        sys.exit("System V IPC objects left in /proc/sysvipc/" + table)
-"""
-_UNPACK = _WIPE + """
-data, at = sys.stdin.buffer.read(), 0
-while at < len(data):
-    path_size, data_size = int.from_bytes(data[at:at + 4], 'big'), int.from_bytes(data[at + 4:at + 12], 'big')
-    path = '/work/' + data[at + 12:at + 12 + path_size].decode()
-    at += 12 + path_size
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.islink(path):
-        os.unlink(path)
-    with open(path, 'wb') as f:
-        f.write(data[at:at + data_size])
-    at += data_size
-"""
+# the programs run in the container (sandbox/programs/): its init, and the file and state actions of
+# docker_work.py, each sent as `python3 -S -c TEXT ACTION ARGS`
+_INIT = program_source("programs/docker_init.py")
+_WORK = program_source("programs/cleanup.py", "programs/docker_work.py")
 _WIPED_DIRS = ["/work", "/tmp", "/dev/shm", "/dev/mqueue"]
-_UNTAR = "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|').extractall('/work')"
-_TAR = """
-import os, sys, tarfile
-with tarfile.open(fileobj=sys.stdout.buffer, mode='w|') as archive:
-    for name in sorted(os.listdir('/work')):
-        archive.add(os.path.join('/work', name), arcname=name)
-"""
-_CAT = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
+
 
 _client_lock = threading.Lock()
 _clients: dict[str | None, object] = {}
@@ -380,7 +301,7 @@ class DockerSandbox:
             self._stop_warm(kill_everything=not answer.clean)
 
     def _ours(self, program: str, args: list[str], stdin: bytes, timeout_s: float) -> _RawRun:
-        """One of this module's python programs (at most 4096 bytes of output kept): forked by the
+        """A program of sandbox/programs/ (at most 4096 bytes of output kept): forked by the
         running warm server if there is one, else by its own `docker exec`; same user and cwd."""
         warm = self._warm if self._warm is not None and self._warm.alive else None
         if warm is not None:
@@ -490,7 +411,7 @@ class DockerSandbox:
         self._replace_container()
 
     def _oom_count(self) -> int:
-        raw = self._ours(_OOM_COUNT, [], b"", 10.0)
+        raw = self._ours(_WORK, ["oom-count"], b"", 10.0)
         try:
             return int(raw.stdout.strip() or -1)
         except ValueError:
@@ -513,15 +434,12 @@ class DockerSandbox:
     def write_files(self, files: dict[str, bytes]) -> None:
         """Write files under /work (parents created, existing files replaced) in one exec, or one
         request to the warm server when it runs."""
-        frames = bytearray()
-        for path, data in files.items():
-            encoded = _checked_relative(path).encode()
-            frames += len(encoded).to_bytes(4, "big") + len(data).to_bytes(8, "big") + encoded + data
+        frames = docker_work.frames({_checked_relative(path): data for path, data in files.items()})
         wipe_first = _WIPED_DIRS if self._needs_wipe else []
-        raw = self._ours(_UNPACK, wipe_first, bytes(frames), 60.0)
+        raw = self._ours(_WORK, ["unpack", *wipe_first], frames, 60.0)
         if raw.exit_code != 0 and wipe_first:  # the wipe failed: a fresh container, then write again
             self._replace_container()
-            raw = self._run(["python3", "-S", "-c", _UNPACK], bytes(frames), 60.0, 4096)
+            raw = self._run(["python3", "-S", "-c", _WORK, "unpack"], frames, 60.0, 4096)
         self._needs_wipe = False
         if raw.exit_code != 0:
             raise SandboxUnavailable(f"docker sandbox could not write files: {raw.stderr[-500:].decode(errors='replace')}",
@@ -529,14 +447,14 @@ class DockerSandbox:
 
     def read_file(self, path: str) -> bytes:
         self._wipe_if_needed()
-        raw = self._run(["python3", "-S", "-c", _CAT, "/work/" + _checked_relative(path)], b"", 60.0, None)
+        raw = self._run(["python3", "-S", "-c", _WORK, "cat", "/work/" + _checked_relative(path)], b"", 60.0, None)
         if raw.exit_code != 0:
             raise FileNotFoundError(f"{path} cannot be read in the sandbox: {raw.stderr[-300:].decode(errors='replace')}")
         return raw.stdout
 
     def snapshot(self) -> Snapshot:
         self._wipe_if_needed()
-        archive = self._internal(["python3", "-S", "-c", _TAR], b"", "snapshot /work")
+        archive = self._internal(["python3", "-S", "-c", _WORK, "tar"], b"", "snapshot /work")
         snapshot = Snapshot(snapshot_id=uuid.uuid4().hex)
         self._snapshots[snapshot.snapshot_id] = archive
         return snapshot
@@ -547,7 +465,7 @@ class DockerSandbox:
             raise KeyError(f"snapshot {snapshot.snapshot_id} was not taken by this sandbox")
         self._needs_wipe = True
         self._wipe_if_needed()
-        self._internal(["python3", "-S", "-c", _UNTAR], archive, "restore /work")
+        self._internal(["python3", "-S", "-c", _WORK, "untar"], archive, "restore /work")
 
     def reset(self) -> None:
         """Back to an empty /work, /tmp and /dev/shm. No process is left to kill (each command's
@@ -561,7 +479,7 @@ class DockerSandbox:
         if not self._needs_wipe:
             return
         try:
-            raw = self._ours(_WIPE, _WIPED_DIRS, b"", 30.0)
+            raw = self._ours(_WORK, ["wipe", *_WIPED_DIRS], b"", 30.0)
             if raw.exit_code != 0:
                 self._replace_container()
         except SandboxUnavailable:

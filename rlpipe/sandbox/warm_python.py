@@ -25,11 +25,11 @@ import struct
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlpipe.sandbox.base import ExecResult
+from rlpipe.sandbox.programs import program_source
 
-SERVER_SOURCE = Path(__file__).with_name("warm_server.py").read_text()
+SERVER_SOURCE = program_source("programs/cleanup.py", "warm_server.py")  # the server, with the wipes it uses
 SERVER_ARGV = ["python3", "-I", "-S", "-c", SERVER_SOURCE]
 NOT_INIT_SERVER_ARGV = [*SERVER_ARGV, "--not-init"]  # requests can then kill it: see warm_server.py
 START_TIMEOUT_S = 10.0

@@ -1,10 +1,11 @@
 """A warm Python interpreter that runs inside a sandbox and forks one clean child per request.
 
-This file is not imported by rlpipe: its text is run inside a sandbox as
-`python3 -I -S -c <this file>` (stdlib only), as the pid namespace's pid 1, by
-sandbox/warm_python.py. Each request is one `python3 -I -S -c CODE` with a stdin, a
-timeout and an output cap, run in a child forked from this already-started interpreter,
-so a request costs a fork instead of a sandbox start plus an interpreter start.
+Its text, below that of programs/cleanup.py (the tree and IPC wipes it shares with
+docker's wipe), is run inside a sandbox as `python3 -I -S -c <text>` (stdlib only), as the
+pid namespace's pid 1, by sandbox/warm_python.py (rlpipe itself never imports it). Each
+request is one `python3 -I -S -c CODE` with a stdin, a timeout and an output cap, run in a
+child forked from this already-started interpreter, so a request costs a fork instead of
+a sandbox start plus an interpreter start.
 
 Per request: fork; the child closes every fd but fresh pipes on 0, 1 and 2, makes itself
 the likeliest OOM victim, runs CODE as `__main__` and exits as Python would (SystemExit
@@ -61,6 +62,9 @@ import sys
 import time
 import warnings
 
+if __name__ != "__main__":  # imported (tests, tools); in a sandbox programs/cleanup.py's text comes above this one
+    from rlpipe.sandbox.programs.cleanup import empty_dir, remove_ipc_objects
+
 _CHUNK = 1 << 16
 _PR_SET_DUMPABLE = 4
 _SCRATCH_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
@@ -70,8 +74,6 @@ _WATCHED_PATHS = (*_SCRATCH_DIRS, "/dev/pts", "/dev/pts/ptmx")
 _NAMESPACE_SYSCTLS = tuple(f"/proc/sys/kernel/{name}" for name in (
     "msgmni", "msgmax", "msgmnb", "sem", "shmmax", "shmall", "shmmni", "shm_rmid_forced", "auto_msgmni", "pid_max"))
 _COMPILED_CACHE_SIZE = 16
-_SYSV_IPC_REMOVERS = {"/proc/sysvipc/shm": "shmctl", "/proc/sysvipc/msg": "msgctl", "/proc/sysvipc/sem": "semctl"}
-_IPC_RMID = 0
 _IOPRIO_GET = {"x86_64": 252, "aarch64": 31}  # syscall numbers; elsewhere the I/O priority is not checked
 _RLIMITS = sorted(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 NOT_INIT = "--not-init" in sys.argv[1:]  # docker: the container's init is pid 1, not this server
@@ -274,30 +276,6 @@ def residue(baseline, libc):
     return found
 
 
-def remove_ipc_objects(libc):
-    """Remove every System V IPC object of the namespace (a fresh exec's namespace has none: in
-    docker the namespace is the container's, and outlives any server); the tables still holding one."""
-    left = []
-    for table, remover in _SYSV_IPC_REMOVERS.items():
-        for ident in ipc_ids(table):
-            if remover == "semctl":
-                libc.semctl(ident, 0, _IPC_RMID)
-            else:
-                getattr(libc, remover)(ident, _IPC_RMID, None)
-        if ipc_ids(table):
-            left.append(table)
-    return left
-
-
-def ipc_ids(table):
-    """The ids in one /proc/sysvipc table (a header line, then one line per object)."""
-    try:
-        with open(table) as entries:
-            return [int(line.split()[1]) for line in entries.read().strip().splitlines()[1:]]
-    except (OSError, ValueError, IndexError):
-        return []
-
-
 def kill_all_others():
     """SIGKILL and reap every process of the namespace but this one (pid 1); False if one is left.
 
@@ -333,37 +311,8 @@ def empty_scratch():
     """Delete everything under the scratch dirs; False if something could not be deleted."""
     clean = True
     for top in _SCRATCH_DIRS:
-        try:
-            names = os.listdir(top)
-        except FileNotFoundError:
-            continue
-        except OSError:  # e.g. a request took the permissions away: not clean
-            clean = False
-            continue
-        for name in names:
-            clean = remove_tree(os.path.join(top, name)) and clean
-        try:
-            os.utime(top, ns=(0, 0))  # its times could carry bits to the next request
-        except OSError:
-            pass
+        clean = empty_dir(top) and clean
     return clean
-
-
-def remove_tree(path):
-    """Delete a file or a whole tree without recursion (a request may nest dirs thousands deep)."""
-    pending = [(path, False)]
-    try:
-        while pending:
-            current, emptied = pending.pop()
-            if emptied or not os.path.isdir(current) or os.path.islink(current):
-                os.rmdir(current) if emptied else os.unlink(current)
-                continue
-            os.chmod(current, 0o700)
-            pending.append((current, True))
-            pending.extend((os.path.join(current, name), False) for name in os.listdir(current))
-        return True
-    except (OSError, RecursionError, MemoryError):
-        return False
 
 
 def run(request, code, stdin, compiled, libc, baseline, buffers):

@@ -3,10 +3,13 @@
 What it does: parses the lake URI, resolves S3 settings (arguments first, then the
 AWS_ENDPOINT_URL / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_REGION /
 AWS_DEFAULT_REGION environment, then region us-east-1), checks within a few seconds that
-the endpoint answers and the keys are accepted, creates the bucket if it is missing (with
-the `minio` client), and returns a `LakeLocation`: a pyarrow FileSystem plus the root path
-inside it. Errors are translated: an endpoint that does not answer -> StorageUnavailable;
-a malformed URI, endpoint or rejected keys -> ConfigError.
+the endpoint answers and the keys are accepted, and returns a `LakeLocation`: a pyarrow
+FileSystem plus the root path inside it. Opening with `create=True` (what `rlpipe train`
+does) makes a missing folder or bucket (with the `minio` client); `create=False` (every
+read-only command) creates nothing and raises LakeNotFoundError when there is no lake: no
+folder, no bucket, or nothing under the bucket's prefix (S3 has no folders). Errors are
+translated: an endpoint that does not answer -> StorageUnavailable; a malformed URI,
+endpoint or rejected keys -> ConfigError.
 
 What it does not: read or write lake files (storage/lake.py does), or retry (Prefect retries
 InfraErrors at the task level).
@@ -24,11 +27,12 @@ import urllib3
 from minio import Minio
 from minio.error import MinioException, S3Error
 
-from rlpipe.core.errors import ConfigError, StorageUnavailable
+from rlpipe.core.errors import ConfigError, LakeNotFoundError, StorageUnavailable
 
 CONNECT_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 5.0
 DEFAULT_REGION = "us-east-1"
+_NO_LAKE_HINT = "check the lake URI (storage.lake_uri); the first `rlpipe train` creates a lake"
 _CREDENTIAL_ERROR_CODES = frozenset(
     {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken"}
 )
@@ -130,10 +134,12 @@ def open_lake_location(
     access_key: str | None = None,
     secret_key: str | None = None,
     region: str | None = None,
+    create: bool = True,
 ) -> LakeLocation:
-    """Open the lake at `uri` (a folder path, file:// URI or s3://bucket/prefix)."""
+    """Open the lake at `uri` (a folder path, file:// URI or s3://bucket/prefix); make its
+    folder or bucket if missing when `create`, else LakeNotFoundError."""
     if "://" not in uri or uri.startswith("file://"):
-        return _open_local(uri)
+        return _open_local(uri, create)
     if not uri.startswith("s3://"):
         raise ConfigError(
             f"lake URI {uri!r} has an unsupported scheme",
@@ -141,7 +147,7 @@ def open_lake_location(
         )
     bucket, prefix = split_s3_uri(uri)
     settings = resolve_s3_settings(endpoint_url, access_key, secret_key, region)
-    _ensure_bucket(settings, bucket)
+    _ensure_bucket(settings, bucket, prefix, uri, create)
     filesystem = pafs.S3FileSystem(
         access_key=settings.access_key,
         secret_key=settings.secret_key,
@@ -156,8 +162,12 @@ def open_lake_location(
     return LakeLocation(uri=uri, filesystem=filesystem, root=root, s3=settings)
 
 
-def _open_local(uri: str) -> LakeLocation:
+def _open_local(uri: str, create: bool) -> LakeLocation:
     path = Path(urlsplit(uri).path if uri.startswith("file://") else uri).expanduser().resolve()
+    if not create:
+        if not path.is_dir():
+            raise LakeNotFoundError(f"no lake at {path}: the folder does not exist", hint=_NO_LAKE_HINT)
+        return LakeLocation(uri=str(path), filesystem=pafs.LocalFileSystem(), root=str(path), s3=None)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -184,13 +194,18 @@ def minio_client(settings: S3Settings) -> Minio:
     )
 
 
-def _ensure_bucket(settings: S3Settings, bucket: str) -> None:
-    """Check reachability and keys with one request; create the bucket if missing."""
+def _ensure_bucket(settings: S3Settings, bucket: str, prefix: str, uri: str, create: bool) -> None:
+    """Check reachability and keys with one request; create the bucket if missing and
+    `create`, else LakeNotFoundError when the bucket, or anything under the prefix, is missing."""
     client = minio_client(settings)
     endpoint = settings.endpoint_url or "https://s3.amazonaws.com"
     try:
         if not client.bucket_exists(bucket):
+            if not create:
+                raise LakeNotFoundError(f"no lake at {uri}: bucket {bucket!r} does not exist at {endpoint}", hint=_NO_LAKE_HINT)
             client.make_bucket(bucket)
+        elif not create and prefix and next(iter(client.list_objects(bucket, prefix=f"{prefix}/")), None) is None:
+            raise LakeNotFoundError(f"no lake at {uri}: nothing is stored under {prefix!r} in bucket {bucket!r}", hint=_NO_LAKE_HINT)
     except S3Error as exc:
         if exc.code in _CREDENTIAL_ERROR_CODES:
             raise ConfigError(

@@ -5,8 +5,11 @@ Layout under the root (a folder or s3://bucket/prefix):
     runs/{run_id}/run.json                         RunInfo
     runs/{run_id}/status.json                      RunStatus (overwritten as the run moves)
     runs/{run_id}/steps/{step:06d}/MANIFEST.json   StepManifest, written LAST for the step
-    trajectories/run_id={run_id}/step={step}/part-{name}.parquet   immutable, zstd
-    checkpoints/{run_id}/step={step:06d}/...       the files of a local folder
+    runs/{run_id}/steps/{step:06d}/TRAIN.json      StepTrainMetrics, after the manifest (update, timings)
+    trajectories/run_id={run_id}/step={step}/part-{name}.parquet   immutable, zstd; run_id and
+                                                   step only in the path (schema.PART_SCHEMA)
+    checkpoints/{run_id}/step={step:06d}/...       the files of a local folder (rl/checkpoint.py:
+                                                   policy/ an HF model folder, trainer/ beside it)
     checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json   file list + digests, after the files
     checkpoints/{run_id}/LATEST                    the highest complete step, written last
     staging/run_id={run_id}/step={step}/{stage}-{digest}.parquet   rows passed between stages
@@ -22,7 +25,8 @@ back. Staged rows (the hand-over between stages inside a step) are content-addre
 reference to them never changes meaning; they sit outside trajectories/ and are never
 queried. Storage failures raise StorageUnavailable (an InfraError: retried); a committed
 part or checkpoint file that is missing or fails its sha256 raises LakeCorrupted (not
-retried: the same bytes would be read again); a missing document reads as None.
+retried: the same bytes would be read again); staged rows that are gone raise
+StagedRowsMissing (not retried: the flow recomputes them); a missing document reads as None.
 
 What it does not: lock against two writers committing the same step at once (one run has
 one controller), garbage-collect orphans, or know about MLflow or Prefect.
@@ -41,7 +45,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from rlpipe.core.errors import ConfigError, LakeCorrupted, StorageUnavailable
+from rlpipe.core.errors import ConfigError, LakeCorrupted, StagedRowsMissing, StorageUnavailable
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.storage.filesystem import LakeLocation, open_lake_location
@@ -52,9 +56,17 @@ from rlpipe.storage.lake_records import (
     RunInfo,
     RunStatus,
     StepManifest,
+    StepTrainMetrics,
 )
 from rlpipe.storage.objects import ObjectStore, storage_errors
-from rlpipe.storage.schema import TRAJECTORY_SCHEMA, from_table, to_table
+from rlpipe.storage.schema import (
+    TRAJECTORY_SCHEMA,
+    from_table,
+    partition_of,
+    to_part_table,
+    to_table,
+    with_partition_columns,
+)
 
 _STAGED_PATTERN = re.compile(
     r"^staging/run_id=[A-Za-z0-9][A-Za-z0-9._-]*/step=\d+/[A-Za-z0-9._-]+-[0-9a-f]{16}\.parquet$"
@@ -133,7 +145,7 @@ class Lake:
             f"trajectories/run_id={_check_name('run id', run_id)}/step={step}/"
             f"part-{_check_name('part name', name)}.parquet"
         )
-        data = _parquet_bytes(trajectories)
+        data = _parquet_bytes(to_part_table(trajectories, run_id, step))
         self.objects.put(relative, data, crash_point="part-write")
         return PartRef(path=relative, rows=len(trajectories), sha256=hashlib.sha256(data).hexdigest())
 
@@ -159,7 +171,7 @@ class Lake:
                     hint="the file was altered after commit; restore it or delete the step's manifest",
                 )
             table = pq.read_table(pa.BufferReader(data))
-            tables.append(table.select(TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA))
+            tables.append(with_partition_columns(table, *partition_of(part.path)))
         return pa.concat_tables(tables)
 
     def commit_step(self, manifest: StepManifest) -> StepManifest:
@@ -182,6 +194,21 @@ class Lake:
     def read_manifest(self, run_id: str, step: int) -> StepManifest | None:
         data = self.objects.get(self._manifest_path(run_id, step))
         return None if data is None else StepManifest.from_json(data.decode())
+
+    def record_train_metrics(self, run_id: str, step: int, metrics: dict[str, float]) -> StepTrainMetrics:
+        """Store the after-commit metrics of a committed step (merged over those stored: a
+        replayed update brings its train/* metrics again, not the first run's timings)."""
+        if self.read_manifest(run_id, step) is None:
+            raise ValueError(f"step {step} of run {run_id} is not committed: its train metrics have no step to join")
+        stored = self.read_train_metrics(run_id, step)
+        merged = {**(dict(stored.metrics) if stored else {}), **{name: float(value) for name, value in metrics.items()}}
+        record = StepTrainMetrics(run_id=run_id, step=step, metrics=tuple(sorted(merged.items())))
+        self.objects.put(self._step_path(run_id, step, "TRAIN.json"), record.to_json().encode())
+        return record
+
+    def read_train_metrics(self, run_id: str, step: int) -> StepTrainMetrics | None:
+        data = self.objects.get(self._step_path(run_id, step, "TRAIN.json"))
+        return None if data is None else StepTrainMetrics.from_json(data.decode())
 
     def committed_steps(self, run_id: str) -> list[int]:
         """Steps of the run that have a manifest, ascending."""
@@ -211,7 +238,7 @@ class Lake:
 
     def write_staged(self, run_id: str, step: int, stage: str, trajectories: list[Trajectory]) -> str:
         """Store the rows a stage hands to the next; return their reference (content-addressed)."""
-        data = _parquet_bytes(trajectories)
+        data = _parquet_bytes(to_table(trajectories))
         digest = hashlib.sha256(data).hexdigest()[:16]
         relative = (
             f"staging/run_id={_check_name('run id', run_id)}/step={step}/"
@@ -221,14 +248,14 @@ class Lake:
         return relative
 
     def read_staged(self, staged_uri: str) -> list[Trajectory]:
-        """The rows behind a reference from write_staged; StorageUnavailable if gone."""
+        """The rows behind a reference from write_staged; StagedRowsMissing if gone."""
         if not _STAGED_PATTERN.match(staged_uri):
             raise ValueError(f"not a staged-rows reference: {staged_uri!r}")
         data = self.objects.get(staged_uri)
         if data is None:
-            raise StorageUnavailable(
+            raise StagedRowsMissing(
                 f"lake {self.uri}: staged rows {staged_uri} are missing",
-                hint="rerun the step's earlier stages (they were cleaned or never written)",
+                hint="the step's earlier stages are rerun without their cache (they were cleaned or lost)",
             )
         return from_table(pq.read_table(pa.BufferReader(data)))
 
@@ -256,7 +283,10 @@ class Lake:
         return f"runs/{_check_name('run id', run_id)}/{name}"
 
     def _manifest_path(self, run_id: str, step: int) -> str:
-        return f"runs/{_check_name('run id', run_id)}/steps/{step:06d}/MANIFEST.json"
+        return self._step_path(run_id, step, "MANIFEST.json")
+
+    def _step_path(self, run_id: str, step: int, name: str) -> str:
+        return f"runs/{_check_name('run id', run_id)}/steps/{step:06d}/{name}"
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -309,12 +339,23 @@ class Lake:
         return None
 
     def load_checkpoint(self, run_id: str, step: int, local_dir: Path) -> CheckpointInfo | None:
-        """Download a complete checkpoint into `local_dir` (digests checked), or None."""
+        """Download a complete checkpoint into `local_dir` (digests checked), or None.
+        LakeCorrupted names a listed file that is missing or altered."""
         base = self._checkpoint_dir(run_id, step)
         data = self.objects.get(f"{base}/CHECKPOINT.json")
         if data is None:
             return None
         info = CheckpointInfo.from_json(data.decode())
+        paths = [self.location.path(f"{base}/{file.path}") for file in info.files]
+        with storage_errors(f"checking the files of checkpoint {step}", self.location):
+            found = self._fs.get_file_info(paths) if paths else []
+        missing = [file.path for file, found_info in zip(info.files, found) if found_info.type != pafs.FileType.File]
+        if missing:  # lost, not unreachable: a retry would not find them either
+            raise LakeCorrupted(
+                f"lake {self.uri}: checkpoint {base} lacks {', '.join(missing)} (listed in its CHECKPOINT.json)",
+                hint="the lake lost checkpoint files; load an older one "
+                "(latest_checkpoint(run_id, at_or_before=step - 1))",
+            )
         for file in info.files:
             digest = self.objects.download(f"{base}/{file.path}", Path(local_dir) / file.path)
             if digest != file.sha256:
@@ -329,9 +370,9 @@ class Lake:
     def _checkpoint_dir(self, run_id: str, step: int) -> str:
         return f"checkpoints/{_check_name('run id', run_id)}/step={step:06d}"
 
-def _parquet_bytes(trajectories: list[Trajectory]) -> bytes:
+def _parquet_bytes(table: pa.Table) -> bytes:
     buffer = io.BytesIO()
-    pq.write_table(to_table(trajectories), buffer, compression="zstd")
+    pq.write_table(table, buffer, compression="zstd")
     return buffer.getvalue()
 
 

@@ -1,7 +1,12 @@
 """The small JSON documents of the lake: run info, run status, step manifests, checkpoints.
 
-What it does: frozen dataclasses for each document and their exact JSON round trip
-(`to_json()` / `from_json(text)`), so the lake never hands out dicts. Times are unix
+What it does: frozen dataclasses for each document (StepTrainMetrics too) and their exact JSON round trip
+(`to_json()` / `from_json(text)`), so the lake never hands out dicts. One typed serializer
+does it for every document (`LakeDocument`: a pydantic TypeAdapter per dataclass): the
+fields in declaration order, tuples as JSON arrays, enums as their values, indented by 2,
+non-ASCII escaped and NaN written as `NaN` (what `json.dumps` writes); reading validates
+types (a wrong type raises pydantic's ValidationError, a ValueError) and ignores unknown
+keys, and an optional field that is missing takes its default. Times are unix
 milliseconds (`*_ms`).
 
 What it does not: touch storage (storage/lake.py does) or hold trajectories (they are
@@ -13,6 +18,28 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import Enum
+from functools import cache
+from typing import Self
+
+from pydantic import TypeAdapter
+
+
+@cache
+def _adapter(record_type: type) -> TypeAdapter:
+    return TypeAdapter(record_type)
+
+
+class LakeDocument:
+    """What every lake document dataclass inherits: its JSON text and back, typed."""
+
+    def to_json(self) -> str:
+        # python mode keeps floats as they are (NaN included) and json.dumps writes the text
+        # the lake has always held; tuples become arrays, str enums their values
+        return json.dumps(_adapter(type(self)).dump_python(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Self:
+        return _adapter(cls).validate_json(text)
 
 
 class RunState(str, Enum):
@@ -24,7 +51,7 @@ class RunState(str, Enum):
 
 
 @dataclass(frozen=True)
-class RunInfo:
+class RunInfo(LakeDocument):
     """runs/{run_id}/run.json: what the run is. Written once at start (and on tracking ids)."""
 
     run_id: str
@@ -35,36 +62,9 @@ class RunInfo:
     mlflow_run_id: str | None = None
     prefect_flow_run_id: str | None = None
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "run_id": self.run_id,
-                "config_json": self.config_json,
-                "config_hash": self.config_hash,
-                "code_version": self.code_version,
-                "created_at_ms": self.created_at_ms,
-                "mlflow_run_id": self.mlflow_run_id,
-                "prefect_flow_run_id": self.prefect_flow_run_id,
-            },
-            indent=2,
-        )
-
-    @staticmethod
-    def from_json(text: str) -> RunInfo:
-        d = json.loads(text)
-        return RunInfo(
-            run_id=d["run_id"],
-            config_json=d["config_json"],
-            config_hash=d["config_hash"],
-            code_version=d["code_version"],
-            created_at_ms=int(d["created_at_ms"]),
-            mlflow_run_id=d.get("mlflow_run_id"),
-            prefect_flow_run_id=d.get("prefect_flow_run_id"),
-        )
-
 
 @dataclass(frozen=True)
-class RunStatus:
+class RunStatus(LakeDocument):
     """runs/{run_id}/status.json: the last known state (overwritten as the run moves on).
 
     `step` is the step being worked on (or last finished), `stage` its stage
@@ -78,34 +78,9 @@ class RunStatus:
     error: str | None
     updated_at_ms: int
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "run_id": self.run_id,
-                "state": self.state.value,
-                "step": self.step,
-                "stage": self.stage,
-                "error": self.error,
-                "updated_at_ms": self.updated_at_ms,
-            },
-            indent=2,
-        )
-
-    @staticmethod
-    def from_json(text: str) -> RunStatus:
-        d = json.loads(text)
-        return RunStatus(
-            run_id=d["run_id"],
-            state=RunState(d["state"]),
-            step=int(d["step"]),
-            stage=d["stage"],
-            error=d.get("error"),
-            updated_at_ms=int(d["updated_at_ms"]),
-        )
-
 
 @dataclass(frozen=True)
-class PartRef:
+class PartRef(LakeDocument):
     """One Parquet part: `path` relative to the lake root, its row count and sha256 digest."""
 
     path: str
@@ -114,7 +89,7 @@ class PartRef:
 
 
 @dataclass(frozen=True)
-class StepManifest:
+class StepManifest(LakeDocument):
     """runs/{run_id}/steps/{step:06d}/MANIFEST.json: a step is committed iff this exists.
 
     `metrics` are (name, value) pairs in a stable order; `committed_at_ms` is the time
@@ -132,41 +107,23 @@ class StepManifest:
     def metric(self, name: str) -> float | None:
         return next((value for key, value in self.metrics if key == name), None)
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "run_id": self.run_id,
-                "step": self.step,
-                "policy_version": self.policy_version,
-                "parts": [
-                    {"path": p.path, "rows": p.rows, "sha256": p.sha256} for p in self.parts
-                ],
-                "rows": self.rows,
-                "metrics": [[name, value] for name, value in self.metrics],
-                "committed_at_ms": self.committed_at_ms,
-            },
-            indent=2,
-        )
 
-    @staticmethod
-    def from_json(text: str) -> StepManifest:
-        d = json.loads(text)
-        return StepManifest(
-            run_id=d["run_id"],
-            step=int(d["step"]),
-            policy_version=int(d["policy_version"]),
-            parts=tuple(
-                PartRef(path=p["path"], rows=int(p["rows"]), sha256=p["sha256"])
-                for p in d["parts"]
-            ),
-            rows=int(d["rows"]),
-            metrics=tuple((str(name), float(value)) for name, value in d["metrics"]),
-            committed_at_ms=int(d["committed_at_ms"]),
-        )
+@dataclass(frozen=True)
+class StepTrainMetrics(LakeDocument):
+    """runs/{run_id}/steps/{step:06d}/TRAIN.json: what is known of a step only after its
+    commit (the policy update's `train/*` metrics, the stage timings `time/*`), written
+    after the manifest, never instead of it: a step without one is still committed.
+
+    `metrics` are (name, value) pairs sorted by name.
+    """
+
+    run_id: str
+    step: int
+    metrics: tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True)
-class CheckpointFile:
+class CheckpointFile(LakeDocument):
     """One file of a checkpoint: `path` relative to the checkpoint folder."""
 
     path: str
@@ -175,37 +132,10 @@ class CheckpointFile:
 
 
 @dataclass(frozen=True)
-class CheckpointInfo:
+class CheckpointInfo(LakeDocument):
     """checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json, written after its files."""
 
     run_id: str
     step: int
     files: tuple[CheckpointFile, ...]
     saved_at_ms: int
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "run_id": self.run_id,
-                "step": self.step,
-                "files": [
-                    {"path": f.path, "size_bytes": f.size_bytes, "sha256": f.sha256}
-                    for f in self.files
-                ],
-                "saved_at_ms": self.saved_at_ms,
-            },
-            indent=2,
-        )
-
-    @staticmethod
-    def from_json(text: str) -> CheckpointInfo:
-        d = json.loads(text)
-        return CheckpointInfo(
-            run_id=d["run_id"],
-            step=int(d["step"]),
-            files=tuple(
-                CheckpointFile(path=f["path"], size_bytes=int(f["size_bytes"]), sha256=f["sha256"])
-                for f in d["files"]
-            ),
-            saved_at_ms=int(d["saved_at_ms"]),
-        )

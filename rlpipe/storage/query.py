@@ -3,9 +3,17 @@
 What it does: `query_trajectories(lake, sql)` runs one SQL statement in a fresh in-memory
 DuckDB connection that has these views:
 
-    trajectories   every row of every part listed in a committed manifest (TRAJECTORY_SCHEMA)
-    steps          run_id, step, policy_version, rows, committed_at_ms   (one per manifest)
-    step_metrics   run_id, step, name, value                              (manifest metrics)
+    trajectories        every row of every part listed in a committed manifest (TRAJECTORY_SCHEMA)
+    steps               run_id, step, policy_version, rows, committed_at_ms   (one per manifest)
+    step_metrics        run_id, step, then one column per metric: the manifest's rollout
+                        metrics and the after-commit ones of TRAIN.json (the update's
+                        train/*, the timings time/*), named by `metric_column`
+                        ("reward/mean" -> reward_mean, "train/loss" -> loss); one row per
+                        committed step, null where a step lacks a metric
+    step_metric_values  run_id, step, name, value: the same metrics, one row each, by full name
+
+So `select step, reward_mean, loss from step_metrics` joins the update's loss to the
+step's reward in one query.
 
 Parts are reached only through manifests, so a part orphaned by a crash is never counted.
 The parts are scanned through a pyarrow dataset on the lake's own filesystem (local or S3),
@@ -20,6 +28,7 @@ read-mostly analyst tool; the lake itself cannot be written through it).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import duckdb
@@ -29,7 +38,7 @@ import pyarrow.dataset as pads
 from rlpipe.core.errors import RunNotFoundError, StorageUnavailable, UserError
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import StepManifest
-from rlpipe.storage.schema import TRAJECTORY_SCHEMA
+from rlpipe.storage.schema import PARTITION_COLUMNS, TRAJECTORY_SCHEMA
 
 _USER_SQL_ERRORS = (
     duckdb.ParserException,
@@ -62,8 +71,13 @@ def _trajectory_dataset(lake: Lake, manifests: list[StepManifest]) -> pads.Datas
     paths = [lake.location.path(part.path) for m in manifests for part in m.parts]
     if not paths:
         return pads.dataset(TRAJECTORY_SCHEMA.empty_table())
+    # run_id and step come from each part's hive path (they are not inside the files)
+    partitioning = pads.partitioning(
+        pa.schema([TRAJECTORY_SCHEMA.field(name) for name in PARTITION_COLUMNS]), flavor="hive"
+    )
     return pads.dataset(
-        paths, schema=TRAJECTORY_SCHEMA, format="parquet", filesystem=lake.location.filesystem
+        paths, schema=TRAJECTORY_SCHEMA, format="parquet", filesystem=lake.location.filesystem,
+        partitioning=partitioning, partition_base_dir=lake.location.path("trajectories"),
     )
 
 
@@ -79,14 +93,51 @@ def _steps_table(manifests: list[StepManifest]) -> pa.Table:
     )
 
 
-def _step_metrics_table(manifests: list[StepManifest]) -> pa.Table:
-    entries = [(m.run_id, m.step, name, value) for m in manifests for name, value in m.metrics]
+def metric_column(name: str) -> str:
+    """The step_metrics column of a metric: `train/` dropped, other characters than letters,
+    digits and '_' made '_' ("reward/mean" -> reward_mean, "train/loss" -> loss)."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", name.removeprefix("train/"))
+
+
+def _step_metric_points(lake: Lake, manifests: list[StepManifest]) -> list[tuple[str, int, str, float]]:
+    """(run_id, step, name, value) of every manifest metric, then every after-commit one."""
+    points = []
+    for manifest in manifests:
+        points += [(manifest.run_id, manifest.step, name, value) for name, value in manifest.metrics]
+        after = lake.read_train_metrics(manifest.run_id, manifest.step)
+        if after is not None:
+            points += [(manifest.run_id, manifest.step, name, value) for name, value in after.metrics]
+    return points
+
+
+def _step_metric_values_table(points: list[tuple[str, int, str, float]]) -> pa.Table:
     return pa.table(
         {
-            "run_id": pa.array([e[0] for e in entries], pa.string()),
-            "step": pa.array([e[1] for e in entries], pa.int64()),
-            "name": pa.array([e[2] for e in entries], pa.string()),
-            "value": pa.array([e[3] for e in entries], pa.float64()),
+            "run_id": pa.array([p[0] for p in points], pa.string()),
+            "step": pa.array([p[1] for p in points], pa.int64()),
+            "name": pa.array([p[2] for p in points], pa.string()),
+            "value": pa.array([p[3] for p in points], pa.float64()),
+        }
+    )
+
+
+def _step_metrics_table(manifests: list[StepManifest], points: list[tuple[str, int, str, float]]) -> pa.Table:
+    """One row per committed step, one column per metric name (null where a step lacks it)."""
+    columns: dict[str, str] = {}  # metric name -> column
+    for name in sorted({p[2] for p in points}):
+        column = metric_column(name)
+        if column in columns.values() or column in ("run_id", "step"):
+            column = re.sub(r"[^0-9A-Za-z_]", "_", name)  # a clash: this one keeps its prefix
+        columns[name] = column
+    index = {(m.run_id, m.step): i for i, m in enumerate(manifests)}
+    values = {column: [None] * len(manifests) for column in columns.values()}
+    for run_id, step, name, value in points:
+        values[columns[name]][index[(run_id, step)]] = value
+    return pa.table(
+        {
+            "run_id": pa.array([m.run_id for m in manifests], pa.string()),
+            "step": pa.array([m.step for m in manifests], pa.int64()),
+            **{column: pa.array(values[column], pa.float64()) for column in sorted(values)},
         }
     )
 
@@ -102,6 +153,7 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
             f"the lake {lake.uri} holds no run {run_id!r}", hint="list runs with `rlpipe runs`"
         )
     manifests = lake.committed_manifests(run_id)
+    points = _step_metric_points(lake, manifests)
     try:
         dataset = _trajectory_dataset(lake, manifests)
     except (OSError, pa.ArrowException) as exc:  # FileNotFoundError included: a lost part
@@ -113,10 +165,12 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
     try:
         connection.register("_trajectories", dataset)
         connection.register("_steps", _steps_table(manifests))
-        connection.register("_step_metrics", _step_metrics_table(manifests))
+        connection.register("_step_metrics", _step_metrics_table(manifests, points))
+        connection.register("_step_metric_values", _step_metric_values_table(points))
         connection.execute("CREATE VIEW trajectories AS SELECT * FROM _trajectories")
         connection.execute("CREATE VIEW steps AS SELECT * FROM _steps")
         connection.execute("CREATE VIEW step_metrics AS SELECT * FROM _step_metrics")
+        connection.execute("CREATE VIEW step_metric_values AS SELECT * FROM _step_metric_values")
         try:
             cursor = connection.execute(sql)
             if cursor.description is None:
@@ -130,7 +184,7 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
                     hint="check that the lake is reachable; a missing part means a committed file was lost",
                 ) from exc
             raise UserError(
-                f"the query failed: {exc}", hint="views: trajectories, steps, step_metrics"
+                f"the query failed: {exc}", hint="views: trajectories, steps, step_metrics, step_metric_values"
             ) from exc
         except duckdb.Error as exc:
             raise StorageUnavailable(

@@ -6,6 +6,13 @@ struct access) and converts `list[Trajectory] <-> pa.Table` exactly: `from_table
 float64 logprob comes back rounded to float32). Task metadata is stored as a JSON object
 string in `task_metadata`, so SQL can read it with json_extract.
 
+The committed parts sit under hive paths (`trajectories/run_id=R/step=S/part-*.parquet`)
+and hold `PART_SCHEMA`: every column but the partition columns `run_id` and `step`, which
+the path alone carries (schema version 2; version 1 parts also held them inside, with
+types that made pandas, pyarrow datasets and Polars refuse to merge the two). So any reader
+opens the folder with its hive defaults, and `to_part_table` / `with_partition_columns`
+take the columns out and put them back for rlpipe's own readers.
+
 What it does not: read or write files (storage/lake.py does), or migrate old schema
 versions (`schema_version` is stored per row so a future reader can).
 """
@@ -13,6 +20,7 @@ versions (`schema_version` is stored per row so a future reader can).
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 
@@ -51,6 +59,22 @@ TRAJECTORY_SCHEMA = pa.schema(
 `advantage` on rows without one); committed rows always carry a verdict.
 `completion_policy_version` is the policy that sampled the
 completion; `policy_version` the one the trajectory was trained at (equal when synchronous)."""
+
+PARTITION_COLUMNS = ("run_id", "step")
+"""Carried by a committed part's path (hive style), not stored inside it."""
+
+PART_SCHEMA = pa.schema([field for field in TRAJECTORY_SCHEMA if field.name not in PARTITION_COLUMNS])
+"""The columns inside a committed Parquet part."""
+
+_PARTITION_PATH = re.compile(r"(?:^|/)run_id=([^/]+)/step=(\d+)/[^/]+$")
+
+
+def partition_of(path: str) -> tuple[str, int]:
+    """(run_id, step) of a part from its hive path (`.../run_id=R/step=S/part-N.parquet`)."""
+    match = _PARTITION_PATH.search(path)
+    if match is None:
+        raise ValueError(f"not a partitioned part path (run_id=R/step=S/NAME): {path!r}")
+    return match.group(1), int(match.group(2))
 
 
 def _metadata_to_json(task: Task) -> str:
@@ -102,6 +126,23 @@ def _row(trajectory: Trajectory) -> dict[str, object]:
 def to_table(trajectories: list[Trajectory]) -> pa.Table:
     """Trajectories -> a table with TRAJECTORY_SCHEMA (row order kept)."""
     return pa.Table.from_pylist([_row(t) for t in trajectories], schema=TRAJECTORY_SCHEMA)
+
+
+def to_part_table(trajectories: list[Trajectory], run_id: str, step: int) -> pa.Table:
+    """Trajectories of one (run_id, step) -> a table with PART_SCHEMA (the path carries the rest)."""
+    strays = sorted({(t.run_id, t.step) for t in trajectories} - {(run_id, step)})
+    if strays:
+        raise ValueError(f"a part of run {run_id!r} step {step} cannot hold rows of (run, step) {strays}")
+    return to_table(trajectories).drop_columns(list(PARTITION_COLUMNS))
+
+
+def with_partition_columns(table: pa.Table, run_id: str, step: int) -> pa.Table:
+    """A part's table (PART_SCHEMA, or a version 1 part that still holds run_id and step)
+    -> TRAJECTORY_SCHEMA, run_id and step filled from its path."""
+    constants = {"run_id": pa.array([run_id] * table.num_rows, pa.string()),
+                 "step": pa.array([step] * table.num_rows, pa.int64())}
+    columns = [table.column(name) if name in table.column_names else constants[name] for name in TRAJECTORY_SCHEMA.names]
+    return pa.Table.from_arrays(columns, names=TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA)
 
 
 def from_table(table: pa.Table) -> list[Trajectory]:

@@ -3,6 +3,8 @@ checkpoint, and restore a run from the lake (checkpoint + replay of committed st
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import tempfile
 import time
 from collections import defaultdict
@@ -13,11 +15,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from rlpipe import __version__
+from rlpipe.core.config import config_changes, config_from_dict
 from rlpipe.core.errors import ConfigError, LakeCorrupted
 from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.base import SamplingParams
-from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoint
+from rlpipe.rl.checkpoint import POLICY_DIR, CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
 from rlpipe.rl.warmstart import warm_start as supervised_warm_start
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.runtime import Runtime, get_runtime
@@ -58,10 +61,21 @@ def open_run(run_id: str) -> bool:
             f"run {run_id!r} was started with config {info.config_hash}; this flow run has {runtime.config.config_hash()}",
             "resume a run with its own config (`rlpipe resume RUN_ID`), or start a new run id",
         )
+    if resumed and _resumable_changes(info, runtime):
+        # Resumed with more steps (or another checkpoint/eval interval): run.json says what the
+        # run now is, so `runs show` and a later plain `rlpipe resume` go on to the new count.
+        info = dataclasses.replace(info, config_json=runtime.config.model_dump_json())
+        runtime.lake.write_run_info(info)
     runtime.mlflow_run_id = info.mlflow_run_id
     runtime.incarnation = str(info.created_at_ms)
     runtime.tracker.set_tags(info.mlflow_run_id, {"prefect.flow_run_id": str(flow_run.get_id() or "")})
     return resumed
+
+
+def _resumable_changes(info: RunInfo, runtime: Runtime) -> list[tuple[str, str | None, str | None]]:
+    """What differs between run.json and this flow run's config, beyond where it is stored or tracked."""
+    stored = config_from_dict(json.loads(info.config_json))
+    return [change for change in config_changes(stored, runtime.config) if not change[0].startswith(("storage.", "tracking."))]
 
 
 # No retries: a retry would go on from half-trained weights. The run fails instead, and a
@@ -118,13 +132,22 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
     return result
 
 
+FINAL_EVAL = "after_rl"
+
+
 @task(name="evaluate", **STAGE_OPTIONS)
 def evaluate(run_id: str, name: str) -> dict[str, float]:
     """Greedy pass@1 on the held-out tasks, overall and per domain; stored in the lake
-    under `name` (e.g. before_rl, after_rl) and logged to MLflow."""
+    under `name` (e.g. before_rl, after_rl) and logged to MLflow.
+
+    A stored result is returned as is (the run was interrupted after it: the lake is the
+    truth), except a stored after_rl of another policy version: the run was extended after
+    its final evaluation, and the final policy is now a newer one. Every other name
+    (before_rl, step_N) is a fixed point of the run."""
     runtime = get_runtime(run_id)
     stored = runtime.lake.read_json(run_id, f"evals/{name}.json")
-    if stored is not None:  # evaluated before this run was interrupted: the lake is the truth
+    stale = name == FINAL_EVAL and stored is not None and stored.get("policy_version") != runtime.policy_version
+    if stored is not None and not stale:
         return {key: float(value) for key, value in stored.items() if key != "policy_version"}
     result = greedy_accuracy(runtime, runtime.heldout)
     # MLflow first: the stored result makes a re-run return early, and the tracker skips a
@@ -139,7 +162,8 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
 
 @task(name="checkpoint", **STAGE_OPTIONS)
 def checkpoint(run_id: str, step: int) -> None:
-    """Save weights (HF layout) + optimizer state for `step`; the lake writes LATEST last."""
+    """Save policy/ (an HF model folder) and trainer/ (optimizer state, meta) for `step`;
+    the lake writes CHECKPOINT.json and then LATEST last."""
     runtime = get_runtime(run_id)
     meta = CheckpointMeta(step=step, policy_version=runtime.policy_version, config_hash=runtime.config.config_hash())
     with tempfile.TemporaryDirectory() as folder:
@@ -148,13 +172,14 @@ def checkpoint(run_id: str, step: int) -> None:
 
 
 def _load_newest_intact_checkpoint(runtime: Runtime, run_id: str, step: int) -> tuple[int, CheckpointMeta, dict]:
-    """Load checkpoint `step` into the policy, or, if it is corrupted, the newest intact one
-    before it (more committed steps are then replayed). LakeCorrupted when none is intact."""
+    """Load checkpoint `step` into the policy, or, if it is corrupted (a file altered, missing,
+    or a trainer pickle that would run code), the newest intact one before it (more committed
+    steps are then replayed). LakeCorrupted when none is intact."""
     while True:
         try:
             with tempfile.TemporaryDirectory() as folder:
                 runtime.lake.load_checkpoint(run_id, step, Path(folder))
-                meta, trainer_state = load_checkpoint(Path(folder), runtime.policy)
+                meta, trainer_state = load_checkpoint(Path(folder), runtime.policy, _checkpoint_uri(runtime, run_id, step))
             return step, meta, trainer_state
         except LakeCorrupted as exc:
             older = runtime.lake.latest_checkpoint(run_id, at_or_before=step - 1) if step > 0 else None
@@ -163,6 +188,10 @@ def _load_newest_intact_checkpoint(runtime: Runtime, run_id: str, step: int) -> 
             get_run_logger().warning("checkpoint %d of run %s is corrupted (%s); falling back to checkpoint %d",
                                      step, run_id, exc.message, older)
             step = older
+
+
+def _checkpoint_uri(runtime: Runtime, run_id: str, step: int) -> str:
+    return f"{runtime.lake.uri.rstrip('/')}/checkpoints/{run_id}/step={step:06d}"
 
 
 @task(name="restore", **STAGE_OPTIONS)
@@ -182,7 +211,7 @@ def restore(run_id: str) -> int:
     if runtime.trainer.reference_model is not None:  # the KL anchor: the warm-started policy
         with tempfile.TemporaryDirectory() as folder:
             runtime.lake.load_checkpoint(run_id, 0, Path(folder))
-            load_checkpoint(Path(folder), runtime.trainer.reference_model)
+            load_policy_weights(Path(folder), runtime.trainer.reference_model)
     for replayed in range(step + 1, last + 1):
         train_metrics = apply_committed_update(runtime, replayed)
         log_step(runtime, replayed, train_metrics)
@@ -207,7 +236,7 @@ def finish(run_id: str, before: float, after: float) -> dict[str, object]:
         f"MLflow run: [{runtime.mlflow_run_id}]({url})" if url
         else f"MLflow run `{runtime.mlflow_run_id}` in `{tracker.uri}` (view: `mlflow ui --backend-store-uri {tracker.uri}`)"
     )
-    checkpoint = f"{lake.uri.rstrip('/')}/checkpoints/{run_id}/step={final_step:06d}"
+    checkpoint = f"{_checkpoint_uri(runtime, run_id, final_step)}/{POLICY_DIR}"  # the HF model folder
     create_markdown_artifact(
         key=f"rlpipe-summary-{artifact_key(run_id)}",
         markdown=(

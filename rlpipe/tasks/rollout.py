@@ -1,9 +1,17 @@
-"""Stage tasks `sample` and `generate`: pick the step's tasks, sample completions."""
+"""Stage tasks `sample` and `generate`: pick the step's tasks, sample completions.
+
+The engine is third-party machinery: a RuntimeError from it (what torch raises for a device
+fault, CUDA OOM included) or an OSError/EOFError (an engine process or connection that died)
+becomes EngineFailed, an InfraError, so Prefect retries the stage. A deterministic bug that
+raises RuntimeError is therefore retried too, but only as often as any stage (STAGE_RETRIES),
+then the run fails with it. Other errors (ValueError on bad parameters, ...) fail at once.
+"""
 
 from __future__ import annotations
 
 from prefect import task
 
+from rlpipe.core.errors import EngineFailed
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
@@ -34,7 +42,13 @@ def generate(run_id: str, step: int, task_ids: tuple[str, ...]) -> str:
         stop=rollout.stop,
         seed=derive_seed(runtime.config.seed, step, "generate"),
     )
-    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+    try:
+        completions = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+    except (RuntimeError, OSError, EOFError) as exc:
+        raise EngineFailed(
+            f"step {step}: the rollout engine failed: {type(exc).__name__}: {exc}",
+            hint="the stage is retried; if it keeps failing, check the engine's device and memory",
+        ) from exc
     failpoint("generate")
     by_id = {t.task_id: t for t in tasks}
     rows = [

@@ -21,7 +21,7 @@ from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.hf import HFEngine
 from rlpipe.envs.mixture import Mixture, build_env
-from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, check_model_folder, load_local_model
+from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model
 from rlpipe.rl.trainer import Trainer
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.tracking import Tracker
@@ -118,7 +118,7 @@ def step_tasks(runtime: "Runtime", step: int) -> list[Task]:
     if len({task.task_id for task in tasks}) != len(tasks):
         raise ConfigError(
             f"step {step} drew the same task twice: rollout.prompts_per_step={count} is larger than a domain's training split",
-            "lower rollout.prompts_per_step or raise envs.train_size (a GRPO group is one task's samples)",
+            "lower rollout.prompts_per_step or widen the domain (e.g. envs.max_operand; a GRPO group is one task's samples)",
         )
     return tasks
 
@@ -190,9 +190,16 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
 
 
 def preflight(config: RunConfig) -> None:
-    """Check the inputs a run needs (domains, model folder, lake reachable) without
-    building the model or writing anything: bad input fails here, before any flow run."""
-    build_mixture(config)
+    """Check the inputs a run needs (domains, the model against them, lake reachable)
+    without building the model: bad input fails here, before any flow run. The lake is
+    opened last, and made if missing (only `train` creates a lake), once the input is good."""
+    from rlpipe.tasks.model_checks import check_folder_model, check_positions
+
+    mixture = build_mixture(config)
     if config.model.path is not None:
-        check_model_folder(config.model.path)
-    build_lake(config)
+        check_folder_model(config, mixture)
+    else:
+        check_positions(config, mixture, build_char_tokenizer(policy_alphabet(config)),
+                        config.model.max_position_embeddings, "model.max_position_embeddings",
+                        "raise model.max_position_embeddings")
+    build_lake(config, create=True)

@@ -1,6 +1,7 @@
-"""Stage task `track`: log a committed step's metrics to MLflow (timestamps from the
-step manifest, so a retried or resumed step adds no duplicate point) and refresh the
-Prefect table artifact of step metrics."""
+"""Stage task `track`: store a committed step's after-commit metrics (the update's, the
+timings) in the lake beside its manifest (TRAIN.json), log all its metrics to MLflow
+(timestamps from the step manifest, so a retried or resumed step adds no duplicate point)
+and refresh the Prefect table artifact of step metrics."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from rlpipe.tasks.stage_options import STAGE_OPTIONS
 def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, float]:
     """Log manifest metrics + `extra` for `step`; return everything logged."""
     manifest = runtime.lake.read_manifest(runtime.run_id, step)
+    if extra:  # the update's and the timings, beside the manifest: the step_metrics view joins them
+        runtime.lake.record_train_metrics(runtime.run_id, step, extra)
     metrics = {**dict(manifest.metrics), **extra}
     if metrics.get("time/generate_s") and "rollout/tokens" in metrics:
         metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["time/generate_s"]

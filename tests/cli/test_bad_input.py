@@ -16,7 +16,8 @@ RLPIPE = [sys.executable, "-m", "rlpipe.cli.main"]
 
 
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PREFECT_LOGGING_LEVEL="WARNING", RLPIPE_HOME=str(cwd / "home"))
+    # a narrow console: a message that wrapped would break the words the tests look for
+    env = dict(os.environ, PREFECT_LOGGING_LEVEL="WARNING", RLPIPE_HOME=str(cwd / "home"), COLUMNS="40")
     return subprocess.run(RLPIPE + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
 
 

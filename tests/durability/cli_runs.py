@@ -117,10 +117,12 @@ def count_rows(lake: Lake, run_id: str) -> tuple[int, int]:
 
 
 def final_weights(lake: Lake, run_id: str, step: int, into: Path) -> dict[str, torch.Tensor]:
-    """The tensors of model.safetensors of checkpoint `step`, downloaded from the lake."""
+    """The tensors of policy/model.safetensors of checkpoint `step`, downloaded from the lake."""
+    from rlpipe.rl.checkpoint import WEIGHTS_FILE
+
     info = lake.load_checkpoint(run_id, step, into)
     assert info is not None, f"no complete checkpoint {step} of {run_id}"
-    return load_file(str(into / "model.safetensors"))
+    return load_file(str(into / WEIGHTS_FILE))
 
 
 def checkpoint_file_count(folder: Path) -> int:

@@ -1,8 +1,8 @@
-"""Run in a fresh process by test_checkpoint_reload.py: load a checkpoint folder with plain
-transformers and measure held-out accuracy the way the train flow's `evaluate` does
+"""Run in a fresh process by test_checkpoint_reload.py: load a checkpoint's policy folder with
+plain transformers (AutoModelForCausalLM, AutoTokenizer) and measure held-out accuracy the way the train flow's `evaluate` does
 (greedy pass@1 on the run's held-out tasks). Prints one JSON line.
 
-    python -m tests.durability.eval_checkpoint CHECKPOINT_FOLDER CONFIG_JSON_FILE
+    python -m tests.durability.eval_checkpoint POLICY_FOLDER CONFIG_JSON_FILE
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlpipe.core.config import RunConfig
 from rlpipe.engines.base import SamplingParams
@@ -24,7 +24,7 @@ from rlpipe.tasks.runtime import build_mixture
 def main(folder: Path, config_file: Path) -> None:
     config = RunConfig.model_validate_json(config_file.read_text())
     model = AutoModelForCausalLM.from_pretrained(folder)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
     mixture = build_mixture(config)
     heldout = mixture.heldout(config.envs.heldout_size, seed=config.seed)

@@ -12,6 +12,9 @@ Config: 5 steps, checkpoints every 2 steps (0, 2, 4, final 5). Kills land in ste
 resume loads checkpoint 2 and replays step 3 (and step 4 where it was committed) from the lake.
 `warmstart` dies inside the very first checkpoint, so the resume redoes the warm-start.
 `corrupt-checkpoint` alters checkpoint 2 before its resume, which falls back to checkpoint 0.
+`lost-files` deletes checkpoint 2's weights file and the staged rows of step 4 (which the
+cached `generate` of step 4 points at) before its resume: the resume falls back to checkpoint
+0 and recomputes step 4's stages uncached.
 
 All runs of the module go in one fixture, three processes at a time (each with its own lake,
 MLflow store and Prefect home, all reporting to the session's Prefect server).
@@ -20,6 +23,7 @@ MLflow store and Prefect home, all reporting to the session's Prefect server).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,8 +33,15 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterName,
+    LogFilter,
+    LogFilterFlowRunId,
+)
 
+from rlpipe.rl.checkpoint import WEIGHTS_FILE
 from rlpipe.storage.lake import Lake
 from tests.durability.cli_runs import (
     SMALL_ROWS,
@@ -57,10 +68,14 @@ SCENARIOS: dict[str, tuple[str, int, list[int]]] = {
     "checkpoint-write": ("checkpoint-write@{mid_checkpoint_4}", 4, [1, 2, 3, 4]),
     "warmstart": ("checkpoint-write@2", 0, []),
     "corrupt-checkpoint": ("verify@4", 4, [1, 2, 3]),
+    "lost-files": ("verify@4", 4, [1, 2, 3]),
 }
 # scenario -> the checkpoint whose weights file is altered in the lake before the resume: the
 # resume finds it LakeCorrupted, falls back to checkpoint 0 and replays steps 1-3 instead
 CORRUPT_BEFORE_RESUME = {"corrupt-checkpoint": 2}
+# scenario -> (checkpoint whose weights file is deleted, step whose staged rows are deleted)
+# before the resume: a lake that lost files, not one that cannot be reached
+LOST_BEFORE_RESUME = {"lost-files": (2, 4)}
 METRIC_KEYS = ("reward/mean", "train/loss", "train/grad_norm", "time/generate_s")
 # Stage timings are measured by the live step only: a step killed after its commit (in update,
 # or in its checkpoint) is replayed without them, so they may miss that step (never doubled).
@@ -102,8 +117,14 @@ def _run_scenario(root: Path, api: str, name: str, failpoints: str) -> Outcome:
     outcome.rows_after_kill = count_rows(lake, outcome.run_id)
     outcome.status_after_kill = lake.read_status(outcome.run_id)
     if name in CORRUPT_BEFORE_RESUME:
-        path = f"checkpoints/{outcome.run_id}/step={CORRUPT_BEFORE_RESUME[name]:06d}/model.safetensors"
+        path = f"checkpoints/{outcome.run_id}/step={CORRUPT_BEFORE_RESUME[name]:06d}/{WEIGHTS_FILE}"
         lake.objects.put(path, b"bit rot")
+    if name in LOST_BEFORE_RESUME:
+        checkpoint, step = LOST_BEFORE_RESUME[name]
+        Path(where.lake_uri, f"checkpoints/{outcome.run_id}/step={checkpoint:06d}/{WEIGHTS_FILE}").unlink()
+        staged = Path(where.lake_uri, f"staging/run_id={outcome.run_id}/step={step}")
+        assert [path.name for path in staged.iterdir()], "the killed run staged generate's rows"
+        shutil.rmtree(staged)
     started = time.monotonic()
     outcome.resumed = run_cli(
         ["resume", outcome.run_id, "--lake", where.lake_uri], cli_env(where, api), where.folder
@@ -208,6 +229,32 @@ def test_resume_takes_generate_from_the_stage_cache(runs: dict[str, Outcome]) ->
     assert "Completed" not in killed.get("verify", []), killed  # it died inside verify
     assert resumed["generate"] == ["Cached"], resumed
     assert resumed["verify"] == ["Completed"], resumed  # never finished before: computed now
+
+
+def test_lost_files_fall_back_to_an_intact_checkpoint_and_recompute_staged_rows(runs: dict[str, Outcome]) -> None:
+    """`lost-files`: checkpoint 2 lacks its weights file and step 4's staged rows are gone. The
+    resume loads checkpoint 0 instead (no minute of retries) and, when the cached `generate`
+    of step 4 hands `verify` a reference to the deleted rows, reruns the stages uncached. That
+    it ends with exactly the reference's rows and weights is checked by the tests above."""
+    outcome = runs["lost-files"]
+    assert outcome.resumed.returncode == 0, outcome.resumed.stderr[-3000:]
+    warnings = asyncio.run(_flow_run_log_messages(outcome.run_id))
+    assert any("checkpoint 2 of run kr-lost-files is corrupted" in message and "lacks policy/model.safetensors" in message
+               and message.endswith("falling back to checkpoint 0") for message in warnings), warnings
+    killed, resumed = asyncio.run(_stage_states(f"{outcome.run_id}-step-4"))
+    assert sorted(resumed["generate"]) == ["Cached", "Completed"], resumed  # the cache hit, then the rerun
+    assert sorted(resumed["verify"]) == ["Completed", "Failed"], resumed  # StagedRowsMissing, once, not retried
+    assert resumed["persist"] == ["Completed"], resumed
+
+
+async def _flow_run_log_messages(flow_run_name: str) -> list[str]:
+    """The messages Prefect holds for every flow run of that name (the run's own flow runs)."""
+    async with get_client() as client:
+        flow_runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+        logs = await client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id for flow_run in flow_runs]))
+        )
+        return [log.message for log in logs]
 
 
 async def _stage_states(flow_run_name: str) -> list[dict[str, list[str]]]:

@@ -2,11 +2,13 @@
 succeeds is retried (backoff 0.1 s, 0.2 s: tests/conftest.py sets $RLPIPE_RETRY_BACKOFF_S;
 1 s, 2 s by default) and the run finishes with exactly its rows; a stage
 that fails on bad data fails once, and the error shows in the Prefect flow runs and in
-`rlpipe runs show --json`.
+`rlpipe runs show --json`; an engine that fails (a torch RuntimeError) makes `generate`
+raise EngineFailed, which is retried.
 
-The failures come from a fake domain registered with `register_env`: it implements the Env
-protocol over the arithmetic tasks, and its verify raises on chosen calls (counted across the
-process; the flow runs in this process under the session's Prefect server).
+The failures come from fakes of our own protocols: a domain registered with `register_env`
+(the Env protocol over the arithmetic tasks, whose verify raises on chosen calls, counted
+across the process) and a RolloutEngine that wraps the real HFEngine and fails on a chosen
+generate call. The flows run in this process under the session's Prefect server.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
 
 from rlpipe.core.errors import ConfigError, DatasetError, SandboxUnavailable
-from rlpipe.core.records import Task, Verdict
+from rlpipe.core.records import Completion, Task, Verdict
+from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.hf import HFEngine
 from rlpipe.envs.arithmetic import ArithmeticEnv
 from rlpipe.envs.mixture import register_env
 from rlpipe.flows.train import train
@@ -124,6 +128,46 @@ def test_bad_data_fails_once_and_shows_in_prefect_and_runs_show(tmp_path: Path) 
     assert report["failed_stage"] == "verify"
     assert "DatasetError" in report["error"] and "has no answer" in report["error"]
     assert "failed at step 2 in stage verify" in report["state_detail"]
+
+
+class EngineFailingOnce:
+    """A RolloutEngine over the real HFEngine whose sampling (non-greedy) call number `fail_on`
+    raises what torch raises when a device faults; every other call samples normally. Greedy
+    calls (evaluations, warm-start checks) are not counted: sampling call k is RL step k's."""
+
+    fail_on = 0
+    calls = 0
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self._inner = HFEngine(*args, **kwargs)
+
+    @property
+    def policy_version(self) -> int:
+        return self._inner.policy_version
+
+    def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> list[Completion]:
+        EngineFailingOnce.calls += 0 if params.greedy else 1
+        if not params.greedy and EngineFailingOnce.calls == EngineFailingOnce.fail_on:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered (test)")
+        return self._inner.generate(prompts, params)
+
+    def load_weights(self, named_tensors, policy_version: int) -> None:  # noqa: ANN001 - as the protocol
+        self._inner.load_weights(named_tensors, policy_version)
+
+
+def test_engine_failure_is_engine_failed_and_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    EngineFailingOnce.calls, EngineFailingOnce.fail_on = 0, 2  # step 2's generate, first attempt
+    monkeypatch.setattr("rlpipe.tasks.runtime.HFEngine", EngineFailingOnce)
+    config = tiny_config(tmp_path)
+    summary = train(config.model_dump_json(), "engine-retried")
+    lake = build_lake(config)
+    assert summary.steps_committed == 3
+    assert lake.read_status("engine-retried").state.value == "finished"
+    assert query_trajectories(
+        lake, "select count(*), count(distinct (run_id, step, task_id, sample_idx)) from trajectories"
+    ).rows == [(48, 48)]  # 3 steps x 4 prompts x 4 samples, nothing doubled by the retry
+    runs = asyncio.run(_task_runs("engine-retried-step-2"))
+    assert runs["generate"] == ("Completed", 2)  # (state, attempts): EngineFailed, then the retry
 
 
 async def _task_runs(flow_run_name: str) -> dict[str, tuple[str, int]]:

@@ -1,4 +1,7 @@
-"""`rlpipe verify code --completions FILE`: bad files are clear errors (exit 2), good ones are scored."""
+"""`rlpipe verify code --completions FILE`: bad files are clear errors (exit 2), good ones are scored.
+
+Error cases run on a 40-column console with the file nested past 200 characters: the message
+must arrive whole on one line (no assertion on the width itself)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,13 @@ def write_lines(path, lines):
 
 
 def verify_cli(*args):
-    return runner.invoke(app, ["verify", "code", *args])
+    return runner.invoke(app, ["verify", "code", *args], env={"COLUMNS": "40"})
+
+
+def deep_folder(tmp_path):
+    folder = tmp_path.joinpath(*["nested-folder-" + "y" * 36] * 4)  # 4 x 50 characters
+    folder.mkdir(parents=True)
+    return folder
 
 
 @pytest.mark.parametrize(
@@ -35,9 +44,11 @@ def verify_cli(*args):
     ],
 )
 def test_a_bad_completions_file_is_a_clear_error_with_its_line(tmp_path, lines, expected):
-    result = verify_cli("--completions", str(write_lines(tmp_path / "samples.jsonl", lines)))
+    path = write_lines(deep_folder(tmp_path) / "samples.jsonl", lines)
+    result = verify_cli("--completions", str(path))
     assert result.exit_code == 2
-    assert expected in result.output.replace("\n", "")
+    error = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and str(path) in error[0] and expected in error[0], result.output
     assert "Traceback" not in result.output
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.core.errors import LakeCorrupted, RunNotFoundError, StorageUnavailable, UserError
+from rlpipe.core.errors import LakeCorrupted, RunNotFoundError, StagedRowsMissing, StorageUnavailable, UserError
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus, StepManifest
 from rlpipe.storage.query import query_trajectories
@@ -91,8 +91,10 @@ def query_counts_only_committed_parts(lake: Lake) -> None:
     assert result.rows == [(0, 5), (1, 4)]
     # rewards: index 0..2 -> 1,0,1; 0..1 -> 1,0; 0..3 -> 1,0,1,0 ; none unscored below index 4
     assert query_trajectories(lake, "select sum(reward) from trajectories").rows == [(5.0,)]
-    metrics = query_trajectories(lake, "select step, value from step_metrics where name = 'train/loss' order by step")
-    assert metrics.rows == [(0, 1.5), (1, 1.5)]
+    metrics = query_trajectories(lake, "select step, reward_mean, loss from step_metrics order by step")
+    assert metrics.rows == [(0, 0.5, 1.5), (1, 0.5, 1.5)]
+    values = query_trajectories(lake, "select step, value from step_metric_values where name = 'train/loss' order by step")
+    assert values.rows == [(0, 1.5), (1, 1.5)]
     one_run = query_trajectories(lake, "select count(*) from trajectories", run_id="r1")
     assert one_run.rows == [(9,)]
     with pytest.raises(RunNotFoundError):
@@ -135,6 +137,10 @@ def checkpoints_and_latest(lake: Lake, tmp_path: Path) -> None:
     lake.objects.put("checkpoints/r1/step=000020/model.safetensors", b"flipped")
     with pytest.raises(LakeCorrupted, match="model.safetensors"):
         lake.load_checkpoint("r1", 20, tmp_path / "corrupt")
+    # a listed file that is gone is LakeCorrupted too (lost, not unreachable: never retried)
+    lake.location.filesystem.delete_file(lake.location.path("checkpoints/r1/step=000010/trainer/state.json"))
+    with pytest.raises(LakeCorrupted, match="step=000010 lacks trainer/state.json"):
+        lake.load_checkpoint("r1", 10, tmp_path / "lost")
 
 
 def checkpoint_without_marker_is_ignored(lake: Lake, tmp_path: Path) -> None:
@@ -171,7 +177,7 @@ def staged_rows_and_documents(lake: Lake) -> None:
         lake.read_staged("runs/r1/run.json")
     assert query_trajectories(lake, "select count(*) from trajectories").rows == [(0,)]
     lake.clean_staged("r1", 3)
-    with pytest.raises(StorageUnavailable):
+    with pytest.raises(StagedRowsMissing, match=staged):  # not an InfraError: the flow recomputes
         lake.read_staged(staged)
     lake.clean_staged("r1", 3)  # again: nothing to do
     assert lake.read_json("r1", "evals/before_rl.json") is None

@@ -1,0 +1,123 @@
+"""Pre-flight checks that the configured model can serve the configured domains, run before
+any flow run or lake write (`preflight` in tasks/runtime.py calls them).
+
+What it checks: a model folder's config.json has a buildable attention shape (hidden size,
+heads, key/value heads, head size), a vocabulary that covers its tokenizer, and positions
+for the longest prompt of the configured domains + rollout.max_new_tokens and for the
+longest warm-start example (prompt + reference answer + <eos>); for the tiny model, the
+positions (its shape is checked when the config loads, core/config.py). Every failure is a
+ConfigError naming the field, the value and what to do.
+
+What it does not: build the model or read weights (config.json and the tokenizer only).
+Prompts are measured over every task a domain lists (`all_tasks`), the held-out set, the
+warm-start's own draw and a seeded sample of training tasks: generated domains (arithmetic,
+reverse) reach their longest prompt within such a sample.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlpipe.core.config import RunConfig, check_attention_shape
+from rlpipe.core.errors import ConfigError, ModelNotFoundError
+from rlpipe.core.records import Task
+from rlpipe.core.seeds import derive_seed
+from rlpipe.envs.mixture import Mixture
+from rlpipe.rl.policy import check_model_folder, load_local_tokenizer
+
+TRAIN_SAMPLE = 2000  # training tasks drawn beyond the warm-start's draw to find the longest prompt
+
+
+def check_folder_model(config: RunConfig, mixture: Mixture) -> None:
+    """A model folder (`model.path`): shape, vocabulary and positions from its config.json."""
+    folder = check_model_folder(config.model.path)
+    where = f"{folder / 'config.json'}"
+    model_config = _read_json(folder / "config.json")
+    heads = _int_field(model_config, "num_attention_heads", where)
+    if heads is not None and (hidden := _int_field(model_config, "hidden_size", where)) is not None:
+        kv_heads = _int_field(model_config, "num_key_value_heads", where)
+        head_dim = _int_field(model_config, "head_dim", where)
+        check_attention_shape(hidden, heads, heads if kv_heads is None else kv_heads, head_dim, {
+            key: f"{key} in {where}" for key in ("hidden_size", "head_dim")
+        } | {"num_heads": f"num_attention_heads in {where}", "num_kv_heads": f"num_key_value_heads in {where}"})
+    tokenizer = load_local_tokenizer(folder)
+    vocab_size = _int_field(model_config, "vocab_size", where)
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise ConfigError(
+            f"vocab_size={vocab_size} in {where} is smaller than its tokenizer ({len(tokenizer)} tokens): "
+            f"token ids {vocab_size}..{len(tokenizer) - 1} have no embedding",
+            "save the model with the tokenizer it was trained with, or resize it first "
+            "(model.resize_token_embeddings(len(tokenizer)), then save_pretrained)",
+        )
+    positions = _int_field(model_config, "max_position_embeddings", where)
+    if positions is not None:
+        check_positions(config, mixture, tokenizer, positions, f"max_position_embeddings in {where}",
+                        "use a model with more positions")
+
+
+def check_positions(config: RunConfig, mixture: Mixture, tokenizer, positions: int, field: str, remedy: str) -> None:
+    """ConfigError when the longest prompt + rollout.max_new_tokens, or the longest
+    warm-start example, needs more than `positions` tokens (`field` names where it is set)."""
+    max_new = config.rollout.max_new_tokens
+    prompt_tokens, task = _longest(tokenizer, _candidate_tasks(config, mixture), lambda t: t.prompt)
+    if prompt_tokens + max_new > positions:
+        raise ConfigError(
+            f"the longest prompt of the configured domains ({task.task_id!r}: {prompt_tokens} tokens) + "
+            f"rollout.max_new_tokens={max_new} = {prompt_tokens + max_new} tokens, more than {field}={positions}",
+            f"{remedy} (at least {prompt_tokens + max_new}), or lower rollout.max_new_tokens, or drop the domain",
+        )
+    if config.warmstart.steps == 0:
+        return
+    examples = [t for t in _warm_start_tasks(config, mixture) if t.reference_answer is not None]
+    if not examples:
+        return
+    example_tokens, task = _longest(tokenizer, examples, lambda t: t.prompt + t.reference_answer)
+    if example_tokens + 1 > positions:  # + <eos>, which ends every warm-start answer
+        raise ConfigError(
+            f"the longest warm-start example ({task.task_id!r}: prompt + reference answer + <eos> = "
+            f"{example_tokens + 1} tokens) is longer than {field}={positions}",
+            f"{remedy} (at least {example_tokens + 1}), or skip the warm-start with warmstart.steps=0",
+        )
+
+
+def _warm_start_tasks(config: RunConfig, mixture: Mixture) -> list[Task]:
+    """The warm-start's own draw (tasks/lifecycle.py `warm_start`)."""
+    return mixture.sample(config.envs.train_size, rng_seed=derive_seed(config.seed, 0, "warmstart"))
+
+
+def _candidate_tasks(config: RunConfig, mixture: Mixture) -> list[Task]:
+    tasks = mixture.heldout(config.envs.heldout_size, seed=config.seed) + _warm_start_tasks(config, mixture)
+    tasks += mixture.sample(TRAIN_SAMPLE, rng_seed=derive_seed(config.seed, 0, "preflight"))
+    for env in mixture.envs.values():
+        listed = getattr(env, "all_tasks", None)
+        if callable(listed):
+            tasks += listed()
+    return tasks
+
+
+def _longest(tokenizer, tasks: list[Task], text) -> tuple[int, Task]:
+    """(tokens, task) of the task whose `text(task)` encodes to the most tokens."""
+    unique = list({text(task): task for task in tasks}.items())
+    encoded = tokenizer([item for item, _ in unique], add_special_tokens=False)["input_ids"]
+    index = max(range(len(unique)), key=lambda i: len(encoded[i]))
+    return len(encoded[index]), unique[index][1]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"cannot read {path}: {exc}", "pass a folder written by model.save_pretrained()") from exc
+    if not isinstance(data, dict):
+        raise ModelNotFoundError(f"{path} is not a JSON object", "pass a folder written by model.save_pretrained()")
+    return data
+
+
+def _int_field(model_config: dict, key: str, where: str) -> int | None:
+    value = model_config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{key}={value!r} in {where} is not a positive whole number", f"fix {key} in that file")
+    return value
