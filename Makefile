@@ -4,14 +4,19 @@
 VENV    := .venv
 PYTHON  ?= python3
 BIN     := $(VENV)/bin
+PIP_VERSION := 26.3
 
-.PHONY: demo test venv system lint bench clean
+.PHONY: demo test venv system lint bench lock clean
 
-$(BIN)/.installed: pyproject.toml
+# The versions CI tested (requirements.lock: every package, torch the CPU wheel), then rlpipe
+# itself without resolving anything again; --no-build-isolation builds it with the locked
+# setuptools instead of downloading the newest one.
+$(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0   # the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q pip==$(PIP_VERSION)
+	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/pip check
 	touch $@
 
 venv: $(BIN)/.installed
@@ -28,6 +33,12 @@ test: venv system
 
 bench: venv
 	$(BIN)/python benchmarks/step_breakdown.py
+
+# After changing pyproject.toml's dependencies: in a venv made by `pip install -e '.[test]'`,
+# write what it holds as the new lock (keeping the file's header), then test and commit both.
+lock:
+	{ grep '^#' requirements.lock; $(BIN)/pip freeze --all --exclude-editable | grep -v -i -E '^(pip|rlpipe)=='; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock
 
 clean:
 	rm -rf $(VENV) rlpipe-lake mlruns.db mlartifacts .pytest_cache

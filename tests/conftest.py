@@ -1,15 +1,31 @@
-"""Session fixtures shared by test folders: ONE Prefect test harness (a temporary API
-server and database) for the whole session. Two nested harnesses in one session split a
-flow's records between them (flow runs reach the newer server, task runs may reach the
-older), so every folder that needs Prefect requests this fixture instead of starting its own."""
+"""Session fixtures shared by test folders, and the settings every test process runs with.
+
+- ONE Prefect test harness (a temporary API server and database) for the whole session. Two
+  nested harnesses in one session split a flow's records between them (flow runs reach the
+  newer server, task runs may reach the older), so every folder that needs Prefect requests
+  `prefect_api_url` instead of starting its own.
+- ONE moto S3 server (its own process, real HTTP on 127.0.0.1) for the whole session:
+  `s3_endpoint`. Tests stay independent by each using buckets of its own
+  (tests.helpers.s3_server.unique_bucket), never by starting a server.
+- Stage retries back off from $RLPIPE_RETRY_BACKOFF_S (rlpipe/tasks/stage_options.py); the
+  tests set it to 0.1 s (0.1, 0.2, ... 3.2 s instead of 1, 2, ... 32 s) unless the
+  environment already sets it, so a retried stage costs the suite little. It is set here,
+  before any test module imports rlpipe.tasks, and CLI subprocesses inherit it.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import prefect.settings
 import pytest
 from prefect.testing.utilities import prefect_test_harness
+
+from tests.helpers.s3_server import start_moto_server
+
+TEST_RETRY_BACKOFF_S = "0.1"
+os.environ.setdefault("RLPIPE_RETRY_BACKOFF_S", TEST_RETRY_BACKOFF_S)
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +33,13 @@ def prefect_api_url() -> Iterator[str]:
     """Start the session's Prefect harness on first use; its API URL (for subprocesses)."""
     with prefect_test_harness(server_startup_timeout=120):
         yield str(prefect.settings.PREFECT_API_URL.value())
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """The session's moto S3 server, started on first use: its endpoint URL."""
+    endpoint_url, stop = start_moto_server()
+    try:
+        yield endpoint_url
+    finally:
+        stop()

@@ -9,8 +9,8 @@ from prefect import task
 
 from rlpipe.core.records import Trajectory
 from rlpipe.rl.advantages import group_advantages
-from rlpipe.tasks.policy import STAGE_OPTIONS, stage_cache_key
 from rlpipe.tasks.runtime import get_runtime
+from rlpipe.tasks.stage_options import STAGE_OPTIONS, stage_cache_key
 
 
 @task(name="advantages", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)

@@ -23,8 +23,8 @@ from rlpipe.engines.base import SamplingParams
 from rlpipe.rl.checkpoint import POLICY_DIR, CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
 from rlpipe.rl.warmstart import warm_start as supervised_warm_start
 from rlpipe.storage.lake_records import RunInfo
-from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import Runtime, get_runtime
+from rlpipe.tasks.stage_options import STAGE_OPTIONS
 from rlpipe.tasks.status import WarmStartProgress
 from rlpipe.tasks.track import artifact_key, log_step
 from rlpipe.tasks.update import apply_committed_update

@@ -10,8 +10,8 @@ from prefect import task
 
 from rlpipe.rl.rollout_metrics import rollout_metrics
 from rlpipe.storage.lake_records import StepManifest
-from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import get_runtime
+from rlpipe.tasks.stage_options import STAGE_OPTIONS
 
 
 @task(name="persist", **STAGE_OPTIONS)

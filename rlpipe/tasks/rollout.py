@@ -16,8 +16,8 @@ from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.base import SamplingParams
-from rlpipe.tasks.policy import STAGE_OPTIONS, stage_cache_key
 from rlpipe.tasks.runtime import get_runtime, step_tasks
+from rlpipe.tasks.stage_options import STAGE_OPTIONS, stage_cache_key
 
 
 @task(name="sample", **STAGE_OPTIONS)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.artifacts import create_table_artifact
 
-from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import Runtime, get_runtime
+from rlpipe.tasks.stage_options import STAGE_OPTIONS
 
 SHOWN = ("step", "reward/mean", "train/loss", "train/kl", "train/grad_norm", "time/step_s")
 

@@ -14,8 +14,8 @@ from prefect import task
 
 from rlpipe.core.failpoints import failpoint
 from rlpipe.rl.samples import train_samples
-from rlpipe.tasks.policy import STAGE_OPTIONS
 from rlpipe.tasks.runtime import Runtime, get_runtime
+from rlpipe.tasks.stage_options import STAGE_OPTIONS
 
 
 def apply_committed_update(runtime: Runtime, step: int) -> dict[str, float]:

@@ -21,8 +21,8 @@ from prefect import task
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Task, Verdict, VerdictReason
-from rlpipe.tasks.policy import STAGE_OPTIONS, stage_cache_key
 from rlpipe.tasks.runtime import Runtime, get_runtime
+from rlpipe.tasks.stage_options import STAGE_OPTIONS, stage_cache_key
 
 
 def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]:

@@ -1,5 +1,6 @@
 """Retries are for the machinery only: a stage that raises an InfraError twice and then
-succeeds is retried (backoff 1 s, 2 s) and the run finishes with exactly its rows; a stage
+succeeds is retried (backoff 0.1 s, 0.2 s: tests/conftest.py sets $RLPIPE_RETRY_BACKOFF_S;
+1 s, 2 s by default) and the run finishes with exactly its rows; a stage
 that fails on bad data fails once, and the error shows in the Prefect flow runs and in
 `rlpipe runs show --json`; an engine that fails (a torch RuntimeError) makes `generate`
 raise EngineFailed, which is retried.
@@ -23,7 +24,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
 
-from rlpipe.core.errors import DatasetError, SandboxUnavailable
+from rlpipe.core.errors import ConfigError, DatasetError, SandboxUnavailable
 from rlpipe.core.records import Completion, Task, Verdict
 from rlpipe.engines.base import SamplingParams
 from rlpipe.engines.hf import HFEngine
@@ -32,6 +33,7 @@ from rlpipe.envs.mixture import register_env
 from rlpipe.flows.train import train
 from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
+from rlpipe.tasks.stage_options import STAGE_OPTIONS, first_retry_delay_s
 from tests.flows.runs import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -187,3 +189,17 @@ async def _flow_run_states(names: list[str]) -> list[tuple[str, str]]:
             state = flow_runs[0].state
             result.append((state.type.value, state.message or ""))
         return result
+
+
+def test_the_retry_backoff_doubles_from_a_first_delay_the_environment_may_set() -> None:
+    assert first_retry_delay_s({}) == 1.0  # the default: 1, 2, 4, 8, 16, 32 s
+    assert first_retry_delay_s({"RLPIPE_RETRY_BACKOFF_S": " 0.25 "}) == 0.25
+    for bad in ("0", "-1", "abc", "inf", "nan"):
+        with pytest.raises(ConfigError, match="RLPIPE_RETRY_BACKOFF_S") as caught:
+            first_retry_delay_s({"RLPIPE_RETRY_BACKOFF_S": bad})
+        assert caught.value.hint
+    # this process: tests/conftest.py set 0.1 s before the stages were defined, unless the
+    # environment had its own value; 6 delays, each twice the one before
+    first = first_retry_delay_s()
+    assert STAGE_OPTIONS["retries"] == 6
+    assert STAGE_OPTIONS["retry_delay_seconds"](6) == [first * 2**attempt for attempt in range(6)]

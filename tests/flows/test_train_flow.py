@@ -1,63 +1,104 @@
 """The train flow under Prefect's test harness: stages, row counts, the lake as the truth,
-MLflow metrics, S3 lake over real HTTP (moto), and what a failing stage leaves behind."""
+MLflow metrics, S3 lake over real HTTP (moto), and what a failing stage leaves behind.
+
+The tests that only read a finished run share one (`tiny_run`, once per module); a test
+that changes or reruns a run makes its own."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 
-from rlpipe.flows.train import train
+from rlpipe.core.config import RunConfig
+from rlpipe.flows.train import TrainSummary, train
+from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
 from tests.flows.runs import tiny_config
+from tests.helpers.s3_server import unique_bucket
 
 
-def test_tiny_run_commits_every_step_with_exact_rows(tmp_path: Path) -> None:
-    config = tiny_config(tmp_path)
+class FinishedRun(NamedTuple):
+    run_id: str
+    config: RunConfig
+    summary: TrainSummary
+    lake: Lake
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
+    """One finished 3-step run on a local lake, for the tests that only read it."""
+    config = tiny_config(tmp_path_factory.mktemp("tiny"))
     summary = train(config.model_dump_json(), "tiny")
-    lake = build_lake(config)
-    assert lake.committed_steps("tiny") == [1, 2, 3]
+    return FinishedRun("tiny", config, summary, build_lake(config))
+
+
+def _rows(lake: Lake, run_id: str) -> dict[tuple[int, str, int], tuple[str, float | None]]:
+    """(step, task_id, sample_idx) -> (completion text, reward) of a run's committed rows."""
+    result = query_trajectories(
+        lake, f"select step, task_id, sample_idx, completion_text, reward from trajectories where run_id = '{run_id}'"
+    )
+    return {(int(r[0]), str(r[1]), int(r[2])): (r[3], r[4]) for r in result.rows}
+
+
+def test_tiny_run_commits_every_step_with_exact_rows(tiny_run: FinishedRun) -> None:
+    lake, run_id = tiny_run.lake, tiny_run.run_id
+    assert lake.committed_steps(run_id) == [1, 2, 3]
     # 3 steps x 4 prompts x 4 samples = 48 rows, no duplicate (run, step, task, sample)
     result = query_trajectories(
         lake, "select count(*), count(distinct (run_id, step, task_id, sample_idx)) from trajectories"
     )
     assert result.rows == [(48, 48)]
-    assert summary.steps_committed == 3
-    assert lake.read_status("tiny").state.value == "finished"
-    assert lake.read_json("tiny", "evals/before_rl.json") is not None
-    assert lake.read_json("tiny", "evals/after_rl.json") is not None
-    assert lake.latest_checkpoint("tiny") == 3
+    assert tiny_run.summary.steps_committed == 3
+    assert lake.read_status(run_id).state.value == "finished"
+    assert lake.read_json(run_id, "evals/before_rl.json") is not None
+    assert lake.read_json(run_id, "evals/after_rl.json") is not None
+    assert lake.latest_checkpoint(run_id) == 3
     # both domains were sampled and scored
     domains = query_trajectories(lake, "select distinct domain from trajectories order by 1").rows
     assert domains == [("arithmetic",), ("reverse",)]
 
 
-def test_metrics_reach_mlflow_once_per_step(tmp_path: Path) -> None:
-    config = tiny_config(tmp_path)
-    summary = train(config.model_dump_json(), "tracked")
+def test_metrics_reach_mlflow_once_per_step(tiny_run: FinishedRun) -> None:
+    summary = tiny_run.summary
     client = MlflowClient(tracking_uri=summary.tracking_uri)
     run = client.get_run(summary.mlflow_run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["rollout.group_size"] == "4"
-    assert run.data.tags["rlpipe.lake_uri"] == build_lake(config).uri
+    assert run.data.tags["rlpipe.lake_uri"] == tiny_run.lake.uri
     for key in ("reward/mean", "reward/arithmetic", "train/loss", "time/generate_s"):
         assert sorted(point.step for point in client.get_metric_history(summary.mlflow_run_id, key)) == [1, 2, 3], key
     artifacts = {item.path for item in client.list_artifacts(summary.mlflow_run_id, "plots")}
     assert "plots/reward.png" in artifacts
 
 
-def test_same_run_on_s3_writes_the_same_rows(tmp_path: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_step_is_a_nested_flow_run(tiny_run: FinishedRun) -> None:
+    names = asyncio.run(_flow_run_names())
+    assert "tiny" in names
+    assert {"tiny-step-1", "tiny-step-2", "tiny-step-3"} <= set(names)
+
+
+def test_same_run_on_s3_writes_the_same_rows(
+    tmp_path: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, tiny_run: FinishedRun
+) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    config = tiny_config(tmp_path, 'storage.lake_uri="s3://rlpipe-test/lake"', f'storage.s3_endpoint_url="{s3_endpoint}"')
+    bucket = unique_bucket("rlpipe-test")
+    config = tiny_config(tmp_path, f'storage.lake_uri="s3://{bucket}/lake"', f'storage.s3_endpoint_url="{s3_endpoint}"')
     summary = train(config.model_dump_json(), "on-s3")
     lake = build_lake(config)
     assert lake.uri.startswith("s3://")
     assert lake.committed_steps("on-s3") == [1, 2, 3]
-    assert query_trajectories(lake, "select count(*) from trajectories").rows == [(48,)]
+    # the same config and seed as tiny_run (seeds derive from the run's seed, not its id):
+    # the same 48 rows, text for text and reward for reward, whatever the lake
+    on_s3 = _rows(lake, "on-s3")
+    assert len(on_s3) == 48
+    assert on_s3 == _rows(tiny_run.lake, tiny_run.run_id)
     client = MlflowClient(tracking_uri=summary.tracking_uri)
     assert len(client.get_metric_history(summary.mlflow_run_id, "reward/mean")) == 3
 
@@ -77,13 +118,3 @@ def test_rerunning_a_finished_run_changes_nothing(tmp_path: Path) -> None:
 async def _flow_run_names() -> list[str]:
     async with get_client() as client:
         return [run.name for run in await client.read_flow_runs()]
-
-
-def test_each_step_is_a_nested_flow_run(tmp_path: Path) -> None:
-    import asyncio
-
-    config = tiny_config(tmp_path)
-    train(config.model_dump_json(), "nested")
-    names = asyncio.run(_flow_run_names())
-    assert "nested" in names
-    assert {"nested-step-1", "nested-step-2", "nested-step-3"} <= set(names)

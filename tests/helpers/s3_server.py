@@ -2,8 +2,10 @@
 
 What it does: picks a free loopback port, launches the `moto_server` console script next to
 the running interpreter, waits until it answers, and returns its endpoint URL and a stop
-function that terminates the process. What it does not: create buckets or set credentials
-(moto accepts any keys; the code under test creates its buckets), or reach the network.
+function that terminates the process; `unique_bucket` names a bucket no other test uses (the
+session shares one server: tests/conftest.py). What it does not: create buckets or set
+credentials (moto accepts any keys; the code under test creates its buckets), or reach the
+network.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +29,11 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def unique_bucket(stem: str) -> str:
+    """A valid S3 bucket name that no other test uses: unique_bucket("lake") -> "lake-1f0c9a2b7d3e"."""
+    return f"{stem}-{uuid.uuid4().hex[:12]}"
 
 
 def _moto_server_command(port: int) -> list[str]:

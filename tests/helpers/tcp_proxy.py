@@ -2,11 +2,12 @@
 for tests of storage outages (the pipeline talks to S3 through it).
 
 What it does: listens on a free loopback port and pipes each accepted connection to the
-target with two threads. `cut()` closes the listening socket (new connections are refused:
+target with two threads. `refuse()` stops listening (new connections are refused:
 ECONNREFUSED) and shuts down every open connection (the client sees a reset or EOF
 mid-request); `restore()` listens again on the same port. `blackhole()` instead keeps
-accepting connections but never forwards a byte (the client waits for its own timeouts).
-What it does not: speak HTTP, or simulate slow links.
+accepting connections but never forwards a byte (the client waits for its own timeouts);
+`held` counts those connections, the evidence that a client was made to wait. `stop()`
+refuses for good. What it does not: speak HTTP, or simulate slow links.
 """
 
 from __future__ import annotations
@@ -43,12 +44,10 @@ class TcpProxy:
         threading.Thread(target=self._accept_loop, args=(listener,), daemon=True).start()
         return self
 
-    def cut(self) -> None:
+    def refuse(self) -> None:
         """Refuse new connections and drop every open one."""
-        self.events.append((time.monotonic(), "cut"))
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
+        self.events.append((time.monotonic(), "refuse"))
+        self._close_listener()
         self._drop_open()
 
     def blackhole(self) -> None:
@@ -65,10 +64,21 @@ class TcpProxy:
             self.start()
 
     def stop(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
+        self._close_listener()
         self._drop_open()
+
+    def _close_listener(self) -> None:
+        # close() alone would leave the socket listening while the accept thread is blocked
+        # in accept() (it holds a reference), letting one more connection through;
+        # shutdown() ends the listen state and wakes accept() at once.
+        listener, self._listener = self._listener, None
+        if listener is None:
+            return
+        try:
+            listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        listener.close()
 
     def _drop_open(self) -> None:
         with self._lock:
@@ -85,7 +95,7 @@ class TcpProxy:
             try:
                 client, _ = listener.accept()
             except OSError:
-                return  # closed by cut() or stop()
+                return  # closed by refuse() or stop()
             self.accepted += 1
             if self._blackhole:
                 self.held += 1

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 import threading
-import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
 from rlpipe.sandbox.pool import SandboxPool, default_pool_size
+from tests.helpers.waiting import HANG_GUARD_S
 from tests.sandbox._bwrap_support import require_bwrap
 
 
@@ -71,25 +71,61 @@ def test_a_returned_sandbox_is_reset():
             assert again is sandbox and again.files == {} and again.resets == 1
 
 
-def test_acquire_waits_when_all_are_lent_and_times_out():
+def test_acquire_times_out_when_all_are_lent():
     with SandboxPool(FakeSandbox, size=1) as pool:
         with pool.acquire():
-            started = time.monotonic()
-            with pytest.raises(SandboxUnavailable):
+            with pytest.raises(SandboxUnavailable, match="no sandbox free within 0.2 s"):
                 with pool.acquire(timeout_s=0.2):
                     pass
-            assert time.monotonic() - started >= 0.2
+
+
+def test_acquire_waits_for_a_lent_sandbox_and_gets_it_when_returned():
+    with SandboxPool(FakeSandbox, size=1) as pool:
+        waiting = threading.Event()
+        pool._idle = _NotingQueue(pool._idle, waiting)
+        got: list[FakeSandbox] = []
+        with pool.acquire() as lent:
+            waiting.clear()
+            borrower = threading.Thread(target=lambda: got.append(_borrow(pool)))
+            borrower.start()
+            assert waiting.wait(timeout=HANG_GUARD_S), "the borrower never reached the idle queue"
+            assert got == []  # it waits: the one sandbox is lent
+        borrower.join(timeout=HANG_GUARD_S)
+        assert got == [lent]  # and gets it once returned
+
+
+class _NotingQueue:
+    """The pool's idle queue, setting `waiting` whenever someone blocks on it (get)."""
+
+    def __init__(self, inner, waiting: threading.Event) -> None:
+        self._inner, self._waiting = inner, waiting
+
+    def get(self, *args, **kwargs):
+        self._waiting.set()
+        return self._inner.get(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+def _borrow(pool: SandboxPool) -> FakeSandbox:
+    with pool.acquire(timeout_s=HANG_GUARD_S) as sandbox:
+        return sandbox
 
 
 def test_map_keeps_order_and_never_shares_a_sandbox():
+    # the barrier holds every round's 3 users inside `use` together (so all 3 sandboxes are
+    # lent at once, whatever the machine's load): a shared sandbox would be caught in use
+    all_three_in_use = threading.Barrier(3, timeout=HANG_GUARD_S)
+
     def use(sandbox: FakeSandbox, item: int) -> int:
         assert sandbox.in_use.acquire(blocking=False), "two users at once"
-        time.sleep(0.01)
+        all_three_in_use.wait()
         sandbox.in_use.release()
         return item * item
 
     with SandboxPool(FakeSandbox, size=3) as pool:
-        assert pool.map(use, range(20)) == [item * item for item in range(20)]
+        assert pool.map(use, range(21)) == [item * item for item in range(21)]  # 7 rounds of 3
 
 
 def test_unhealthy_sandboxes_are_replaced():

@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
+from tests.helpers.waiting import wait_until
 
 WRITER = textwrap.dedent(
     """
@@ -35,10 +35,12 @@ def test_sigkill_mid_write_leaves_a_consistent_lake(tmp_path: Path) -> None:
     root = tmp_path / "lake"
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], cwd=Path(__file__).parents[2])
     lake = Lake.open(str(root))
-    deadline = time.monotonic() + 30
-    while len(lake.committed_steps("r1")) < 4 and time.monotonic() < deadline:
+
+    def four_steps_committed() -> bool:
         assert writer.poll() is None, "the writer died on its own"
-        time.sleep(0.05)
+        return len(lake.committed_steps("r1")) >= 4
+
+    wait_until(four_steps_committed, "the writer to commit 4 steps")
     writer.send_signal(signal.SIGKILL)
     writer.wait(timeout=10)
 

@@ -1,7 +1,10 @@
 """Retry and cache policy shared by every stage task.
 
 - Retries: only `InfraError` (storage unreachable, sandbox daemon gone, engine died) is
-  retried, with exponential backoff and jitter. Bad data or config fails at once.
+  retried, 6 times, with exponential backoff and jitter. Bad data or config fails at once.
+  The first delay is $RLPIPE_RETRY_BACKOFF_S (default 1 s: 1, 2, 4, 8, 16, 32 s, enough to
+  outlast a minute's outage), read once at import; the tests set it small so that a retried
+  stage does not cost them a minute. Not a user setting: it is not part of the run config.
 - Cache keys: (run id, run incarnation, step, stage, config hash, policy version), never
   the Prefect run id, so a UI retry of a crashed flow run and a new flow run started with
   --resume both skip a stage that already finished. What a cached stage returns is a
@@ -11,14 +14,39 @@
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from prefect.tasks import exponential_backoff
 
-from rlpipe.core.errors import InfraError
+from rlpipe.core.errors import ConfigError, InfraError
+
+BACKOFF_ENV_VAR = "RLPIPE_RETRY_BACKOFF_S"
+DEFAULT_BACKOFF_S = 1.0
+
+
+def first_retry_delay_s(environ: Mapping[str, str] = os.environ) -> float:
+    """The first retry delay: $RLPIPE_RETRY_BACKOFF_S if set (seconds, > 0), else 1 s."""
+    raw = environ.get(BACKOFF_ENV_VAR, "").strip()
+    if not raw:
+        return DEFAULT_BACKOFF_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(
+            f"{BACKOFF_ENV_VAR}={raw!r} is not a positive number of seconds",
+            hint=f"unset {BACKOFF_ENV_VAR} (default {DEFAULT_BACKOFF_S:g} s) or set it to e.g. 0.1",
+        )
+    return value
+
 
 STAGE_RETRIES = 6
-STAGE_RETRY_DELAYS = exponential_backoff(backoff_factor=1)  # 1, 2, 4, 8, 16, 32 s: outlasts a minute's outage
+STAGE_RETRY_BACKOFF_S = first_retry_delay_s()
+STAGE_RETRY_DELAYS = exponential_backoff(backoff_factor=STAGE_RETRY_BACKOFF_S)  # 1, 2, 4, 8, 16, 32 s by default
 STAGE_RETRY_JITTER = 0.5
 
 
