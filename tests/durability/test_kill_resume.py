@@ -223,9 +223,10 @@ def test_resume_takes_generate_from_the_stage_cache(runs: dict[str, Outcome]) ->
     # two flow runs of step 4: the killed one (left Running: SIGKILL) and the resumed one
     assert len(states) == 2, states
     killed, resumed = states
-    # the killed process finished generate, but task run states reach the API in the
-    # background, so SIGKILL may have swallowed the last update (then it shows Running)
-    assert killed["generate"] in (["Completed"], ["Running"]), killed
+    # the killed process finished generate, but task runs reach the API in the background,
+    # so SIGKILL may have swallowed the last state update (Running) or, on a loaded machine,
+    # the task run's record itself (absent)
+    assert killed.get("generate", []) in ([], ["Completed"], ["Running"]), killed
     assert "Completed" not in killed.get("verify", []), killed  # it died inside verify
     assert resumed["generate"] == ["Cached"], resumed
     assert resumed["verify"] == ["Completed"], resumed  # never finished before: computed now
