@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: `Completion.logprobs` are those of the sampling distribution (temperature, top-p);
+1 stored temperature-1 logprobs (see engines/base.py). A run with rows older than this
+version is not resumed (tasks/lifecycle.py)."""
 
 
 class VerdictReason(str, Enum):
