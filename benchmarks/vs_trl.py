@@ -1,6 +1,6 @@
 """The race: rlpipe's GRPO beside TRL's GRPOTrainer at equal training wall time.
 
-    .venv/bin/python benchmarks/vs_trl.py [--seconds 240] [--repeats 2] [--threads 2]
+    .venv/bin/python benchmarks/vs_trl.py [--seconds 240] [--repeats 2] [--threads 2] [--lr 1e-3]
     (needs the `bench` extra: pip install -e .[bench], i.e. trl)
 
 One invocation: builds the quickstart's warm-start checkpoint ONCE (configs/quickstart.toml,
@@ -8,7 +8,7 @@ seed 0: the tiny Qwen2 model, the char tokenizer, supervised steps until greedy 
 training tasks reaches the target), then, for each repeat seed, trains a copy of it with
 rlpipe and with trl.GRPOTrainer on the same task (reverse words, the same training split),
 with the same settings: 128 prompts x 8 samples per step, T = 0.7, top_p 1, at most 6 new
-tokens, AdamW lr 1e-3 constant, grad clip 1, 4 optimizer steps per batch (mini-batches of
+tokens, AdamW lr 1e-3 (`--lr`; the race's setting, whatever quickstart.toml says) constant, grad clip 1, 4 optimizer steps per batch (mini-batches of
 256 completions), clip 0.2, no KL, token-mean loss, group std-normalised advantages, the
 env's exact-match verifier as reward. Each trains until `--seconds` of training wall time
 have passed (checked after each RL step, i.e. each 4 optimizer steps, for both); then one
@@ -54,8 +54,10 @@ QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"
 class Setup:
     """The quickstart's config, mixture, held-out tasks and the warm-started policy."""
 
-    def __init__(self) -> None:
-        self.config = load_config(QUICKSTART, ["seed=0"])
+    def __init__(self, lr: float) -> None:
+        self.config = load_config(QUICKSTART, ["seed=0", f"train.lr={lr}", "train.mini_batches_per_step=4",
+                                               "rollout.prompts_per_step=128", "rollout.group_size=8", "rollout.temperature=0.7",
+                                               "rollout.top_p=1.0", "rollout.max_new_tokens=6", "algo.clip_eps=0.2", "algo.kl_coef=0.0"])
         self.mixture = build_mixture(self.config)
         self.env = self.mixture.envs["reverse"]
         self.heldout = self.mixture.heldout(self.config.envs.heldout_size, seed=0)
@@ -169,12 +171,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per system (seeds 0..repeats-1)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--systems", default="rlpipe,trl", help="comma-separated: rlpipe, trl")
+    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of both")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    setup = Setup()
+    setup = Setup(args.lr)
     start_accuracy = setup.accuracy(setup.policy)
     print(f"warm start: {setup.warm_seconds:.0f} s; held-out accuracy {start_accuracy:.3f} on {len(setup.heldout)} tasks; "
-          f"{args.seconds:.0f} s of training per run, {args.threads} threads", flush=True)
+          f"{args.seconds:.0f} s of training per run, lr {args.lr:g}, {args.threads} threads", flush=True)
     races = {"rlpipe": race_rlpipe, "trl": race_trl}
     results: dict[str, list[float]] = defaultdict(list)
     print(f"{'system':8} {'seed':>4} {'held-out':>9} {'steps':>6} {'s/step':>7} {'trained s':>9}", flush=True)
