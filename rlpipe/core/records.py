@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-SCHEMA_VERSION = 2  # 2: committed parts keep run_id and step in their hive path only (storage/schema.py)
+SCHEMA_VERSION = 2
+"""2: `Completion.logprobs` are those of the sampling distribution (temperature, top-p),
+and committed parts keep run_id and step in their hive path only (storage/schema.py);
+1 stored temperature-1 logprobs (see engines/base.py). A run with rows older than this
+version is not resumed (tasks/lifecycle.py)."""
 
 
 class VerdictReason(str, Enum):

@@ -5,14 +5,19 @@ prompt, each with its token ids and the per-token logprobs the trainer needs for
 importance ratio. Backends today: hf (transformers, in-process). vLLM and OpenAI-compatible
 HTTP backends implement the same protocol later.
 
-Logprob convention (every backend): `Completion.logprobs[i]` is the log-probability of the
-sampled token `token_ids[i]` under the policy at temperature 1.0, i.e. `log_softmax` of the
-raw logits, *not* of the temperature-scaled or top-p-truncated sampling distribution. That
-is the quantity the trainer recomputes, so the ratio new/old is exactly 1 before any update.
-Known limit: with a sampling temperature T != 1 the gradient is then that of the T = 1
-policy evaluated on samples drawn at T (TRL and verl scale the logits by 1/T in both the
-engine and the trainer). The quickstart's recipe was tuned with this convention; moving to
-temperature-scaled logprobs needs the engine, `rl.batching.token_logprobs` and a re-tune.
+Logprob convention (every backend, trajectory schema version 2): `Completion.logprobs[i]` is
+the log-probability of the sampled token `token_ids[i]` under the distribution it was
+actually drawn from: `log_softmax(logits / T)` at the sampling temperature T, and with
+top_p < 1 the nucleus renormalised (log p_T(token) - log of the nucleus' mass under p_T).
+The trainer recomputes `log_softmax(logits / T)` at the same T (`rl.batching.token_logprobs`),
+so the ratio new/old of an unchanged policy is 1 and the clip range is that of the
+sampling policy, as in TRL and verl. Known limit: with top_p < 1 the trainer does not
+rebuild the nucleus (it is not a differentiable function of the weights), so its logprob of
+a token is below the stored one by the log of the nucleus mass and the ratio starts below 1;
+keep top_p = 1 for training until truncated importance sampling lands. Greedy completions
+(held-out evaluation, `greedy=True`) store `log_softmax(logits)` at temperature 1 of the
+argmax token: a diagnostic of the policy's confidence, never trained on. Schema version 1
+stored temperature-1 logprobs also for sampled completions; such runs are not resumed.
 
 Stop convention: the text is cut before the first stop string; the token that completed the
 stop string (or the EOS token) is kept as the last entry of `token_ids`/`logprobs`, so the

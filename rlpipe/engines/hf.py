@@ -3,9 +3,9 @@
 What it does: holds its OWN copy of the policy (deep-copied at construction, so the
 trainer's in-place updates never leak into sampling); samples `n` completions per prompt in
 left-padded batches with a KV cache (`cache=DynamicCache()`), in a hand-written decode loop
-that reads the temperature-1 logprobs from the same logits it samples from and ends a batch
-as soon as every row has finished; applies temperature and top-p; stops on stop strings and
-EOS (see engines/base.py for the logprob and stop conventions). On the tiny CPU models of
+that reads each sampled token's logprob from the very distribution it was drawn from
+(temperature and top-p applied) and ends a batch as soon as every row has finished; stops
+on stop strings and EOS (see engines/base.py for the logprob and stop conventions). On the tiny CPU models of
 the quickstart one batch of 128 short completions takes a few tens of milliseconds.
 Sampling is deterministic for a given `SamplingParams.seed`, the same prompts and the same
 batch_size (one torch.Generator drives every draw).
@@ -101,8 +101,7 @@ class HFEngine:
         for _ in range(params.max_new_tokens):
             output = self._model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=True)
             logits = output.logits[:, -1, :].float()
-            next_tokens = _choose(logits, params, generator)
-            token_logprobs = torch.log_softmax(logits, dim=-1).gather(1, next_tokens[:, None])[:, 0]
+            next_tokens, token_logprobs = choose_tokens(logits, params, generator)
             for row, (token, logprob) in enumerate(zip(next_tokens.tolist(), token_logprobs.tolist())):
                 if finish[row]:
                     continue
@@ -128,14 +127,24 @@ class HFEngine:
         return "", text
 
 
-def _choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-    """Next token per row: argmax when greedy, else a draw from the temperature/top-p distribution."""
+def choose_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next token, its logprob) per row of float logits [batch, vocab].
+
+    Greedy: the argmax and its temperature-1 logprob. Sampled: a draw from softmax(logits / T),
+    restricted to the nucleus (the smallest set of most likely tokens whose mass reaches
+    top_p) when top_p < 1, and the logprob of the drawn token under that same distribution:
+    log_softmax(logits / T) minus the log of the nucleus' mass (0 when top_p = 1)."""
     if params.greedy:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+        tokens = logits.argmax(dim=-1)
+        return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+    scaled = logits / params.temperature
+    probs = torch.softmax(scaled, dim=-1)
+    log_mass = torch.zeros(logits.shape[0], dtype=logits.dtype, device=logits.device)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter(1, order, sorted_probs)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+        log_mass = torch.log(sorted_probs.sum(dim=-1))
+    tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return tokens, torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None])[:, 0] - log_mass

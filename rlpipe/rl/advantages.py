@@ -1,9 +1,9 @@
 """Group-relative advantages: the rewards of one task's completions in one step -> advantages.
 
 Methods (r = the scored rewards of the group, k = their count):
-- grpo:   (r_i - mean(r)) / (std(r) + eps), with the POPULATION std (divide by k, not k-1):
-          it is defined for k = 2, matches the usual GRPO implementations (TRL, verl) for
-          binary rewards, and scales advantages to unit variance within the group.
+- grpo:   (r_i - mean(r)) / (std(r) + eps), with the SAMPLE std (divide by k - 1), as TRL's
+          GRPOTrainer (torch.std, unbiased; 1.16) and verl (torch.std) do: advantages then
+          have sample variance 1 within the group (population variance (k-1)/k).
 - drgrpo: r_i - mean(r) (Dr. GRPO: no std division, so easy/hard groups are not re-weighted).
 - rloo:   r_i - mean of the other k-1 rewards = k/(k-1) * (r_i - mean(r)).
 
@@ -33,7 +33,7 @@ def group_advantages(rewards: list[float | None], method: AdvantageMethod = "grp
         return [None if reward is None else 0.0 for reward in rewards]
     mean = sum(scored) / count
     if method == "grpo":
-        std = math.sqrt(sum((reward - mean) ** 2 for reward in scored) / count)
+        std = math.sqrt(sum((reward - mean) ** 2 for reward in scored) / (count - 1))
         return [None if reward is None else (reward - mean) / (std + eps) for reward in rewards]
     if method == "drgrpo":
         return [None if reward is None else reward - mean for reward in rewards]

@@ -5,7 +5,12 @@ live on the shifted grid [batch, length - 1]: column j holds log p(token j+1 | t
 The completion mask is 1 exactly on the columns that predict completion tokens, so
 `old_logprobs` from the engine (one per completion token) land on the same columns.
 
-This module does not decide which samples train (the trainer does) nor shuffle.
+Logprobs are those of the sampling distribution at temperature T: log_softmax(logits / T),
+the convention of engines/base.py. They are computed as gather - logsumexp in float32 over
+the columns from the first completion column on only (the model's `logits_to_keep`), never
+as a full-vocabulary log_softmax over every position; columns before that hold 0.
+
+This module does not decide which samples train nor in which order (the trainer does).
 """
 
 from __future__ import annotations
@@ -71,10 +76,24 @@ def pad_samples(samples: list[TrainSample], pad_token_id: int = 0, device: str |
     )
 
 
-def token_logprobs(model: PreTrainedModel, batch: PaddedBatch) -> torch.Tensor:
-    """log p(target) of every shifted position, [batch, length - 1], at temperature 1."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1, :].float()
-    return torch.log_softmax(logits, dim=-1).gather(2, batch.targets[:, :, None])[:, :, 0]
+def token_logprobs(model: PreTrainedModel, batch: PaddedBatch, temperature: float = 1.0) -> torch.Tensor:
+    """log p_T(target) of the shifted positions, [batch, length - 1], at temperature T;
+    exact on every completion column (0 on prompt columns before the first completion one)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    columns = batch.targets.shape[1]
+    first = int(batch.completion_mask.any(dim=0).float().argmax()) if bool(batch.completion_mask.any()) else columns - 1
+    keep = columns - first + 1  # logits of positions first .. length-1; the last predicts nothing
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits[:, :-1, :]
+    selected = logprobs_of_targets(logits, batch.targets[:, first:], temperature)
+    return torch.nn.functional.pad(selected, (first, 0))
+
+
+def logprobs_of_targets(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / T)[target] per position: [..., vocab] logits, [...] targets ->
+    [...] float32, as gather - logsumexp (no full log_softmax tensor is kept)."""
+    scaled = logits.float() / temperature
+    return scaled.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(scaled, dim=-1)
 
 
 def micro_batches(samples: list[TrainSample], size: int) -> list[list[TrainSample]]:

@@ -1,12 +1,17 @@
 """The policy trainer: one clipped policy-gradient update per RL step, AdamW, grad clipping.
 
-What it does: `update(samples)` splits the step's samples into `mini_batches_per_step`
-contiguous mini-batches (PPO-style; verl's ppo_mini_batch_size) and runs one optimizer step
-per mini-batch, `epochs_per_step` times over. Each optimizer step accumulates gradients over
+What it does: `update(samples, shuffle_seed)` shuffles the step's samples (a local
+`random.Random(shuffle_seed)`, never the global RNG, so a replay on resume is bit-identical;
+as TRL's GRPOTrainer does, so each optimizer step sees samples of most of the step's tasks
+instead of a quarter of them), splits them into `mini_batches_per_step` mini-batches
+(PPO-style; verl's ppo_mini_batch_size) and runs one optimizer step per mini-batch,
+`epochs_per_step` times over (each epoch reshuffles, from the same seeded stream). Each optimizer step accumulates gradients over
 micro-batches whose losses are normalised by the WHOLE mini-batch's token (token_mean) or
 sequence (seq_mean_token_sum) count, so the accumulated gradient equals the mini-batch
 gradient whatever the micro-batch size. Mini-batches after the first are slightly
 off-policy; the clipped importance ratio against the stored sampling logprobs accounts for it.
+New logprobs are computed at the sampling `temperature` (log_softmax(logits / T), the
+convention of engines/base.py), so the ratio of an unchanged policy is 1.
 Samples with advantage None are excluded entirely; samples with advantage 0.0 add nothing
 to the policy-gradient term, so without a KL penalty they are skipped for speed, but still
 count in the normaliser and in `tokens`. With kl_coef > 0 a frozen reference model is kept
@@ -22,6 +27,7 @@ device (FSDP/torchrun come later behind the same methods).
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -64,8 +70,12 @@ class Trainer:
         loss_agg: LossAggregation = "token_mean",
         reference_model: PreTrainedModel | None = None,
         pad_token_id: int = 0,
+        temperature: float = 1.0,
     ) -> None:
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
         self.model = model
+        self.temperature = temperature
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
         self.epochs_per_step = epochs_per_step
@@ -82,13 +92,18 @@ class Trainer:
         self._device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
 
-    def update(self, samples: list[TrainSample]) -> UpdateMetrics:
-        """One RL update on the step's samples; see the module docstring."""
+    def update(self, samples: list[TrainSample], shuffle_seed: int | None = None) -> UpdateMetrics:
+        """One RL update on the step's samples; see the module docstring. `shuffle_seed`
+        None keeps the samples' order (contiguous mini-batches), for tests that need it."""
         scored = [sample for sample in samples if sample.advantage is not None]
         tokens = completion_tokens(scored)
         losses, kls, clips, grad_norms = [], [], [], []
+        order = random.Random(shuffle_seed) if shuffle_seed is not None else None
         self.model.train()
         for _ in range(self.epochs_per_step):
+            if order is not None:
+                scored = scored[:]
+                order.shuffle(scored)
             for mini_batch in _split(scored, self.mini_batches_per_step):
                 trained = mini_batch if self.kl_coef > 0 else [s for s in mini_batch if s.advantage != 0.0]
                 if not trained:
@@ -116,11 +131,11 @@ class Trainer:
         total_loss, kl_sum, clip_sum = 0.0, 0.0, 0.0
         for chunk in micro_batches(trained, self.micro_batch_size):
             batch = pad_samples(chunk, self.pad_token_id, self._device)
-            new_logprobs = token_logprobs(self.model, batch)
+            new_logprobs = token_logprobs(self.model, batch, self.temperature)
             ref_logprobs = None
             if self.reference_model is not None and self.kl_coef > 0:
                 with torch.no_grad():
-                    ref_logprobs = token_logprobs(self.reference_model, batch)
+                    ref_logprobs = token_logprobs(self.reference_model, batch, self.temperature)
             loss, metrics = policy_loss(
                 new_logprobs,
                 batch.old_logprobs,
@@ -157,8 +172,7 @@ class Trainer:
 
 
 def _split(samples: list[TrainSample], parts: int) -> list[list[TrainSample]]:
-    """`parts` contiguous mini-batches of near-equal size (samples come ordered by task, so
-    a GRPO group mostly stays in one mini-batch)."""
+    """`parts` consecutive slices of near-equal size (of the shuffled samples, in `update`)."""
     parts = max(1, min(parts, len(samples)))
     size, extra = divmod(len(samples), parts)
     chunks, start = [], 0

@@ -17,7 +17,7 @@ from prefect.runtime import flow_run
 from rlpipe import __version__
 from rlpipe.core.config import config_changes, config_from_dict
 from rlpipe.core.errors import ConfigError, LakeCorrupted
-from rlpipe.core.records import Task
+from rlpipe.core.records import SCHEMA_VERSION, Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.base import SamplingParams
 from rlpipe.rl.checkpoint import POLICY_DIR, CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
@@ -200,6 +200,20 @@ def _checkpoint_uri(runtime: Runtime, run_id: str, step: int) -> str:
     return f"{runtime.lake.uri.rstrip('/')}/checkpoints/{run_id}/step={step:06d}"
 
 
+def _refuse_old_schema(runtime: Runtime, run_id: str, step: int) -> None:
+    """ConfigError when committed step `step` holds rows of an older trajectory schema: their
+    logprobs follow another convention, so replaying or continuing the run would be wrong."""
+    manifest = runtime.lake.read_manifest(run_id, step)
+    versions = runtime.lake.read_parts_table(manifest.parts if manifest else ()).column("schema_version").to_pylist()
+    oldest = min(versions, default=SCHEMA_VERSION)
+    if oldest < SCHEMA_VERSION:
+        raise ConfigError(
+            f"run {run_id!r} holds trajectories of schema version {oldest} (step {step}); this rlpipe writes and trains on version {SCHEMA_VERSION}",
+            f"start a new run (a new --run-id); runs from before version {SCHEMA_VERSION} stored temperature-1 logprobs, "
+            "which the trainer no longer matches",
+        )
+
+
 @task(name="restore", **STAGE_OPTIONS)
 def restore(run_id: str) -> int:
     """Bring the policy to the last committed step: load the newest checkpoint at or
@@ -207,6 +221,8 @@ def restore(run_id: str) -> int:
     Returns the last committed step (0 when no RL step is committed yet)."""
     runtime = get_runtime(run_id)
     committed = runtime.lake.committed_steps(run_id)
+    if committed:
+        _refuse_old_schema(runtime, run_id, committed[0])
     last = max(committed, default=0)
     step = runtime.lake.latest_checkpoint(run_id, at_or_before=last)
     if step is None:

@@ -136,6 +136,7 @@ def build_trainer(config: RunConfig, policy: torch.nn.Module) -> Trainer:
         clip_eps=algo.clip_eps,
         kl_coef=algo.kl_coef,
         loss_agg=algo.loss_agg,
+        temperature=config.rollout.temperature,  # logprobs of the distribution the rollouts sample
     )
 
 

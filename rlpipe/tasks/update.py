@@ -13,6 +13,7 @@ from dataclasses import asdict
 from prefect import task
 
 from rlpipe.core.failpoints import failpoint
+from rlpipe.core.seeds import derive_seed
 from rlpipe.rl.samples import train_samples
 from rlpipe.tasks.runtime import Runtime, get_runtime
 from rlpipe.tasks.stage_options import STAGE_OPTIONS
@@ -28,7 +29,8 @@ def apply_committed_update(runtime: Runtime, step: int) -> dict[str, float]:
     if manifest is None:
         raise RuntimeError(f"step {step} of run {runtime.run_id} is not committed; nothing to update from")
     rows = runtime.lake.read_parts(manifest.parts)
-    metrics = runtime.trainer.update(train_samples(rows))
+    shuffle_seed = derive_seed(runtime.config.seed, step, "mini-batches")  # replay shuffles the same
+    metrics = runtime.trainer.update(train_samples(rows), shuffle_seed=shuffle_seed)
     failpoint("update")
     runtime.policy_version = step
     return {f"train/{name}": float(value) for name, value in asdict(metrics).items()}

@@ -1,6 +1,20 @@
-"""One small end-to-end training run on CPU, through the real flow: the reward goes up and
-the lake holds exactly the rows it should. The full-size version is configs/quickstart.toml
-(see README.md); this one keeps the same recipe at a size CI can afford."""
+"""One small end-to-end training run on CPU, through the real flow: the policy gets better
+on held-out tasks and the lake holds exactly the rows it should. The full-size version is
+configs/quickstart.toml (see README.md); this one is its first STEPS steps, the same recipe.
+
+What is asserted, and why it holds on any machine: the trajectory of a run depends on the
+CPU kernels (another reduction order, another thread count, and the sampled completions
+diverge after a few steps), so the test asserts on an effect, never on numbers of one
+trajectory. The effect is measured on the quickstart's 1000 held-out words, the same words
+before and after (paired): if a fifth of the words change outcome between the two
+evaluations, the standard deviation of the gain is sqrt(0.2 / 1000) = 1.4 points.
+Measured after 15 steps (2026-12-01, 2-core machine): seeds 0..4 gained +10.4, +13.6,
++10.0, +6.2, +10.2 points with 1 torch thread and +17.7, +9.6, +10.8, +7.9, +11.6 with 2
+threads (other reduction order: another warm start and trajectory). MIN_GAIN (3 points)
+is half the smallest of the ten and twice the evaluation noise. The sampled training reward is NOT asserted on: it moves with the
+tasks each step drew (seed 3 at 1 thread: +0.009 between steps 1-5 and 11-15, +0.026
+between steps 1-3 and 13-15, while its held-out accuracy rose 6 points).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +28,8 @@ from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml"
-STEPS, PROMPTS, GROUP = 10, 64, 8
+STEPS = 15
+MIN_GAIN = 0.03  # held-out accuracy points (3); see the module docstring
 
 
 @pytest.mark.slow
@@ -23,10 +38,6 @@ def test_small_quickstart_learns_and_stores_every_row(tmp_path: Path) -> None:
         QUICKSTART,
         [
             f"train.steps={STEPS}",
-            f"rollout.prompts_per_step={PROMPTS}",
-            f"rollout.group_size={GROUP}",
-            "train.mini_batches_per_step=2",
-            "envs.heldout_size=100",
             f'storage.lake_uri="{tmp_path / "lake"}"',
             f'tracking.mlflow_uri="sqlite:///{tmp_path / "mlflow.db"}"',
         ],
@@ -35,17 +46,15 @@ def test_small_quickstart_learns_and_stores_every_row(tmp_path: Path) -> None:
     lake = build_lake(config)
 
     # Rows: steps x prompts x group, each (run, step, task, sample) once.
+    expected_rows = STEPS * config.rollout.prompts_per_step * config.rollout.group_size
     counts = query_trajectories(
         lake, "select count(*), count(distinct (run_id, step, task_id, sample_idx)) from trajectories"
     ).rows
-    assert counts == [(STEPS * PROMPTS * GROUP, STEPS * PROMPTS * GROUP)]
+    assert counts == [(expected_rows, expected_rows)]
 
-    # Reward trend: the last three steps' mean reward beats the first three's.
-    rewards = dict(query_trajectories(lake, "select step, avg(reward) from trajectories group by step").rows)
-    first = sum(rewards[step] for step in (1, 2, 3)) / 3
-    last = sum(rewards[step] for step in (STEPS - 2, STEPS - 1, STEPS)) / 3
-    assert last > first + 0.03, rewards
-
-    # The warm-start stopped near its target, and RL did not make the policy worse.
+    # The warm-start stopped near its target (30% on training tasks), and RL made the policy
+    # better on the same 1000 held-out words by a margin no evaluation noise reaches.
+    assert config.envs.heldout_size >= 1000
     assert summary.accuracy_before_rl >= 0.2
-    assert summary.accuracy_after_rl >= summary.accuracy_before_rl
+    gain = summary.accuracy_after_rl - summary.accuracy_before_rl
+    assert gain >= MIN_GAIN, (summary.accuracy_before_rl, summary.accuracy_after_rl)

@@ -12,15 +12,15 @@ def approx(values, tol=1e-5):
 
 
 def test_grpo_one_right_of_four():
-    # mean = 1/4 = 0.25; population var = (0.75^2 + 3 * 0.25^2) / 4 = (0.5625 + 0.1875) / 4 = 0.1875
-    # std = sqrt(0.1875) = 0.4330127; 0.75 / 0.4330127 = 1.7320508; -0.25 / 0.4330127 = -0.5773503
-    assert group_advantages([1.0, 0.0, 0.0, 0.0], "grpo") == approx([1.7320508, -0.5773503, -0.5773503, -0.5773503])
+    # mean = 1/4 = 0.25; sample var = (0.75^2 + 3 * 0.25^2) / (4 - 1) = (0.5625 + 0.1875) / 3 = 0.25
+    # std = 0.5; 0.75 / (0.5 + 1e-6) = 1.499997; -0.25 / (0.5 + 1e-6) = -0.499999
+    assert group_advantages([1.0, 0.0, 0.0, 0.0], "grpo") == approx([1.499997, -0.499999, -0.499999, -0.499999], tol=1e-6)
 
 
-def test_grpo_half_right_uses_population_std():
-    # mean = 0.5; population std = sqrt((4 * 0.25) / 4) = 0.5 (sample std would be 0.577)
-    # (1 - 0.5) / (0.5 + 1e-6) = 0.999998
-    assert group_advantages([1.0, 0.0, 0.0, 1.0], "grpo") == approx([0.999998, -0.999998, -0.999998, 0.999998], tol=1e-7)
+def test_grpo_half_right_uses_sample_std():
+    # mean = 0.5; sample std = sqrt((4 * 0.25) / (4 - 1)) = sqrt(1/3) = 0.5773503 (population std would be 0.5)
+    # (1 - 0.5) / (0.5773503 + 1e-6) = 0.8660239
+    assert group_advantages([1.0, 0.0, 0.0, 1.0], "grpo") == approx([0.8660239, -0.8660239, -0.8660239, 0.8660239], tol=1e-7)
 
 
 def test_drgrpo_is_reward_minus_mean():
@@ -35,8 +35,9 @@ def test_rloo_is_reward_minus_mean_of_others():
 
 @pytest.mark.parametrize("method", ["grpo", "drgrpo", "rloo"])
 def test_none_rewards_are_excluded_and_stay_none(method):
-    # scored rewards [1, 0]: mean 0.5, population std 0.5 -> grpo +-0.999998; drgrpo +-0.5; rloo 1-0=1, 0-1=-1
-    expected = {"grpo": 0.999998, "drgrpo": 0.5, "rloo": 1.0}[method]
+    # scored rewards [1, 0]: mean 0.5, sample std sqrt((0.25 + 0.25) / 1) = 0.7071068
+    # -> grpo +-0.5 / (0.7071068 + 1e-6) = +-0.7071058; drgrpo +-0.5; rloo 1-0=1, 0-1=-1
+    expected = {"grpo": 0.7071058, "drgrpo": 0.5, "rloo": 1.0}[method]
     assert group_advantages([1.0, None, 0.0], method) == approx([expected, None, -expected], tol=1e-6)
 
 
@@ -57,11 +58,11 @@ def test_all_none_and_empty():
     assert group_advantages([]) == []
 
 
-def test_grpo_advantages_have_zero_mean_and_unit_population_std():
+def test_grpo_advantages_have_zero_mean_and_unit_sample_std():
     advantages = group_advantages([0.2, 0.9, 0.4, 0.0, 1.0], "grpo", eps=0.0)
     mean = sum(advantages) / 5
     assert mean == pytest.approx(0.0, abs=1e-9)
-    assert math.sqrt(sum((a - mean) ** 2 for a in advantages) / 5) == pytest.approx(1.0)
+    assert math.sqrt(sum((a - mean) ** 2 for a in advantages) / (5 - 1)) == pytest.approx(1.0)
 
 
 def test_unknown_method_raises():

@@ -1,21 +1,35 @@
 """HFEngine: n samples, stop strings, EOS, logprobs, determinism, weight sync."""
 
+import math
+
 import pytest
 import torch
 
 from rlpipe.engines.base import SamplingParams
-from rlpipe.engines.hf import HFEngine
+from rlpipe.engines.hf import HFEngine, choose_tokens
 from rlpipe.rl.policy import build_tiny_model
 
 PROMPTS = [("a", "12+7="), ("b", "reverse abc="), ("c", "3=")]
 
 
-def recomputed_logprobs(model, completion):
+def recomputed_logprobs(model, completion, temperature=1.0, top_p=1.0):
+    """log p of each completion token under softmax(logits / T) of a fresh full forward pass,
+    renormalised over the nucleus (most likely tokens until their mass reaches top_p)."""
     ids = torch.tensor([completion.prompt_token_ids + completion.token_ids])
     with torch.no_grad():
-        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].double() / temperature, dim=-1)
     start = len(completion.prompt_token_ids) - 1
-    return [logprobs[start + i, token].item() for i, token in enumerate(completion.token_ids)]
+    result = []
+    for i, token in enumerate(completion.token_ids):
+        row = logprobs[start + i]
+        probs = sorted(row.exp().tolist(), reverse=True)
+        kept, mass = 0.0, 0.0
+        for p in probs:
+            if mass >= top_p:
+                break
+            kept, mass = kept + p, mass + p
+        result.append(row[token].item() - math.log(kept))
+    return result
 
 
 def test_n_samples_per_prompt_in_order(tiny_model, tokenizer):
@@ -28,11 +42,41 @@ def test_n_samples_per_prompt_in_order(tiny_model, tokenizer):
         assert completion.prompt_token_ids == tuple(tokenizer(dict(PROMPTS)[completion.task_id])["input_ids"])
 
 
-def test_logprobs_match_a_recomputed_forward_pass_at_temperature_one(tiny_model, tokenizer):
+@pytest.mark.parametrize("temperature", [0.5, 0.7, 1.3])
+def test_sampled_logprobs_are_those_of_the_tempered_distribution(tiny_model, tokenizer, temperature):
     engine = HFEngine(tiny_model, tokenizer, batch_size=8)
-    for params in (SamplingParams(n=2, temperature=0.5, top_p=0.9, max_new_tokens=6, seed=3), SamplingParams(greedy=True, max_new_tokens=6)):
-        for completion in engine.generate(PROMPTS, params):
-            assert completion.logprobs == pytest.approx(recomputed_logprobs(tiny_model, completion), abs=1e-4)
+    for completion in engine.generate(PROMPTS, SamplingParams(n=3, temperature=temperature, max_new_tokens=6, seed=3)):
+        assert completion.logprobs == pytest.approx(recomputed_logprobs(tiny_model, completion, temperature), abs=1e-4)
+        # and not those of the temperature-1 policy (the schema-1 convention)
+        assert completion.logprobs != pytest.approx(recomputed_logprobs(tiny_model, completion, 1.0), abs=1e-3)
+
+
+def test_top_p_logprobs_are_renormalised_over_the_nucleus(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer, batch_size=8)
+    for completion in engine.generate(PROMPTS, SamplingParams(n=3, temperature=0.7, top_p=0.5, max_new_tokens=6, seed=4)):
+        assert completion.logprobs == pytest.approx(recomputed_logprobs(tiny_model, completion, 0.7, top_p=0.5), abs=1e-4)
+
+
+def test_greedy_stores_temperature_one_logprobs_of_the_argmax(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer, batch_size=8)
+    for completion in engine.generate(PROMPTS, SamplingParams(greedy=True, temperature=0.5, max_new_tokens=6)):
+        assert completion.logprobs == pytest.approx(recomputed_logprobs(tiny_model, completion, 1.0), abs=1e-4)
+
+
+def test_choose_tokens_by_hand_with_temperature_and_top_p():
+    # logits = T * ln([4, 3, 2, 1]) at T = 0.5, so softmax(logits / T) = [0.4, 0.3, 0.2, 0.1].
+    # top_p = 0.6: mass before each sorted token = [0, 0.4, 0.7, 0.9]; kept while < 0.6 -> tokens 0, 1,
+    # nucleus mass 0.7, renormalised [4/7, 3/7]: logprobs ln(4/7) = -0.5596158, ln(3/7) = -0.8472979.
+    logits = (0.5 * torch.log(torch.tensor([4.0, 3.0, 2.0, 1.0]))).repeat(400, 1)
+    params = SamplingParams(temperature=0.5, top_p=0.6)
+    tokens, logprobs = choose_tokens(logits, params, torch.Generator().manual_seed(0))
+    assert set(tokens.tolist()) == {0, 1}
+    expected = {0: math.log(4 / 7), 1: math.log(3 / 7)}
+    assert logprobs.tolist() == pytest.approx([expected[t] for t in tokens.tolist()], abs=1e-6)
+    # top_p = 1: the full tempered distribution, token 3 has ln 0.1 = -2.3025851 when drawn
+    tokens, logprobs = choose_tokens(logits, SamplingParams(temperature=0.5), torch.Generator().manual_seed(0))
+    assert 3 in tokens.tolist()
+    assert logprobs.tolist() == pytest.approx([math.log([0.4, 0.3, 0.2, 0.1][t]) for t in tokens.tolist()], abs=1e-6)
 
 
 def test_deterministic_by_seed(tiny_model, tokenizer):

@@ -1,17 +1,22 @@
 """Trainer, batching and warm-start on a tiny CPU model."""
 
+import copy
+import math
+
 import pytest
 import torch
 
 from rlpipe.engines.base import SamplingParams
 from rlpipe.engines.hf import HFEngine
-from rlpipe.rl.batching import TrainSample, pad_samples, token_logprobs
+from rlpipe.rl.batching import TrainSample, logprobs_of_targets, pad_samples, token_logprobs
+from rlpipe.rl.losses import policy_loss
 from rlpipe.rl.trainer import Trainer
 from rlpipe.rl.warmstart import warm_start
 
 
-def samples_from_engine(model, tokenizer, advantage_of):
-    completions = HFEngine(model, tokenizer).generate([("a", "1+2="), ("b", "reverse ab=")], SamplingParams(n=4, max_new_tokens=4, seed=0))
+def samples_from_engine(model, tokenizer, advantage_of, temperature=1.0, prompts=(("a", "1+2="), ("b", "reverse ab="))):
+    params = SamplingParams(n=4, max_new_tokens=4, seed=0, temperature=temperature)
+    completions = HFEngine(model, tokenizer).generate(list(prompts), params)
     return [TrainSample(c.prompt_token_ids, c.token_ids, c.logprobs, advantage_of(i)) for i, c in enumerate(completions)]
 
 
@@ -61,18 +66,105 @@ def test_micro_batch_size_does_not_change_the_gradient(tiny_model, tokenizer):
     assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
 
 
-def test_kl_penalty_reported_and_optimizer_state_round_trips(tiny_model, tokenizer):
+def test_kl_metric_is_the_k3_of_the_policy_against_its_reference(tiny_model, tokenizer):
     samples = samples_from_engine(tiny_model, tokenizer, lambda i: 1.0 if i == 0 else -1.0 / 7)
-    trainer = Trainer(tiny_model, lr=1e-2, kl_coef=0.1, epochs_per_step=2)
-    first = trainer.update(samples)
-    second = trainer.update(samples)
-    assert first.kl >= 0.0 and second.kl > 0.0  # the policy moved away from the frozen reference
-    state = trainer.state_dict()
-    fresh = Trainer(tiny_model, lr=1e-2)
-    fresh.load_state_dict(state)
-    assert fresh.state_dict()["state"].keys() == state["state"].keys()
+    trainer = Trainer(tiny_model, lr=1e-2, kl_coef=0.1)
+    # policy == reference: ref - new = 0 on every token -> k3 = e^0 - 0 - 1 = 0 exactly
+    assert trainer.update(samples).kl == 0.0
+    # second update, one optimizer step: kl = token mean of k3 = e^d - d - 1, d = ref - new, of the
+    # weights it starts from (the loss is evaluated before the step), computed here apart
+    batch = pad_samples(samples)
+    with torch.no_grad():
+        delta = token_logprobs(trainer.reference_model, batch) - token_logprobs(tiny_model, batch)
+    k3 = (torch.exp(delta) - delta - 1.0) * batch.completion_mask
+    expected = float(k3.sum() / batch.completion_mask.sum())
+    assert expected > 1e-6  # the policy did move away from the frozen reference
+    assert trainer.update(samples).kl == pytest.approx(expected, rel=1e-4)
     names = [name for name, _ in trainer.named_weights()]
     assert names == [name for name, _ in tiny_model.named_parameters()]
+
+
+def test_optimizer_state_round_trip_gives_the_same_next_step(tiny_model, tokenizer):
+    samples = samples_from_engine(tiny_model, tokenizer, lambda i: 1.0 if i % 2 == 0 else -1.0)
+    trainer = Trainer(tiny_model, lr=1e-2, mini_batches_per_step=2)
+    trainer.update(samples, shuffle_seed=1)
+    state = copy.deepcopy(trainer.state_dict())
+    restored_model = copy.deepcopy(tiny_model)
+    restored = Trainer(restored_model, lr=1e-2, mini_batches_per_step=2)
+    restored.load_state_dict(state)
+    saved, loaded = state["state"], restored.state_dict()["state"]
+    assert saved.keys() == loaded.keys() and len(saved) == len(list(tiny_model.parameters()))
+    for key in saved:
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(saved[key][name], loaded[key][name]), (key, name)
+    assert any(float(saved[key]["exp_avg_sq"].abs().sum()) > 0 for key in saved)  # a real, non-zero state
+    # the restored trainer takes the same next step, bit for bit; a fresh optimizer does not
+    fresh_model = copy.deepcopy(tiny_model)
+    trainer.update(samples, shuffle_seed=2)
+    restored.update(samples, shuffle_seed=2)
+    Trainer(fresh_model, lr=1e-2, mini_batches_per_step=2).update(samples, shuffle_seed=2)
+    assert all(torch.equal(a, b) for a, b in zip(tiny_model.parameters(), restored_model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(tiny_model.parameters(), fresh_model.parameters()))
+
+
+@pytest.mark.parametrize("temperature", [0.5, 0.7, 1.0, 1.3])
+def test_ratio_of_an_unchanged_policy_is_one_at_the_sampling_temperature(tiny_model, tokenizer, temperature):
+    prompts = (("a", "1+2="), ("b", "reverse ab="), ("c", "reverse hello="))
+    samples = samples_from_engine(tiny_model, tokenizer, lambda i: 1.0, temperature, prompts)
+    batch = pad_samples(samples)
+    with torch.no_grad():
+        new = token_logprobs(tiny_model, batch, temperature)
+    ratio = torch.exp(new - batch.old_logprobs)[batch.completion_mask.bool()]
+    assert ratio.numel() == sum(len(s.token_ids) for s in samples)
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5), ratio
+    if temperature != 1.0:  # at temperature 1 the trainer would see another policy
+        with torch.no_grad():
+            at_one = torch.exp(token_logprobs(tiny_model, batch) - batch.old_logprobs)[batch.completion_mask.bool()]
+        assert (at_one - 1.0).abs().max() > 1e-3
+
+
+def test_policy_gradient_through_tempered_logprobs_by_hand():
+    # One token, vocabulary of 3, logits z = [1, 0, -1], target 0, T = 0.7.
+    # z / T = [1.4285714, 0, -1.4285714]; exp = [4.1727339, 1, 0.2396510]; sum S = 5.4123849
+    # p = softmax(z / T) = [0.7709603, 0.1847614, 0.0442783]; log p_0 = 1.4285714 - ln 5.4123849 = -0.2601184
+    # old logprob = log p_0 - ln 1.1 -> ratio 1.1 (inside the clip range 0.8..1.2), A = 1, one token:
+    # loss = -ratio * A = -1.1; d loss / d log p_0 = -ratio * A = -1.1
+    # d log p_0 / d z_j = (1[j = 0] - p_j) / T = [0.3271996, -0.2639449, -0.0632547]
+    # d loss / d z = -1.1 * that = [-0.3599195, 0.2903394, 0.0695801]
+    logits = torch.tensor([[[1.0, 0.0, -1.0]]], requires_grad=True)
+    new = logprobs_of_targets(logits, torch.tensor([[0]]), temperature=0.7)
+    assert new.item() == pytest.approx(-0.2601184, abs=1e-6)
+    old = new.detach() - math.log(1.1)
+    loss, metrics = policy_loss(new, old, torch.tensor([1.0]), torch.ones(1, 1), clip_eps=0.2)
+    assert loss.item() == pytest.approx(-1.1, abs=1e-6) and metrics.clip_frac == 0.0
+    loss.backward()
+    assert logits.grad[0, 0].tolist() == pytest.approx([-0.3599195, 0.2903394, 0.0695801], abs=1e-6)
+
+
+def test_token_logprobs_match_a_full_log_softmax_on_completion_columns(tiny_model, tokenizer):
+    samples = samples_from_engine(tiny_model, tokenizer, lambda i: 1.0, 0.7, (("a", "1+2="), ("b", "reverse hello=")))
+    batch = pad_samples(samples)
+    with torch.no_grad():
+        cheap = token_logprobs(tiny_model, batch, 0.7)
+        logits = tiny_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+        full = torch.log_softmax(logits / 0.7, dim=-1).gather(2, batch.targets[:, :, None])[:, :, 0]
+    mask = batch.completion_mask.bool()
+    assert cheap.shape == full.shape and torch.allclose(cheap[mask], full[mask], atol=1e-5)
+
+
+def test_shuffled_mini_batches_are_seeded_and_replay_bit_for_bit(tiny_model, tokenizer):
+    samples = samples_from_engine(tiny_model, tokenizer, lambda i: float(i % 3) - 1.0)
+
+    def weights_after(seed, global_seed):
+        model = copy.deepcopy(tiny_model)
+        torch.manual_seed(global_seed)  # the global RNG must not matter
+        Trainer(model, lr=1e-2, mini_batches_per_step=4, epochs_per_step=2).update(samples, shuffle_seed=seed)
+        return [p.detach().clone() for p in model.parameters()]
+
+    first = weights_after(seed=7, global_seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(first, weights_after(seed=7, global_seed=123)))
+    assert not all(torch.equal(a, b) for a, b in zip(first, weights_after(seed=8, global_seed=0)))
+    assert not all(torch.equal(a, b) for a, b in zip(first, weights_after(seed=None, global_seed=0)))
 
 
 def test_warm_start_lowers_the_answer_loss(tiny_model, tokenizer):

@@ -1,0 +1,196 @@
+"""The race: rlpipe's GRPO beside TRL's GRPOTrainer at equal training wall time.
+
+    .venv/bin/python benchmarks/vs_trl.py [--seconds 240] [--repeats 2] [--threads 2] [--lr 1e-3]
+    (needs the `bench` extra: pip install -e .[bench], i.e. trl)
+
+One invocation: builds the quickstart's warm-start checkpoint ONCE (configs/quickstart.toml,
+seed 0: the tiny Qwen2 model, the char tokenizer, supervised steps until greedy accuracy on
+training tasks reaches the target), then, for each repeat seed, trains a copy of it with
+rlpipe and with trl.GRPOTrainer on the same task (reverse words, the same training split),
+with the same settings: 128 prompts x 8 samples per step, T = 0.7, top_p 1, at most 6 new
+tokens, AdamW lr 1e-3 (`--lr`; the race's setting, whatever quickstart.toml says) constant, grad clip 1, 4 optimizer steps per batch (mini-batches of
+256 completions), clip 0.2, no KL, token-mean loss, group std-normalised advantages, the
+env's exact-match verifier as reward. Each trains until `--seconds` of training wall time
+have passed (checked after each RL step, i.e. each 4 optimizer steps, for both); then one
+evaluator scores both: rlpipe's HFEngine, greedy, on the quickstart's held-out tasks.
+
+What "rlpipe" means here: the library loop of one RL step (engine -> verifier -> group
+advantages -> Trainer.update with seeded shuffled mini-batches -> weight sync), the same
+calls the train flow's stages make, WITHOUT the Prefect orchestration and the lake writes
+(the flow adds those per step; see benchmarks/step_breakdown.py). TRL runs its own loop
+(model.generate, its loss with the fused LM head) on the same CPU threads.
+
+Prints one row per run (accuracy, RL steps, seconds per step) and the mean and spread
+(min..max) per system. Nothing here asserts: numbers are for reading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlpipe.core.config import load_config  # noqa: E402
+from rlpipe.core.seeds import derive_seed  # noqa: E402
+from rlpipe.engines.base import SamplingParams  # noqa: E402
+from rlpipe.engines.hf import HFEngine  # noqa: E402
+from rlpipe.rl.advantages import group_advantages  # noqa: E402
+from rlpipe.rl.batching import TrainSample  # noqa: E402
+from rlpipe.rl.trainer import Trainer  # noqa: E402
+from rlpipe.rl.warmstart import warm_start  # noqa: E402
+from rlpipe.tasks.runtime import build_mixture, build_policy  # noqa: E402
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"
+
+
+class Setup:
+    """The quickstart's config, mixture, held-out tasks and the warm-started policy."""
+
+    def __init__(self, lr: float) -> None:
+        self.config = load_config(QUICKSTART, ["seed=0", f"train.lr={lr}", "train.mini_batches_per_step=4",
+                                               "rollout.prompts_per_step=128", "rollout.group_size=8", "rollout.temperature=0.7",
+                                               "rollout.top_p=1.0", "rollout.max_new_tokens=6", "algo.clip_eps=0.2", "algo.kl_coef=0.0"])
+        self.mixture = build_mixture(self.config)
+        self.env = self.mixture.envs["reverse"]
+        self.heldout = self.mixture.heldout(self.config.envs.heldout_size, seed=0)
+        self.train_tasks = self.mixture.sample(self.config.envs.train_size, rng_seed=derive_seed(0, 0, "warmstart"))
+        torch.manual_seed(0)
+        self.policy, self.tokenizer = build_policy(self.config)
+        self.warm_seconds = self._warm_start()
+
+    def _warm_start(self) -> float:
+        """What the train flow's warm-start stage does (tasks/lifecycle.py), timed."""
+        config, started = self.config, time.perf_counter()
+        examples = [(t.prompt, t.reference_answer) for t in self.train_tasks]
+        check = self.mixture.sample(config.warmstart.check_tasks, rng_seed=derive_seed(0, 0, "warmstart-check"))
+        warm_start(
+            self.policy, self.tokenizer, examples, steps=config.warmstart.steps, batch_size=config.warmstart.batch_size,
+            lr=config.warmstart.lr, seed=derive_seed(0, 0, "warmstart-order"), check_every=config.warmstart.check_every_steps,
+            stop_check=lambda _: self.accuracy(self.policy, check) >= config.warmstart.target_accuracy,
+        )
+        return time.perf_counter() - started
+
+    def accuracy(self, model: torch.nn.Module, tasks: list | None = None) -> float:
+        """Greedy pass@1 with rlpipe's engine and the env's verifier (the one evaluator)."""
+        tasks = self.heldout if tasks is None else tasks
+        params = SamplingParams(n=1, max_new_tokens=self.config.rollout.max_new_tokens, stop=self.config.rollout.stop, greedy=True)
+        engine = HFEngine(model, self.tokenizer, batch_size=self.config.rollout.batch_size)
+        completions = engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+        return sum(self.env.verify(t, c.text).passed for t, c in zip(tasks, completions)) / len(tasks)
+
+
+def race_rlpipe(setup: Setup, seed: int, seconds: float) -> tuple[torch.nn.Module, int, float]:
+    """rlpipe's RL steps until `seconds` of training time; returns (model, steps, seconds)."""
+    config, rollout = setup.config, setup.config.rollout
+    model = copy.deepcopy(setup.policy)
+    trainer = Trainer(
+        model, lr=config.train.lr, grad_clip=config.train.grad_clip, micro_batch_size=config.train.micro_batch_size,
+        mini_batches_per_step=config.train.mini_batches_per_step, clip_eps=config.algo.clip_eps, kl_coef=0.0,
+        loss_agg=config.algo.loss_agg, temperature=rollout.temperature,
+    )
+    engine = HFEngine(model, setup.tokenizer, batch_size=rollout.batch_size)
+    step, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        step += 1
+        tasks = setup.mixture.sample(rollout.prompts_per_step, rng_seed=derive_seed(seed, step, "sample"))
+        params = SamplingParams(n=rollout.group_size, temperature=rollout.temperature, top_p=rollout.top_p,
+                                max_new_tokens=rollout.max_new_tokens, stop=rollout.stop, seed=derive_seed(seed, step, "generate"))
+        completions = engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+        by_task = defaultdict(list)
+        for task, completion in zip((t for t in tasks for _ in range(rollout.group_size)), completions):
+            by_task[task.task_id].append((completion, setup.env.verify(task, completion.text).reward))
+        samples = []
+        for task_id in sorted(by_task):
+            group = by_task[task_id]
+            for (completion, _), advantage in zip(group, group_advantages([reward for _, reward in group], config.algo.advantage)):
+                samples.append(TrainSample(completion.prompt_token_ids, completion.token_ids, completion.logprobs, advantage))
+        trainer.update(samples, shuffle_seed=derive_seed(seed, step, "mini-batches"))
+        engine.load_weights(trainer.named_weights(), step)
+    return model, step, time.perf_counter() - started
+
+
+def race_trl(setup: Setup, seed: int, seconds: float) -> tuple[torch.nn.Module, int, float]:
+    """TRL's GRPOTrainer with the same settings until `seconds` of training time."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    config, rollout = setup.config, setup.config.rollout
+    mini_batch = rollout.prompts_per_step * rollout.group_size // config.train.mini_batches_per_step
+
+    class Deadline(TrainerCallback):
+        """Stops after the RL step (steps_per_generation optimizer steps) in which time ran out."""
+
+        def __init__(self) -> None:
+            self.started, self.steps = 0.0, 0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % config.train.mini_batches_per_step == 0:
+                self.steps = state.global_step // config.train.mini_batches_per_step
+                if time.perf_counter() - self.started >= seconds:
+                    control.should_training_stop = True
+
+    by_id = {t.task_id: t for t in setup.train_tasks}
+
+    def reward(prompts, completions, task_id, **kwargs):
+        # the env's verifier; TRL stops on EOS only, rlpipe also at the stop string "\n": cut the same way
+        return [setup.env.verify(by_id[i], c.split("\n")[0]).reward for c, i in zip(completions, task_id)]
+
+    dataset = Dataset.from_dict({"prompt": [t.prompt for t in setup.train_tasks], "task_id": [t.task_id for t in setup.train_tasks]})
+    args = GRPOConfig(
+        output_dir=str(Path("/tmp") / f"vs_trl_{seed}"), seed=seed, use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, learning_rate=config.train.lr, lr_scheduler_type="constant", weight_decay=0.0,
+        max_grad_norm=config.train.grad_clip, per_device_train_batch_size=mini_batch, gradient_accumulation_steps=1,
+        steps_per_generation=config.train.mini_batches_per_step, num_generations=rollout.group_size,
+        max_completion_length=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p,
+        epsilon=config.algo.clip_eps, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
+        max_steps=100_000, logging_steps=10_000, save_strategy="no", report_to="none", disable_tqdm=True,
+        dataloader_num_workers=0, remove_unused_columns=False,
+    )
+    deadline = Deadline()
+    trainer = GRPOTrainer(model=copy.deepcopy(setup.policy), reward_funcs=reward, args=args,
+                          train_dataset=dataset, processing_class=setup.tokenizer, callbacks=[deadline])
+    trainer.train()
+    return trainer.model, deadline.steps, time.perf_counter() - deadline.started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=240.0, help="training wall time per run")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per system (seeds 0..repeats-1)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--systems", default="rlpipe,trl", help="comma-separated: rlpipe, trl")
+    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of both")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    setup = Setup(args.lr)
+    start_accuracy = setup.accuracy(setup.policy)
+    print(f"warm start: {setup.warm_seconds:.0f} s; held-out accuracy {start_accuracy:.3f} on {len(setup.heldout)} tasks; "
+          f"{args.seconds:.0f} s of training per run, lr {args.lr:g}, {args.threads} threads", flush=True)
+    races = {"rlpipe": race_rlpipe, "trl": race_trl}
+    results: dict[str, list[float]] = defaultdict(list)
+    print(f"{'system':8} {'seed':>4} {'held-out':>9} {'steps':>6} {'s/step':>7} {'trained s':>9}", flush=True)
+    for seed in range(args.repeats):
+        for system in args.systems.split(","):
+            model, steps, seconds = races[system](setup, seed, args.seconds)
+            accuracy = setup.accuracy(model)
+            results[system].append(accuracy)
+            print(f"{system:8} {seed:>4} {accuracy:>9.3f} {steps:>6} {seconds / max(steps, 1):>7.2f} {seconds:>9.0f}", flush=True)
+    for system, values in results.items():
+        print(f"{system}: mean {statistics.mean(values):.3f}, spread {min(values):.3f}..{max(values):.3f} "
+              f"({len(values)} runs; start {start_accuracy:.3f})")
+
+
+if __name__ == "__main__":
+    main()
