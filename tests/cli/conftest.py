@@ -1,14 +1,12 @@
 """Fixtures for CLI tests: a working folder nested deep enough (200+ characters) that any
-message wrapped at the console width would break a path printed in it, and a moto S3 server."""
+message wrapped at the console width would break a path printed in it. (S3 tests use the
+session's one moto server, tests/conftest.py.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.helpers.s3_server import start_moto_server
 
 NESTING = ("long-folder-name-" + "x" * 33,) * 4  # 4 x 50 characters below tmp_path
 
@@ -19,12 +17,3 @@ def long_tmp(tmp_path: Path) -> Path:
     folder.mkdir(parents=True)
     assert len(str(folder)) > 200
     return folder
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    endpoint_url, stop = start_moto_server()
-    try:
-        yield endpoint_url
-    finally:
-        stop()

@@ -10,6 +10,7 @@ import boto3
 import pytest
 
 from tests.cli.cli_process import error_lines, run_rlpipe
+from tests.helpers.s3_server import unique_bucket
 
 READ_ONLY = {
     "runs list": ["runs", "list"],
@@ -49,13 +50,14 @@ def test_a_missing_bucket_is_exit_2_and_is_not_created(tmp_path: Path, s3_endpoi
 
 
 def test_an_empty_prefix_of_an_existing_bucket_is_no_lake(tmp_path: Path, s3_endpoint: str) -> None:
+    bucket = unique_bucket("holds-other-things")
     boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id="test", aws_secret_access_key="test",
-                 region_name="us-east-1").create_bucket(Bucket="holds-other-things")
-    result = run_rlpipe(["runs", "list", "--lake", "s3://holds-other-things/lkae"], tmp_path,
+                 region_name="us-east-1").create_bucket(Bucket=bucket)
+    result = run_rlpipe(["runs", "list", "--lake", f"s3://{bucket}/lkae"], tmp_path,
                         AWS_ENDPOINT_URL=s3_endpoint, **S3_KEYS)
     assert result.returncode == 2, result.stderr
     error, _ = error_lines(result)
-    assert "no lake at s3://holds-other-things/lkae" in error and "nothing is stored under 'lkae'" in error
+    assert f"no lake at s3://{bucket}/lkae" in error and "nothing is stored under 'lkae'" in error
 
 
 def test_an_existing_empty_local_lake_lists_no_runs(tmp_path: Path) -> None:
@@ -69,9 +71,10 @@ def test_an_existing_empty_local_lake_lists_no_runs(tmp_path: Path) -> None:
 def test_an_existing_s3_lake_opens_read_only(tmp_path: Path, s3_endpoint: str) -> None:
     client = boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id="test", aws_secret_access_key="test",
                           region_name="us-east-1")
-    client.create_bucket(Bucket="has-a-lake")
-    client.put_object(Bucket="has-a-lake", Key="lake/runs/r1/status.json", Body=b"{}")  # a run folder without run.json
-    result = run_rlpipe(["runs", "list", "--lake", "s3://has-a-lake/lake", "--json"], tmp_path,
+    bucket = unique_bucket("has-a-lake")
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="lake/runs/r1/status.json", Body=b"{}")  # a run folder without run.json
+    result = run_rlpipe(["runs", "list", "--lake", f"s3://{bucket}/lake", "--json"], tmp_path,
                         AWS_ENDPOINT_URL=s3_endpoint, **S3_KEYS)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"  # r1 has no run.json: not a run
