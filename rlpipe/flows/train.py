@@ -154,6 +154,8 @@ def train(config_json: str, run_id: str) -> TrainSummary:
     except BaseException as exc:
         if failing_step is None:
             status.set_failed(run_id, runtime.policy_version, stage, exc)
+        else:  # rl-step wrote its stage, unless the error came before its body ran
+            status.set_failed_unless_recorded(run_id, failing_step, "rl-step", exc)
         if status.interruption(exc):
             status.release_interrupted_frames(exc)
         if runtime.mlflow_run_id:
