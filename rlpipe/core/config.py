@@ -41,6 +41,18 @@ class ModelConfig(_Section):
     max_position_embeddings: int = Field(128, gt=0)
     """Longest prompt + completion the tiny model handles, in tokens (checked before a run
     starts against the configured domains' longest prompt + rollout.max_new_tokens)."""
+    gguf: str | None = None
+    """A GGUF file of a pretrained model (e.g. SmolLM2-135M-Instruct, `make smollm2`): loaded
+    through transformers (dequantized) instead of `path` or a tiny model."""
+    prompt_format: Literal["plain", "chat"] = "plain"
+    """plain: the task's prompt text as is; chat: the prompt as a user message through the
+    tokenizer's chat template, with the assistant turn opened (instruct models)."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
+    """Where the engine, the trainer and the reference run: auto (cuda when available, else
+    cpu), cpu, cuda or cuda:N."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights and compute dtype of the engine, the trainer and the reference (the
+    optimizer keeps float32 state)."""
 
 
 class EnvConfig(_Section):
@@ -61,8 +73,13 @@ class EnvConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["hf"] = "hf"
-    """Rollout backend: hf (transformers, CPU/GPU)."""
+    engine: Literal["hf", "vllm", "openai"] = "hf"
+    """Rollout backend: hf (transformers, CPU/GPU), vllm (vllm.LLM in the engine worker),
+    openai (any OpenAI-compatible completions server at rollout.openai_base_url)."""
+    openai_base_url: str | None = None
+    """rollout.engine = "openai": the server's base URL, e.g. http://127.0.0.1:8000/v1."""
+    openai_model: str | None = None
+    """rollout.engine = "openai": the model name the server serves (None = its first model)."""
     prompts_per_step: int = Field(16, gt=0)
     """Tasks sampled per RL step."""
     group_size: int = Field(8, gt=0)
@@ -88,6 +105,11 @@ class AlgoConfig(_Section):
     """Weight of the KL penalty to the frozen reference policy (0 = no reference kept)."""
     loss_agg: Literal["token_mean", "seq_mean_token_sum"] = "token_mean"
     """How token losses are averaged into the batch loss."""
+    tis_cap: float | None = Field(None, gt=0)
+    """Truncated importance sampling: each token's loss is weighted by min(p_trainer /
+    p_engine, tis_cap), correcting for the engine's numerics differing from the trainer's.
+    None = 2.0 for rollout.engine vllm and openai, off for hf (whose logprobs are the
+    trainer's own)."""
 
 
 class TrainConfig(_Section):
@@ -105,6 +127,15 @@ class TrainConfig(_Section):
     """Passes of the optimizer over each step's batch."""
     mini_batches_per_step: int = Field(1, gt=0)
     """Optimizer steps per pass: the step's batch is split into this many mini-batches."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them (less memory, ~30% slower)."""
+    lora_rank: int = Field(0, ge=0)
+    """LoRA adapter rank (peft); 0 = train every weight. With LoRA only the adapter is
+    trained, synced and checkpointed; the exported policy folder is merged."""
+    lora_alpha: float = Field(16.0, gt=0)
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Module names that get LoRA adapters."""
 
 
 class WarmstartConfig(_Section):

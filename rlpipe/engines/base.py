@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -61,6 +61,22 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if any(not stop for stop in self.stop):
             raise ValueError("stop strings must be non-empty")
+
+
+PromptFormat = Literal["plain", "chat"]
+
+
+def encode_prompt(tokenizer: Any, text: str, prompt_format: PromptFormat = "plain") -> tuple[int, ...]:
+    """The token ids an engine feeds for a task's prompt text: the text itself without special
+    tokens (plain), or the text as one user message through the tokenizer's chat template with
+    the assistant turn opened (chat). Every engine encodes with this function, and the ids go
+    into the trajectory (`prompt_token_ids`), so the trainer scores exactly what was sampled."""
+    if prompt_format == "plain":
+        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("model.prompt_format = 'chat' needs a tokenizer with a chat template; this one has none (use 'plain')")
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return tuple(tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
 
 class RolloutEngine(Protocol):

@@ -23,13 +23,16 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlpipe.core.records import Completion
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.base import PromptFormat, SamplingParams, encode_prompt
 
 
 class HFEngine:
     """Rollouts from a private copy of a transformers causal LM."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int = 128, device: str = "cpu") -> None:
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int = 128, device: str = "cpu",
+        prompt_format: PromptFormat = "plain",
+    ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._model = copy.deepcopy(model).to(device).eval()
@@ -40,6 +43,7 @@ class HFEngine:
         self._eos_id = tokenizer.eos_token_id
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self._eos_id or 0)
         self._policy_version = 0
+        self._prompt_format = prompt_format
 
     @property
     def policy_version(self) -> int:
@@ -58,7 +62,7 @@ class HFEngine:
     def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> list[Completion]:
         """`params.n` completions per prompt, in prompt order then sample_idx order."""
         generator = torch.Generator(device=self._device).manual_seed(params.seed)
-        encoded = [tuple(self._tokenizer(prompt, add_special_tokens=False)["input_ids"]) for _, prompt in prompts]
+        encoded = [encode_prompt(self._tokenizer, prompt, self._prompt_format) for _, prompt in prompts]
         rows = [(task_index, sample_idx) for task_index in range(len(prompts)) for sample_idx in range(params.n)]
         completions: list[Completion] = []
         for start in range(0, len(rows), self._batch_size):
