@@ -122,7 +122,7 @@ class Trainer:
         if device is not None or dtype is not None:
             model.to(device=None if device is None else _as_device(device), dtype=None if dtype is None else resolve_dtype(dtype))
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
         if lora_rank > 0:
             model = apply_lora(model, lora_rank, lora_alpha, lora_target_modules)
