@@ -39,7 +39,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from rlpipe.core.errors import LakeCorrupted
-from rlpipe.rl.lora import is_lora_model, merged_copy
+from rlpipe.rl.lora import has_lora_layers, is_lora_model, merged_copy
 
 POLICY_DIR = "policy"
 TRAINER_DIR = "trainer"
@@ -60,6 +60,9 @@ class CheckpointMeta:
 def save_checkpoint(folder: Path, model, tokenizer, trainer_state: dict, meta: CheckpointMeta) -> None:
     """Write policy/ (HF layout) and trainer/ (optimizer state, meta) under `folder`; a LoRA
     model writes its merged weights to policy/ and its adapter to trainer/adapter/."""
+    if has_lora_layers(model) and not is_lora_model(model):
+        raise ValueError("save_checkpoint got the base model of a LoRA policy; pass the peft model "
+                         "(Trainer.model) so that policy/ holds the merged weights and trainer/adapter/ the adapter")
     (folder / TRAINER_DIR).mkdir(parents=True, exist_ok=True)
     if is_lora_model(model):
         model.save_pretrained(folder / ADAPTER_DIR, safe_serialization=True)

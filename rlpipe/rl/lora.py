@@ -52,6 +52,11 @@ def is_lora_model(model: torch.nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
+def has_lora_layers(model: torch.nn.Module) -> bool:
+    """True for a peft model and for the base model inside one (peft injects its layers there)."""
+    return any(isinstance(module, LoraLayer) for module in model.modules())
+
+
 def adapter_named_parameters(model: PeftModel) -> Iterator[tuple[str, torch.nn.Parameter]]:
     """The adapter's parameters (those that require gradients), by the PeftModel's names."""
     for name, parameter in model.named_parameters():
@@ -82,7 +87,7 @@ def load_adapter_state(model: PeftModel, state: dict[str, torch.Tensor]) -> None
 
 def merged_copy(model: PeftModel) -> PreTrainedModel:
     """A plain transformers model with the adapter merged into a copy of the base weights."""
-    if not any(isinstance(module, LoraLayer) for module in model.modules()):
+    if not has_lora_layers(model):
         raise ValueError("merged_copy needs a model with LoRA layers")
     merged = copy.deepcopy(model).merge_and_unload()
     merged.requires_grad_(True)  # a plain model again, as load_local_model gives one

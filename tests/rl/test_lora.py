@@ -141,3 +141,24 @@ def test_lora_reference_loads_the_adapter_and_mismatches_are_refused(tokenizer, 
     save_checkpoint(plain, base_model(tokenizer), tokenizer, {}, CheckpointMeta(0, 0, "h"))
     with pytest.raises(ValueError, match="no LoRA adapter"):
         load_checkpoint(plain, lora_trainer(base_model(tokenizer)).model)
+
+
+def test_lora_on_a_bf16_base_with_checkpointing(tokenizer, tmp_path):
+    # the adapter is fp32 on a bf16 base (peft), so it needs no master copy; activation
+    # checkpointing gives the same adapter gradient as without it
+    fp32 = base_model(tokenizer)
+    samples = engine_samples(fp32, tokenizer)
+    grads = []
+    for checkpointing in (False, True):
+        bf16 = build_tiny_model("qwen2", len(tokenizer), 32, 1, 2, 64, 64, seed=0, dtype="bfloat16")
+        trainer = lora_trainer(bf16, gradient_checkpointing=checkpointing)
+        trainer.update(samples)
+        assert {tensor.dtype for _, tensor in trainer.named_weights()} == {torch.float32}
+        assert "rlpipe_fp32_master_weights" not in trainer.state_dict()
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))
+    assert grads[0].numel() > 0 and torch.allclose(grads[0], grads[1], atol=1e-6)
+    save_checkpoint(tmp_path, trainer.model, tokenizer, trainer.state_dict(), CheckpointMeta(1, 1, "h"))
+    merged, _ = load_local_model(tmp_path / POLICY_DIR, dtype="bfloat16")
+    assert torch.allclose(logits(merged).float(), logits(trainer.model).float(), atol=0.05)
+    with pytest.raises(ValueError, match="pass the peft model"):
+        save_checkpoint(tmp_path / "base", trainer.model.get_base_model(), tokenizer, {}, CheckpointMeta(1, 1, "h"))
