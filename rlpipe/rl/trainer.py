@@ -63,7 +63,7 @@ from rlpipe.rl.losses import LossAggregation, policy_loss
 from rlpipe.rl.policy import resolve_device, resolve_dtype
 from rlpipe.rl.precision import MasterWeights
 
-__all__ = ["Trainer", "TrainSample", "UpdateMetrics", "DEFAULT_LORA_TARGETS"]
+__all__ = ["Trainer", "TrainSample", "UpdateMetrics", "TisUpdateMetrics", "DEFAULT_LORA_TARGETS"]
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MASTER_WEIGHTS_KEY = "rlpipe_fp32_master_weights"
@@ -72,21 +72,27 @@ MASTER_WEIGHTS_KEY = "rlpipe_fp32_master_weights"
 @dataclass(frozen=True)
 class UpdateMetrics:
     """What one `update` did. loss/kl/clip_frac are averaged over epochs; grad_norm is the
-    pre-clip norm of the first optimizer step; tokens = completion tokens of the scored samples.
-    tis_weight / tis_capped_frac: token means of the TIS weight and of capped tokens (None
-    when TIS is off)."""
+    pre-clip norm of the first optimizer step; tokens = completion tokens of the scored samples."""
 
     loss: float
     kl: float
     grad_norm: float
     clip_frac: float
     tokens: int
-    tis_weight: float | None = None
-    tis_capped_frac: float | None = None
 
     def as_floats(self) -> dict[str, float]:
-        """The metrics that are present (None left out), as floats."""
-        return {name: float(value) for name, value in dataclasses.asdict(self).items() if value is not None}
+        """Every metric as a float, by field name (TisUpdateMetrics adds its two)."""
+        return {name: float(value) for name, value in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class TisUpdateMetrics(UpdateMetrics):
+    """An update with truncated importance sampling: also the token means of the TIS weight
+    and of the tokens whose weight was capped. A subclass, so that a run without TIS reports
+    exactly the fields it always did."""
+
+    tis_weight: float
+    tis_capped_frac: float
 
 
 class Trainer:
@@ -174,15 +180,17 @@ class Trainer:
         self.model.eval()
         if not losses:
             return UpdateMetrics(loss=0.0, kl=0.0, grad_norm=0.0, clip_frac=0.0, tokens=tokens)
-        return UpdateMetrics(
+        metrics = UpdateMetrics(
             loss=sum(losses) / len(losses),
             kl=sum(kls) / len(kls),
             grad_norm=grad_norms[0],
             clip_frac=sum(clips) / len(clips),
             tokens=tokens,
-            tis_weight=sum(tis_weights) / len(tis_weights) if tis_weights else None,
-            tis_capped_frac=sum(tis_capped) / len(tis_capped) if tis_capped else None,
         )
+        if not tis_weights:
+            return metrics
+        return TisUpdateMetrics(**dataclasses.asdict(metrics), tis_weight=sum(tis_weights) / len(tis_weights),
+                                tis_capped_frac=sum(tis_capped) / len(tis_capped))
 
     def _trains(self, sample: TrainSample) -> bool:
         """Advantage 0 adds nothing to the policy-gradient term: skipped unless a KL term trains it."""

@@ -11,7 +11,7 @@ from rlpipe.engines.base import SamplingParams
 from rlpipe.engines.hf import HFEngine
 from rlpipe.rl.batching import TrainSample, logprobs_of_targets, pad_samples, token_logprobs
 from rlpipe.rl.losses import policy_loss
-from rlpipe.rl.trainer import Trainer
+from rlpipe.rl.trainer import TisUpdateMetrics, Trainer, UpdateMetrics
 from rlpipe.rl.warmstart import warm_start
 
 
@@ -216,9 +216,10 @@ def test_truncated_importance_sampling_uses_the_trainers_own_logprobs(tiny_model
     skewed = [dataclasses.replace(s, old_logprobs=tuple(lp - math.log(3.0) for lp in s.old_logprobs)) for s in samples]
     plain = Trainer(copy.deepcopy(tiny_model), lr=0.0).update(skewed)
     assert plain.loss == pytest.approx(-1.2, abs=1e-5) and plain.clip_frac == 1.0
-    assert plain.tis_weight is None and plain.tis_capped_frac is None
-    assert "train/tis_weight" not in {f"train/{k}" for k in plain.as_floats()}
+    # without TIS the metrics are exactly the fields they always were
+    assert type(plain) is UpdateMetrics and set(plain.as_floats()) == {"loss", "kl", "grad_norm", "clip_frac", "tokens"}
     capped = Trainer(copy.deepcopy(tiny_model), lr=0.0, tis_cap=2.0).update(skewed)
+    assert isinstance(capped, TisUpdateMetrics) and {"tis_weight", "tis_capped_frac"} <= set(capped.as_floats())
     assert capped.tis_weight == pytest.approx(2.0) and capped.tis_capped_frac == 1.0
     assert capped.loss == pytest.approx(-2.0, abs=1e-4) and capped.clip_frac == 0.0
 
