@@ -125,8 +125,15 @@ class Trainer:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
         if tis_cap is not None and tis_cap <= 0:
             raise ValueError(f"tis_cap must be > 0 (or None: no truncated importance sampling), got {tis_cap}")
-        if device is not None or dtype is not None:
-            model.to(device=None if device is None else _as_device(device), dtype=None if dtype is None else resolve_dtype(dtype))
+        placement = {}
+        if device is not None:
+            placement["device"] = _as_device(device)
+        if dtype is not None:
+            placement["dtype"] = resolve_dtype(dtype)
+        if placement:
+            model.to(**placement)
+            if reference_model is not None:
+                reference_model.to(**placement)
         if gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False

@@ -69,6 +69,16 @@ def test_reference_model_exists_only_with_a_kl_term(tokenizer):
     assert not any(p.requires_grad for p in reference.parameters())
 
 
+def test_trainer_casts_and_places_the_model_and_its_reference(tokenizer):
+    model, reference = tiny(tokenizer), tiny(tokenizer)
+    trainer = Trainer(model, lr=1e-3, kl_coef=0.1, reference_model=reference, device="cpu", dtype="bfloat16")
+    assert trainer.model is model and trainer.reference_model is reference
+    for owned in (model, reference):
+        assert {(p.device.type, p.dtype) for p in owned.parameters()} == {("cpu", torch.bfloat16)}
+    assert MASTER_WEIGHTS_KEY in trainer.state_dict()
+    assert MASTER_WEIGHTS_KEY not in Trainer(tiny(tokenizer), lr=1e-3).state_dict()  # fp32: no copy
+
+
 def test_bf16_training_keeps_fp32_master_weights(tokenizer):
     # AdamW's first step moves each weight by ~lr = 1e-5; a bf16 weight near 0.02 has a step of
     # 2^-6 * 2^-7 = 1.2e-4 there, so pure bf16 AdamW rounds most of these updates away. The
