@@ -285,7 +285,7 @@ def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     zero-weight index is never chosen (its cdf step is empty), and when rounding puts
     u * total at the total, the last index with weight is."""
     cdf = weights.cumsum(dim=-1)
-    totals = cdf[:, -1:]
+    totals = cdf[:, -1:].contiguous()
     chosen = torch.searchsorted(cdf, uniforms[:, None].to(cdf.dtype) * totals, right=True)
     last_with_weight = torch.searchsorted(cdf, totals, right=False)
     return torch.minimum(chosen, last_with_weight)[:, 0]
