@@ -154,9 +154,9 @@ class HFEngine:
             if uniforms is not None and len(live) < batch:
                 uniforms = uniforms[torch.tensor(live, device=self._device)]
             next_tokens, token_logprobs = choose_tokens(logits, params, uniforms)
-            for position, (token, logprob) in enumerate(zip(next_tokens.tolist(), token_logprobs.tolist())):
-                if not rows[live[position]].finish_reason:
-                    stops.add(rows[live[position]], token, logprob)
+            sampled = [(rows[row], token, logprob) for row, token, logprob in zip(live, next_tokens.tolist(), token_logprobs.tolist())
+                       if not rows[row].finish_reason]
+            stops.add([row for row, _, _ in sampled], [token for _, token, _ in sampled], [logprob for _, _, logprob in sampled])
             unfinished = [position for position, row in enumerate(live) if not rows[row].finish_reason]
             if not unfinished or step == params.max_new_tokens - 1:
                 break
@@ -217,27 +217,33 @@ class _StopChecker:
         self._stop = stop
         self._longest_stop = max((len(s) for s in stop), default=0)
 
-    def add(self, row: _Row, token: int, logprob: float) -> None:
-        row.tokens.append(token)
-        row.logprobs.append(logprob)
-        if token == self._eos_id:
-            row.finish_reason = "stop"
-            return
-        if not self._stop:
+    def add(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> None:
+        """Append one token and its logprob to each row; end the rows it finishes."""
+        watched = []
+        for row, token, logprob in zip(rows, tokens, logprobs):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            if token == self._eos_id:
+                row.finish_reason = "stop"
+            elif self._stop:
+                watched.append(row)
+        if not watched:
             return
         # decode from prefix_offset (context for tokenizers whose pieces depend on the one
         # before) and keep the new part; an incomplete UTF-8 character ("\ufffd") is searched
         # as the full decode would show it, but not committed until a later token completes it
-        prefix_text = self._decode(row.tokens[row.prefix_offset : row.read_offset])
-        new_piece = self._decode(row.tokens[row.prefix_offset :])[len(prefix_text) :]
-        # a stop string that newly appears ends inside new_piece, so starts at most
-        # len(stop) - 1 characters before it
-        window = row.text[max(0, len(row.text) - self._longest_stop + 1) :] + new_piece
-        if any(stop in window for stop in self._stop):
-            row.finish_reason = "stop"
-        elif new_piece and not new_piece.endswith("\ufffd"):
-            row.text += new_piece
-            row.prefix_offset, row.read_offset = row.read_offset, len(row.tokens)
+        texts = self._decode_many([row.tokens[row.prefix_offset : row.read_offset] for row in watched]
+                                  + [row.tokens[row.prefix_offset :] for row in watched])
+        for row, prefix_text, text in zip(watched, texts[: len(watched)], texts[len(watched) :]):
+            new_piece = text[len(prefix_text) :]
+            # a stop string that newly appears ends inside new_piece, so starts at most
+            # len(stop) - 1 characters before it
+            window = row.text[max(0, len(row.text) - self._longest_stop + 1) :] + new_piece
+            if any(stop in window for stop in self._stop):
+                row.finish_reason = "stop"
+            elif new_piece and not new_piece.endswith("\ufffd"):
+                row.text += new_piece
+                row.prefix_offset, row.read_offset = row.read_offset, len(row.tokens)
 
     def final_text(self, row: _Row) -> str:
         """The row's text: without a final EOS, cut before the first stop string."""
@@ -249,6 +255,14 @@ class _StopChecker:
 
     def _decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _decode_many(self, token_lists: list[list[int]]) -> list[str]:
+        """`_decode` of each list; in one call of the Rust tokenizer when that is what
+        `decode` would run (a fast tokenizer that cleans up no spaces)."""
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        if backend is not None and not getattr(self._tokenizer, "clean_up_tokenization_spaces", False):
+            return backend.decode_batch(token_lists, skip_special_tokens=True)
+        return [self._decode(token_ids) for token_ids in token_lists]
 
 
 def choose_tokens(
