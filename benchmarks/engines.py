@@ -14,13 +14,17 @@ Engines (columns; a new engine is one more entry of `engine_builders`):
 - vllm: engines/vllm.py's VLLMEngine, when `import vllm` works in this interpreter and the
   module exists (`make test-vllm` builds the venv that has it); else a line says so.
 Both hf columns check stop strings incrementally and sample by inverse CDF (one uniform per
-row and step), so they draw the same tokens; the table says whether they did.
+row and step), so they draw the same tokens; the table says whether they did. (hf-before is
+therefore a little faster than the engine before this change, which decoded every row's whole
+completion each step.)
 
 Printed per case and engine: completions/s and tokens/s (median of `--repeats` timed
 generate calls after one warm-up, with min-max), the ratio to hf-before, and the seconds
 of `load_weights` of the model's full set of named parameters (median). Engine runs of the
-repeats are interleaved, so load drift on a shared machine hits every engine alike. Nothing
-here asserts: numbers are for reading.
+repeats are interleaved, so load drift on a shared machine hits every engine alike; on a
+machine shared with other work, `--threads 1` avoids the stalls of oversubscribed OpenMP
+threads (at load 24 on 2 cores, 2 threads made a call 6x slower). Nothing here asserts:
+numbers are for reading.
 """
 
 from __future__ import annotations
