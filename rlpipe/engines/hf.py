@@ -132,20 +132,7 @@ class HFEngine:
         2. Each step: one uniform per batch row, a token per live row, stop checks; finished
            rows leave the batch (or are fed padding); one forward pass over the live rows."""
         batch = len(prompt_ids)
-        cache = DynamicCache(config=self._model.config)
-        if self._prefix_sharing:
-            position_of = {ids: position for position, ids in enumerate(dict.fromkeys(prompt_ids))}
-            distinct = list(position_of)
-            row_to_prefill: list[int] | None = [position_of[ids] for ids in prompt_ids]
-        else:
-            distinct, row_to_prefill = prompt_ids, None
-        input_ids, attention_mask = self._left_pad(distinct)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self._forward(input_ids, attention_mask, position_ids, cache)
-        if row_to_prefill is not None and len(distinct) < batch:
-            index = torch.tensor(row_to_prefill, device=self._device)
-            logits, attention_mask, position_ids = logits[index], attention_mask[index], position_ids[index]
-            cache.batch_select_indices(index)
+        logits, attention_mask, position_ids, cache = self._prefill(prompt_ids)
         rows = [_Row() for _ in range(batch)]
         live = list(range(batch))  # the batch row of each row of the forward batch
         stops = _StopChecker(self._tokenizer, self._eos_id, params.stop)
@@ -172,6 +159,25 @@ class HFEngine:
             position_ids = position_ids[:, -1:] + 1
             logits = self._forward(next_tokens[:, None], attention_mask, position_ids, cache)
         return [(stops.final_text(row), tuple(row.tokens), tuple(row.logprobs), row.finish_reason or "length") for row in rows]
+
+    def _prefill(self, prompt_ids: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
+        """(last-position logits, attention mask, position ids, KV cache), one row per batch
+        row; with prefix sharing each distinct prompt runs once and its row is gathered to
+        every batch row of that prompt."""
+        cache = DynamicCache(config=self._model.config)
+        if self._prefix_sharing:
+            position_of = {ids: position for position, ids in enumerate(dict.fromkeys(prompt_ids))}
+            distinct = list(position_of)
+        else:
+            distinct = prompt_ids
+        input_ids, attention_mask = self._left_pad(distinct)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(input_ids, attention_mask, position_ids, cache)
+        if len(distinct) < len(prompt_ids):
+            index = torch.tensor([position_of[ids] for ids in prompt_ids], device=self._device)
+            logits, attention_mask, position_ids = logits[index], attention_mask[index], position_ids[index]
+            cache.batch_select_indices(index)
+        return logits, attention_mask, position_ids, cache
 
     def _left_pad(self, prompt_ids: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_ids, attention_mask) of the prompts left-padded to the longest, on the device."""
