@@ -35,6 +35,7 @@ import time
 import traceback
 from dataclasses import asdict
 from multiprocessing.connection import Listener
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from rlpipe.core import failpoints
@@ -64,17 +65,31 @@ def owner_alive(owner_pid: int, parent_at_start: int) -> bool:
     return True
 
 
-def start_watchdog(owner_pid: int, folders: list[str]) -> None:
+def start_watchdog(owner_pid: int, folders: list[str]) -> Callable[[float], None]:
+    """Start the watchdog thread; returns `exit_if_owner_dies(grace_s)`, which waits up to
+    `grace_s` for the owner to be gone (a closed socket comes just before the parent pid
+    changes) and then exits as the watchdog does."""
     parent_at_start = os.getppid()
 
-    def watch() -> None:
-        while owner_alive(owner_pid, parent_at_start):
-            time.sleep(WATCH_INTERVAL_S)
+    def exit_as_orphan() -> None:
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
 
+    def watch() -> None:
+        while owner_alive(owner_pid, parent_at_start):
+            time.sleep(WATCH_INTERVAL_S)
+        exit_as_orphan()
+
+    def exit_if_owner_dies(grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not owner_alive(owner_pid, parent_at_start):
+                exit_as_orphan()
+            time.sleep(WATCH_INTERVAL_S / 4)
+
     threading.Thread(target=watch, name="owner-watchdog", daemon=True).start()
+    return exit_if_owner_dies
 
 
 def run_worker(build_service) -> None:  # noqa: ANN001 - (kind, run_id, bootstrap) -> Service
@@ -85,7 +100,7 @@ def run_worker(build_service) -> None:  # noqa: ANN001 - (kind, run_id, bootstra
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format=f"[{boot['kind']} worker] %(levelname)s %(message)s")
     owner = int(boot["owner_pid"])
-    start_watchdog(owner, [boot["socket_folder"], boot["weights_folder"]])
+    exit_if_owner_dies = start_watchdog(owner, [boot["socket_folder"], boot["weights_folder"]])
     failpoints.die_with(owner)  # a crash point hit here kills the whole run, as in one process
     try:
         service = build_service(boot)
@@ -97,12 +112,14 @@ def run_worker(build_service) -> None:  # noqa: ANN001 - (kind, run_id, bootstra
     handshake.write(json.dumps({"ready": os.getpid()}) + "\n")
     handshake.flush()
     handshake.close()
-    serve(listener, service)
+    if not serve(listener, service):
+        exit_if_owner_dies(2.0)  # the socket closed without Stop: the owner may be dying
     os._exit(0)
 
 
-def serve(listener: Listener, service: Service) -> None:
-    """Answer requests on one accepted connection until Stop or the controller closes it."""
+def serve(listener: Listener, service: Service) -> bool:
+    """Answer requests on one accepted connection until Stop (returns True) or the
+    controller closes it (False)."""
     while True:
         try:
             connection = listener.accept()
@@ -114,10 +131,10 @@ def serve(listener: Listener, service: Service) -> None:
             try:
                 request = connection.recv()
             except (EOFError, OSError):
-                return  # the controller is done with this worker (or gone)
+                return False  # the controller is done with this worker (or gone)
             if isinstance(request, Stop):
                 connection.send(Ok(None))
-                return
+                return True
             if isinstance(request, Ping):
                 connection.send(Ok(os.getpid()))
                 continue
@@ -128,7 +145,7 @@ def serve(listener: Listener, service: Service) -> None:
             try:
                 connection.send(reply)
             except (EOFError, OSError):
-                return
+                return False
             if isinstance(reply, Failed) and service.poisoned:
                 log.warning("state changed half-way before %s; exiting so that a fresh worker restores it", reply.error_type)
-                return
+                return True
