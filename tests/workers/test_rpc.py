@@ -54,7 +54,6 @@ def test_generate_and_version_round_trip_through_a_real_engine_worker(tmp_path: 
 
 def test_a_request_the_worker_does_not_serve_is_a_remote_error_and_the_worker_lives_on(tmp_path: Path) -> None:
     with worker_pair(tmp_path) as (engine, _, _):
-        pid_before = None
         engine.version()
         pid_before = engine.pid
         with pytest.raises(RemoteError, match="does not serve UpdateResult"):

@@ -59,10 +59,11 @@ def test_a_run_whose_workers_are_killed_mid_run_equals_an_undisturbed_run(
 ) -> None:
     reference_config = tiny_config(tmp_path / "reference", *STEPS_CONFIG)
     train(reference_config.model_dump_json(), "undisturbed")
-    # the trainer dies in its 3rd update (step 3: after checkpoint 2, so its fresh successor
-    # loads checkpoint 2 and has nothing to replay... the retry applies step 3), the engine in
-    # its 4th generate (before_rl evaluation, steps 1, 2, then step 3's rollouts)
-    monkeypatch.setenv("RLPIPE_FAILPOINTS", "trainer-update@3,engine-generate@4")
+    # The engine worker dies in its 4th generate (evaluate(before_rl), steps 1 and 2, then
+    # step 3's rollouts): the retry's fresh engine gets the trainer's weights (version 2).
+    # The trainer worker dies in its 4th update (step 4, weights half changed): its fresh
+    # successor loads checkpoint 2 and replays step 3 from the lake, then the retry applies 4.
+    monkeypatch.setenv("RLPIPE_FAILPOINTS", "trainer-update@4,engine-generate@4")
     config = tiny_config(tmp_path / "killed", *STEPS_CONFIG)
     summary = train(config.model_dump_json(), "killed")
     assert summary.steps_committed == 4

@@ -3,7 +3,6 @@ started in this process and stopped at the end, and process checks through /proc
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -60,7 +59,3 @@ def wait_until_gone(pids: list[int], timeout_s: float = 60.0) -> list[int]:
     while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
-
-
-def own_pid() -> int:
-    return os.getpid()
