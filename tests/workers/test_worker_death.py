@@ -55,7 +55,7 @@ STEPS_CONFIG = ["train.steps=4", "checkpoint.every_steps=2"]
 
 @pytest.mark.slow
 def test_a_run_whose_workers_are_killed_mid_run_equals_an_undisturbed_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_api_url: str
 ) -> None:
     reference_config = tiny_config(tmp_path / "reference", *STEPS_CONFIG)
     train(reference_config.model_dump_json(), "undisturbed")
