@@ -46,7 +46,8 @@ from rlpipe.rl.advantages import group_advantages  # noqa: E402
 from rlpipe.rl.batching import TrainSample  # noqa: E402
 from rlpipe.rl.trainer import Trainer  # noqa: E402
 from rlpipe.rl.warmstart import warm_start  # noqa: E402
-from rlpipe.tasks.runtime import build_mixture, build_policy  # noqa: E402
+from rlpipe.tasks.runtime import build_mixture  # noqa: E402
+from rlpipe.workers.builders import build_policy  # noqa: E402
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"
 
