@@ -203,6 +203,7 @@ def preflight(config: RunConfig) -> None:
     from rlpipe.tasks.model_checks import check_folder_model, check_positions
     from rlpipe.workers.builders import policy_alphabet
 
+    check_engine_options(config)
     mixture = build_mixture(config)
     if config.model.path is not None:
         check_folder_model(config, mixture)
@@ -211,3 +212,16 @@ def preflight(config: RunConfig) -> None:
                         config.model.max_position_embeddings, "model.max_position_embeddings",
                         "raise model.max_position_embeddings")
     build_lake(config, create=True)
+
+
+def check_engine_options(config: RunConfig) -> None:
+    """ConfigError for combinations of rollout and train options no engine serves."""
+    rollout, train = config.rollout, config.train
+    if train.lora_rank > 0 and rollout.engine != "hf":
+        raise ConfigError(
+            f"train.lora_rank={train.lora_rank} with rollout.engine={rollout.engine!r}: only the hf engine takes LoRA adapter weights",
+            "use rollout.engine=\"hf\" with LoRA, or train every weight (train.lora_rank=0)",
+        )
+    if rollout.engine == "openai" and rollout.openai_base_url is None:
+        raise ConfigError("rollout.engine=\"openai\" needs rollout.openai_base_url",
+                          "set it to the server's base URL, e.g. --set rollout.openai_base_url=http://127.0.0.1:8000/v1")

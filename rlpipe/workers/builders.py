@@ -15,10 +15,8 @@ import torch
 from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import ConfigError
 from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model, load_local_tokenizer
+from rlpipe.rl.lora import apply_lora
 from rlpipe.rl.trainer import Trainer
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 def config_from_bootstrap(boot: dict) -> RunConfig:
     """The run config a worker was started with, S3 keys included (they are excluded from
@@ -61,8 +59,9 @@ def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
         # TODO(lead, merge): the GGUF loader of issue 9 part 7 lives in rl/policy.py (another
         # helper's file); call it here once it lands.
         raise ConfigError("model.gguf is not supported by this build yet", "convert the GGUF file to an HF folder and set model.path")
+    device, dtype = resolve_device(model_config.device), model_config.dtype
     if model_config.path is not None:
-        model, tokenizer = load_local_model(model_config.path)
+        model, tokenizer = load_local_model(model_config.path, device=device, dtype=dtype)
     else:
         tokenizer = build_char_tokenizer(policy_alphabet(config))
         model = build_tiny_model(
@@ -74,17 +73,31 @@ def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
             intermediate_size=model_config.intermediate_size,
             max_position_embeddings=model_config.max_position_embeddings,
             seed=config.seed,
+            device=device,
+            dtype=dtype,
         )
-    # TODO(lead, merge): pass device/dtype to the rl/ builders once they take them (the
-    # `devices` helper); moving the built model is equivalent meanwhile.
-    model = model.to(device=resolve_device(model_config.device), dtype=DTYPES[model_config.dtype])
     return model, tokenizer
+
+
+def tis_cap(config: RunConfig) -> float | None:
+    """algo.tis_cap, or its default: 2.0 where the engine's numerics differ from the trainer's
+    (vllm, openai), off for hf (whose logprobs come from the trainer's own model code)."""
+    if config.algo.tis_cap is not None:
+        return config.algo.tis_cap
+    return None if config.rollout.engine == "hf" else 2.0
+
+
+def with_lora(config: RunConfig, policy: torch.nn.Module) -> torch.nn.Module:
+    """The engine's copy of the policy with the same LoRA adapter layout as the trainer's, so
+    the adapter tensors the trainer syncs load by name (train.lora_rank > 0); else as is."""
+    train = config.train
+    if train.lora_rank == 0:
+        return policy
+    return apply_lora(policy, train.lora_rank, train.lora_alpha, train.lora_target_modules)
 
 
 def build_trainer(config: RunConfig, policy: torch.nn.Module) -> Trainer:
     train, algo = config.train, config.algo
-    # TODO(lead, merge): gradient_checkpointing, LoRA and tis_cap go to the Trainer once
-    # rl/trainer.py takes them (the `devices` helper).
     return Trainer(
         policy,
         lr=train.lr,
@@ -97,4 +110,9 @@ def build_trainer(config: RunConfig, policy: torch.nn.Module) -> Trainer:
         kl_coef=algo.kl_coef,
         loss_agg=algo.loss_agg,
         temperature=config.rollout.temperature,  # logprobs of the distribution the rollouts sample
+        gradient_checkpointing=train.gradient_checkpointing,
+        lora_rank=train.lora_rank,
+        lora_alpha=train.lora_alpha,
+        lora_target_modules=train.lora_target_modules,
+        tis_cap=tis_cap(config),
     )

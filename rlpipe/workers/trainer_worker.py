@@ -68,8 +68,8 @@ class TrainerService:
         torch.manual_seed(config.seed)
         self.run_id = run_id
         self.config = config
-        self.policy, self.tokenizer = build_policy(config)
-        self.trainer = build_trainer(config, self.policy)
+        policy, self.tokenizer = build_policy(config)
+        self.trainer = build_trainer(config, policy)  # trainer.model: the policy (its peft wrapper with LoRA)
         self.lake = build_lake(config)
         self.policy_version = 0
         self.poisoned = False
@@ -128,7 +128,7 @@ class TrainerService:
         CHECKPOINT.json and then LATEST last."""
         meta = CheckpointMeta(step=step, policy_version=self.policy_version, config_hash=config_hash)
         with tempfile.TemporaryDirectory() as folder:
-            save_checkpoint(Path(folder), self.policy, self.tokenizer, self.trainer.state_dict(), meta)
+            save_checkpoint(Path(folder), self.trainer.model, self.tokenizer, self.trainer.state_dict(), meta)
             self.lake.save_checkpoint(self.run_id, step, Path(folder))
 
     def restore(self, target_version: int | None, seed: int) -> RestoreResult:
@@ -168,7 +168,7 @@ class TrainerService:
                 with tempfile.TemporaryDirectory() as folder:
                     self.lake.load_checkpoint(self.run_id, step, Path(folder))
                     source = f"{self.lake.uri.rstrip('/')}/checkpoints/{self.run_id}/step={step:06d}"
-                    meta, trainer_state = load_checkpoint(Path(folder), self.policy, source)
+                    meta, trainer_state = load_checkpoint(Path(folder), self.trainer.model, source)
                 return step, meta, trainer_state, fallbacks
             except LakeCorrupted as exc:
                 older = self.lake.latest_checkpoint(self.run_id, at_or_before=step - 1) if step > 0 else None
@@ -191,7 +191,7 @@ class _WarmStart:
     def _run(self, service: TrainerService, request: WarmStartBegin) -> None:
         try:
             warm_start(
-                service.policy, service.tokenizer, list(request.examples), steps=request.steps,
+                service.trainer.model, service.tokenizer, list(request.examples), steps=request.steps,
                 batch_size=request.batch_size, lr=request.lr, seed=request.seed,
                 stop_check=self._check if request.with_checks else None, check_every=request.check_every,
                 on_step=lambda step, loss: self._events.put(("loss", step, loss)),
