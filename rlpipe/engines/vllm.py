@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -146,12 +146,13 @@ class VLLMEngine:
         """Reload the engine's weights in place from (HF name, tensor) pairs, then drop the prefix cache."""
         if self._sleeping:
             raise RuntimeError("the vLLM engine is asleep: call wake_up() before load_weights()")
+        weights = checked_weights(named_tensors)
         try:
-            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _checked_names(named_tensors),
-                                                               "is_checkpoint_format": True})
-        except (KeyError, AttributeError) as exc:
-            raise ValueError(f"vLLM's model has no parameter for weight {exc}; weight names must be the trainer model's "
-                             "named_parameters names (HF names)") from exc
+            self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        except (KeyError, AttributeError, RuntimeError, ValueError) as exc:
+            raise EngineFailed(f"vLLM could not load the new weights (version {policy_version}): {exc!r}; its weights are now "
+                               "undefined", "weight names must be the trainer model's named_parameters names (HF names) "
+                               "with the same shapes; the engine worker restarts the engine when the task is retried") from exc
         if self._on_cpu:
             self._llm.apply_model(repack_cpu_embedding_gemms)
         self._llm.reset_prefix_cache()
@@ -236,9 +237,14 @@ def repack_cpu_embedding_gemms(model: torch.nn.Module) -> int:
     return repacked
 
 
-def _checked_names(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, tensor in named_tensors:
-        if "lora_" in name:
-            raise ValueError(f"VLLMEngine got LoRA adapter weight {name!r}; it loads full weights only: "
-                             "publish the merged weights (peft's merge) for rollout.engine = 'vllm'")
-        yield name, tensor.detach()
+def checked_weights(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs as a list, checked before vLLM's reload starts (a reload that fails
+    half-way leaves the engine's layers undefined); LoRA adapter weights are refused."""
+    weights = [(name, tensor.detach()) for name, tensor in named_tensors]
+    lora = [name for name, _ in weights if "lora_" in name]
+    if lora:
+        raise ValueError(f"VLLMEngine got LoRA adapter weights ({lora[0]!r}, ...); it loads full weights only: "
+                         "publish the merged weights (peft's merge_and_unload) for rollout.engine = 'vllm'")
+    if not weights:
+        raise ValueError("load_weights got no tensors")
+    return weights
