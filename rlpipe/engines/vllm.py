@@ -48,6 +48,8 @@ from rlpipe.engines.base import PromptFormat, SamplingParams, encode_prompt
 INSTALL_HINT = "vllm is not installed in this environment: run `make venv-vllm` and use .venv-vllm/bin/python (see README, 'vLLM on CPU')"
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM's CPU attention backend supports (vllm/v1/attention/backends/cpu_attn.py)."""
+MAX_TEMPERATURE = 2.0
+"""vLLM's SamplingParams refuse a temperature above 2."""
 
 
 class VLLMEngine:
@@ -123,6 +125,8 @@ class VLLMEngine:
         """`params.n` completions per prompt, in prompt order then sample_idx order."""
         if self._sleeping:
             raise RuntimeError("the vLLM engine is asleep: call wake_up() before generate()")
+        if not params.greedy and params.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"vLLM samples at temperature <= {MAX_TEMPERATURE}, got {params.temperature}; lower rollout.temperature")
         encoded = [encode_prompt(self._tokenizer, prompt, self._prompt_format) for _, prompt in prompts]
         for (task_id, _), ids in zip(prompts, encoded):
             if not ids:
