@@ -21,7 +21,10 @@ What it does:
   copies stale). The prefix cache is reset afterwards: cached KV blocks were computed with the
   old weights. The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0 unless
   the environment says otherwise), so the tensors cross no process boundary: the engine
-  worker is already its own process.
+  worker is already its own process. (With multiprocessing on, vLLM pickles the tensors to its
+  engine-core process, and the CPU re-pack below needs VLLM_ALLOW_INSECURE_SERIALIZATION=1.)
+- `enforce_eager` (default True) skips torch.compile and CUDA graphs: no warm-up on CPU; pass
+  False on a GPU for speed.
 - `sleep()` / `wake_up()` wrap vLLM's sleep mode (free the weights and KV cache while the
   trainer updates on the same GPU). Sleep mode is GPU-only in vLLM: asking for it on CPU
   raises ValueError at construction.
@@ -70,6 +73,7 @@ class VLLMEngine:
         max_num_seqs: int = 256,
         enable_sleep_mode: bool = False,
         gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
     ) -> None:
         folder = Path(model_dir)
         if not (folder / "config.json").is_file():
@@ -107,7 +111,7 @@ class VLLMEngine:
         try:
             self._llm = vllm.LLM(
                 str(folder), dtype=dtype, seed=seed, max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
-                enforce_eager=True, logprobs_mode="processed_logprobs", max_num_seqs=max_num_seqs,
+                enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", max_num_seqs=max_num_seqs,
                 enable_sleep_mode=enable_sleep_mode, **memory,
             )
         except (RuntimeError, ValueError, OSError) as exc:
