@@ -28,25 +28,27 @@ calls the train flow's stages make, WITHOUT the Prefect orchestration and the la
 (the flow adds those per step; see benchmarks/step_breakdown.py). TRL runs its own loop
 (model.generate, its loss with the fused LM head) on the same CPU threads.
 
-Why TRL once looked 4x slower per step (13.5 s vs 3.4; 2026-12-01, measured again with
-cProfile, 1 thread, same machine, same warm start, 2026-12-01 12:26): the same 4 TRL steps
-(16 optimizer steps; identical rewards and token counts both times) took 20.1 s alone
-beside a load of ~8 (5.0 s/step; rlpipe 3.5 s/step in the minute before) and 61 s inside
-the race at a load of 14-17 (15.2 s/step; rlpipe 6.8 s/step in the minute before it). The
-gap was the load on a shared 2-core machine, which rose while TRL ran after rlpipe, not
-TRL's settings: TRL's HF path uses the KV cache (model.generate, DynamicCache, 1024
-sequences in one call, no logits processor beyond temperature), keeps 1 torch thread
-(accelerate does not change it), has no reference model (beta 0), no gradient
-checkpointing, logging off. Where the per-step time goes at equal load (cProfile, per RL
-step): generation TRL 1.1 s, rlpipe 2.1 s (rlpipe's engine decodes every sequence's text
-after every token for the stop check, and grows tensors with torch.cat); training TRL
-~2.5 s, rlpipe ~1.4 s: TRL runs one extra no-grad forward over the 1024 completions for
-the old logprobs (steps_per_generation 4 > gradient_accumulation_steps 1 makes the later
-mini-batches off-policy; rlpipe reuses the sampler's logprobs, computed at the same
-temperature), and its backward per mini-batch took ~0.36 s against rlpipe's ~0.19 s (not
-taken further). Hence the
-interleaving and the CPU clock: a race on a shared machine measured in wall time alone
-ranks whichever side ran in the quieter minutes.
+Why TRL once looked 4x slower per step (13.5 s vs 3.4 wall; measured again 2026-12-01 with
+cProfile and with process CPU time, 1 thread, same machine, same warm start): TRL's
+settings are not the cause. Its HF path uses the KV cache (model.generate, DynamicCache,
+all 1024 sequences in one call, no logits processor beyond temperature), keeps 1 torch
+thread (accelerate does not change it), has no reference model (beta 0), no gradient
+checkpointing, logging off, top_k off, and stops at the EOS the warm-start taught. Two
+things add up instead:
+1. Per RL step TRL costs about 2x rlpipe's CPU: 2.5-2.7 CPU s against 1.2 (the `cpu s/step`
+   column of the 240 s race at 1 thread, 2026-12-01). TRL runs one extra no-grad forward over the 1024
+   completions for the old logprobs (steps_per_generation 4 > gradient_accumulation_steps
+   1 makes the later mini-batches off-policy; rlpipe reuses the sampler's logprobs,
+   computed at the same temperature), and its backward per mini-batch took ~0.36 s
+   against rlpipe's ~0.19 s (cProfile; not taken further). Its generation is the faster
+   one (cProfile: 1.1 s per step against rlpipe's 2.1 s, whose engine decodes every
+   sequence's text after every token for the stop check and grows tensors with torch.cat).
+2. The load of the shared 2-core machine: the same 4 TRL steps (identical rewards and
+   token counts both times) took 20 s wall beside a load of ~8 and 61 s inside a race at a
+   load of 14-17, which rose while TRL ran after rlpipe. At a load of 25, 240 wall
+   seconds give each side ~25 CPU seconds. Hence the interleaving, the CPU column and
+   `--clock cpu`: a race measured in wall time alone ranks whichever side ran in the
+   quieter minutes.
 
 Prints one row per run (accuracy, RL steps, wall and CPU seconds per step) and the mean and
 spread (min..max) per system. Nothing here asserts: numbers are for reading.
