@@ -149,6 +149,15 @@ class WorkerClient:
         raise EngineFailed(f"the {self.spec.kind} worker of run {self.spec.run_id} exited during start-up "
                            f"(exit code {process.poll()})", hint="see what it printed above; the stage is retried")
 
+    def _exit_code_soon(self, timeout_s: float = 5.0) -> int | None:
+        """The dead worker's exit code: its socket closes a moment before the kernel reaps it."""
+        if self._process is None:
+            return None
+        try:
+            return self._process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None  # alive after all (a broken socket): _discard kills it
+
     def _discard(self) -> None:
         """Drop the connection and kill the process (if any); the next call starts afresh."""
         connection, process = self._connection, self._process
@@ -203,7 +212,7 @@ class WorkerClient:
                 self._connection.send(request)
                 reply = self._connection.recv()
             except (EOFError, OSError) as exc:
-                code = self._process.poll() if self._process is not None else None
+                code = self._exit_code_soon()
                 self._discard()
                 raise EngineFailed(
                     f"the {self.spec.kind} worker of run {self.spec.run_id} died during {name} "
