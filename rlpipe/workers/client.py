@@ -60,6 +60,8 @@ class WorkerSpec:
     socket_folder: Path
     weights_folder: Path
     secrets: dict[str, str | None] = field(default_factory=dict)
+    python: str = sys.executable
+    """The worker's interpreter (the engine worker may run in another venv: rollout.engine_python)."""
 
 
 class WorkerClient:
@@ -90,7 +92,7 @@ class WorkerClient:
             if self.starts > 0:
                 env.pop(FAILPOINTS_ENV_VAR, None)
             process = subprocess.Popen(
-                [sys.executable, "-m", "rlpipe.workers.main", "--kind", self.spec.kind, "--run-id", self.spec.run_id],
+                [self.spec.python, "-m", "rlpipe.workers.main", "--kind", self.spec.kind, "--run-id", self.spec.run_id],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
             )
             boot = dict(run_id=self.spec.run_id, kind=self.spec.kind, address=address, authkey=authkey.hex(),
