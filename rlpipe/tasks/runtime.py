@@ -21,6 +21,7 @@ from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.hf import HFEngine
 from rlpipe.envs.mixture import Mixture, build_env
+from rlpipe.rl.pretrained import load_gguf_model
 from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model
 from rlpipe.rl.trainer import Trainer
 from rlpipe.storage.lake import Lake
@@ -75,6 +76,8 @@ def release_runtime(run_id: str) -> None:
 def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
     """The trainable policy and its tokenizer: a local HF folder, or a tiny model."""
     model_config = config.model
+    if model_config.gguf is not None:
+        return load_gguf_model(model_config.gguf)
     if model_config.path is not None:
         return load_local_model(model_config.path)
     tokenizer = build_char_tokenizer(policy_alphabet(config))
@@ -172,7 +175,7 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
     lake = build_lake(config)
     mixture = build_mixture(config)
     tracker = build_tracker(config)
-    engine = HFEngine(policy, tokenizer, batch_size=config.rollout.batch_size)
+    engine = HFEngine(policy, tokenizer, batch_size=config.rollout.batch_size, prompt_format=config.model.prompt_format)
     runtime = Runtime(
         run_id=run_id,
         config=config,
@@ -194,10 +197,12 @@ def preflight(config: RunConfig) -> None:
     """Check the inputs a run needs (domains, the model against them, lake reachable)
     without building the model: bad input fails here, before any flow run. The lake is
     opened last, and made if missing (only `train` creates a lake), once the input is good."""
-    from rlpipe.tasks.model_checks import check_folder_model, check_positions
+    from rlpipe.tasks.model_checks import check_folder_model, check_gguf_model, check_positions
 
     mixture = build_mixture(config)
-    if config.model.path is not None:
+    if config.model.gguf is not None:
+        check_gguf_model(config, mixture)
+    elif config.model.path is not None:
         check_folder_model(config, mixture)
     else:
         check_positions(config, mixture, build_char_tokenizer(policy_alphabet(config)),
