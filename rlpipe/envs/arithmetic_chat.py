@@ -1,9 +1,9 @@
-"""The chat arithmetic domain: "What is 348 + 275? Answer with only the number." -> "623".
-
-For instruct models (model.prompt_format = "chat"): the prompt is a plain English question
-about two- and three-digit operands, and the only accepted answer is the bare integer, as
-the prompt asks. SmolLM2-135M-Instruct out of the box often gets the sum wrong, or wraps a
-right one in prose ("The answer is 623."), which is wrong here: RL has to teach both.
+"""The chat arithmetic domains for instruct models (model.prompt_format = "chat"):
+- arithmetic_chat: "What is 348 + 275? Answer with only the number." -> exactly "623";
+- arithmetic_chat_equation: "What is 348 + 275? Answer with only the equation, like
+  1 + 2 = 3." -> exactly "348 + 275 = 623".
+SmolLM2-135M-Instruct out of the box gets the sum wrong ("17 + 25 = 32") or explains
+instead of answering; it answers in the equation's shape on its own, never as a bare number.
 
 What it does:
 - Problems are `a <op> b` with both operands in [min_operand, max_operand] (10..999 gives
@@ -12,6 +12,10 @@ What it does:
   ("348+275"), as in envs/arithmetic.py, so the splits are disjoint for every seed and size.
   Small spaces are enumerated; large ones (10..999: ~980k problems per operator) are drawn
   by seeded rejection sampling of distinct problems, without listing them.
+- `verify_equation_answer` accepts exactly "a op b = n" with canonical integers, single
+  spaces, the question's operands in its order, and the right n; another true or false
+  equation is wrong, anything else (prose, a bare number, "=" unspaced, several equations,
+  a trailing full stop) is format. The other rules are those of `verify_integer_answer`.
 - `verify_integer_answer` accepts exactly one canonical integer (optional "-", no leading
   zeros, no "+", no "-0") surrounded by nothing but whitespace, and rewards it 1.0 iff it
   equals the expected value. Everything else is format (0.0): prose around the number,
@@ -28,6 +32,7 @@ import random
 import re
 import sys
 import time
+from typing import Literal
 
 from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
 from rlpipe.envs import exact
@@ -38,6 +43,9 @@ INTEGER_KIND = "integer"
 MAX_ANSWER_CHARS = 64
 ENUMERATE_LIMIT = 50_000  # problem spaces up to this size are listed; larger ones are sampled
 _CANONICAL_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_EQUATION = re.compile(r"-?(?:0|[1-9][0-9]*) [+*-] -?(?:0|[1-9][0-9]*) = -?(?:0|[1-9][0-9]*)")
+AnswerFormat = Literal["number", "equation"]
+_INSTRUCTIONS = {"number": "Answer with only the number.", "equation": "Answer with only the equation, like 1 + 2 = 3."}
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 Problem = tuple[int, str, int]
 
@@ -45,9 +53,20 @@ Problem = tuple[int, str, int]
 def verify_integer_answer(completion_text: str, expected: str, verifier_version: str) -> Verdict:
     """Reward 1.0 iff the completion is exactly the integer `expected` (whitespace around it
     allowed); see the module docstring for what counts as format."""
+    return _verdict(completion_text, expected, verifier_version, _CANONICAL_INTEGER, "an integer")
+
+
+def verify_equation_answer(completion_text: str, expected: str, verifier_version: str) -> Verdict:
+    """Reward 1.0 iff the completion is exactly the equation `expected` ("17 + 25 = 42", the
+    question's operands in its order; whitespace around it allowed). Another well-formed
+    equation ("25 + 17 = 42", "17 + 25 = 41") is wrong; anything else is format."""
+    return _verdict(completion_text, expected, verifier_version, _EQUATION, "an equation 'a + b = n'")
+
+
+def _verdict(completion_text: str, expected: str, verifier_version: str, form: re.Pattern, form_name: str) -> Verdict:
     started = time.perf_counter()
     try:
-        reason, detail = _judge(completion_text, expected)
+        reason, detail = _judge(completion_text, expected, form, form_name)
     except Exception as exc:  # a verifier never raises for model output
         reason, detail = VerdictReason.FORMAT, f"unreadable output: {type(exc).__name__}"
     passed = reason is VerdictReason.OK
@@ -55,15 +74,15 @@ def verify_integer_answer(completion_text: str, expected: str, verifier_version:
                    duration_s=time.perf_counter() - started, verifier_version=verifier_version)
 
 
-def _judge(completion_text: str, expected: str) -> tuple[VerdictReason, str]:
+def _judge(completion_text: str, expected: str, form: re.Pattern, form_name: str) -> tuple[VerdictReason, str]:
     text = completion_text if isinstance(completion_text, str) else str(completion_text)
     if len(text) > 4 * MAX_ANSWER_CHARS:  # never strip or scan a huge output
         return VerdictReason.FORMAT, f"output too long: {len(text)} chars"
     answer = text.strip()
     if not answer:
         return VerdictReason.FORMAT, "empty output"
-    if not answer.isascii() or _CANONICAL_INTEGER.fullmatch(answer) is None or answer == "-0":
-        return VerdictReason.FORMAT, f"expected only an integer, got {_preview(answer)}"
+    if not answer.isascii() or form.fullmatch(answer) is None or re.search(r"(?<![0-9])-0(?![0-9])", answer):
+        return VerdictReason.FORMAT, f"expected only {form_name}, got {_preview(answer)}"
     if answer == expected:
         return VerdictReason.OK, "ok"
     return VerdictReason.WRONG, f"expected {expected}, got {answer}"
@@ -74,13 +93,16 @@ def _preview(text: str, chars: int = 80) -> str:
 
 
 class ArithmeticChatEnv:
-    """Two- and three-digit arithmetic asked in English, answered with a bare integer."""
+    """Two- and three-digit arithmetic asked in English, answered with a bare integer
+    (answer_format "number") or the equation (answer_format "equation")."""
 
     name = "arithmetic_chat"
     needs_sandbox = False
 
     def __init__(self, max_operand: int = 999, min_operand: int = 10, operations: str = "+",
-                 heldout_fraction: float = 0.2) -> None:
+                 heldout_fraction: float = 0.2, answer_format: AnswerFormat = "number") -> None:
+        if answer_format not in _INSTRUCTIONS:
+            raise ValueError(f"answer_format must be one of {sorted(_INSTRUCTIONS)}, got {answer_format!r}")
         if not 0 <= min_operand <= max_operand:
             raise ValueError(f"operands must satisfy 0 <= min_operand <= max_operand, got {min_operand}..{max_operand}")
         if not operations or any(op not in _APPLY for op in operations):
@@ -90,10 +112,11 @@ class ArithmeticChatEnv:
         self.min_operand, self.max_operand = min_operand, max_operand
         self.operations = "".join(dict.fromkeys(operations))
         self.heldout_fraction = heldout_fraction
+        self.answer_format = answer_format
         self.verifier_version = source_version(
             (exact, sys.modules[__name__]),
             (("min_operand", min_operand), ("max_operand", max_operand), ("operations", self.operations),
-             ("heldout_fraction", heldout_fraction)),
+             ("heldout_fraction", heldout_fraction), ("answer_format", answer_format)),
         )
         span = max_operand - min_operand + 1
         self._space_size = len(self.operations) * span * span
@@ -121,6 +144,8 @@ class ArithmeticChatEnv:
         return [self._task(problem, split) for problem in chosen]
 
     def verify(self, task: Task, completion_text: str, sandbox: Sandbox | None = None) -> Verdict:
+        if self.answer_format == "equation":
+            return verify_equation_answer(completion_text, task.verifier.payload, self.verifier_version)
         return verify_integer_answer(completion_text, task.verifier.payload, self.verifier_version)
 
     def _sample_distinct(self, split: str, count: int, rng: random.Random) -> list[Problem]:
@@ -143,11 +168,25 @@ class ArithmeticChatEnv:
     def _task(self, problem: Problem, split: str) -> Task:
         a, op, b = problem
         answer = str(_APPLY[op](a, b))
+        if self.answer_format == "equation":
+            answer = f"{a} {op} {b} = {answer}"
         return Task(
             task_id=f"{self.name}/{a}{op}{b}",
             domain=self.name,
-            prompt=f"What is {a} {op} {b}? Answer with only the number.",
-            verifier=VerifierSpec(kind=INTEGER_KIND, payload=answer),
+            prompt=f"What is {a} {op} {b}? {_INSTRUCTIONS[self.answer_format]}",
+            verifier=VerifierSpec(kind=f"{INTEGER_KIND}-{self.answer_format}", payload=answer),
             reference_answer=answer,
             metadata=(("split", split),),
         )
+
+
+class ArithmeticChatEquationEnv(ArithmeticChatEnv):
+    """`ArithmeticChatEnv` answered as the equation: "What is 17 + 25? Answer with only the
+    equation, like 1 + 2 = 3." -> "17 + 25 = 42". SmolLM2-135M-Instruct already answers in this
+    shape (and gets the sum wrong), so RL starts from a format it can hit."""
+
+    name = "arithmetic_chat_equation"
+
+    def __init__(self, max_operand: int = 999, min_operand: int = 10, operations: str = "+",
+                 heldout_fraction: float = 0.2) -> None:
+        super().__init__(max_operand, min_operand, operations, heldout_fraction, answer_format="equation")

@@ -4,7 +4,13 @@ it), its splits, and its registration."""
 import pytest
 
 from rlpipe.core.records import VerdictReason
-from rlpipe.envs.arithmetic_chat import DETAIL_CHARS, ArithmeticChatEnv, verify_integer_answer
+from rlpipe.envs.arithmetic_chat import (
+    DETAIL_CHARS,
+    ArithmeticChatEnv,
+    ArithmeticChatEquationEnv,
+    verify_equation_answer,
+    verify_integer_answer,
+)
 from rlpipe.envs.mixture import Mixture, build_env
 
 OK, WRONG, FORMAT = VerdictReason.OK, VerdictReason.WRONG, VerdictReason.FORMAT
@@ -51,6 +57,51 @@ def test_verify_integer_answer_accepts_only_the_bare_right_integer(output, reaso
     assert verdict.reward == (1.0 if reason is OK else 0.0)
     assert len(verdict.detail) <= DETAIL_CHARS
     assert verdict.verifier_version == "v1"
+
+
+EQUATION_CASES = [
+    # (model output, expected reason) for "What is 348 + 275? Answer with only the equation, ..."
+    ("348 + 275 = 623", OK),
+    ("  348 + 275 = 623\n", OK),
+    ("348 + 275 = 624", WRONG),
+    ("275 + 348 = 623", WRONG),  # a true equation, but not the one asked
+    ("1 + 2 = 3", WRONG),  # the prompt's example echoed
+    ("348 + 275 = 0623", FORMAT),
+    ("348 + 275 = 623.", FORMAT),
+    ("348+275=623", FORMAT),  # the asked spacing only
+    ("348 + 275 = 623 = 623", FORMAT),
+    ("348 + 275 = 623 348 + 275 = 623", FORMAT),  # several answers
+    ("623", FORMAT),  # the bare number is the other domain's format
+    ("The answer is 348 + 275 = 623", FORMAT),
+    ("What is 348 + 275? Answer with only the equation, like 1 + 2 = 3. 348 + 275 = 623", FORMAT),
+    ("348 + 275 = -0", FORMAT),
+    ("３４８ + ２７５ = ６２３", FORMAT),
+    ("348 + 275 = 623" + " " * 1_000_000, FORMAT),
+]
+
+
+@pytest.mark.parametrize(("output", "reason"), EQUATION_CASES)
+def test_verify_equation_answer_accepts_only_the_asked_equation(output, reason):
+    verdict = verify_equation_answer(output, "348 + 275 = 623", "v1")
+    assert verdict.reason is reason
+    assert verdict.reward == (1.0 if reason is OK else 0.0)
+    assert len(verdict.detail) <= DETAIL_CHARS
+
+
+def test_equation_domain_asks_for_the_equation_and_verifies_its_reference():
+    env = build_env("arithmetic_chat_equation", max_operand=99)
+    assert isinstance(env, ArithmeticChatEquationEnv)
+    for task in env.tasks("heldout", 20, seed=0):
+        a, b = (int(x) for x in task.task_id.split("/")[1].split("+"))
+        assert task.prompt == f"What is {a} + {b}? Answer with only the equation, like 1 + 2 = 3."
+        assert task.reference_answer == f"{a} + {b} = {a + b}"
+        assert env.verify(task, task.reference_answer).passed
+        assert not env.verify(task, str(a + b)).passed
+    # Same problems in the same splits as the bare-number domain: only the format differs.
+    bare = ArithmeticChatEnv(max_operand=99)
+    held_bare = {t.task_id.split("/")[1] for t in bare.tasks("heldout", 300, seed=0)}
+    train_equation = {t.task_id.split("/")[1] for t in env.tasks("train", 3000, seed=0)}
+    assert not held_bare & train_equation
 
 
 def test_negative_answers_of_subtraction_verify():
@@ -103,6 +154,8 @@ def test_bad_parameters_raise():
         ArithmeticChatEnv(min_operand=50, max_operand=20)
     with pytest.raises(ValueError, match="operations"):
         ArithmeticChatEnv(operations="/")
+    with pytest.raises(ValueError, match="answer_format"):
+        ArithmeticChatEnv(answer_format="words")
     with pytest.raises(ValueError, match="too many"):
         ArithmeticChatEnv(min_operand=0, max_operand=300).tasks("train", 30_000, seed=0)  # > 301*301/4
 
