@@ -5,6 +5,8 @@ Runs the same RL steps twice in one process, from the same warm-started policy:
   2. flow:  the `rl-step` flow (a nested flow run, each stage a Prefect task).
 Prints seconds per stage (plain) and the ratio flow/plain per step, i.e. what
 orchestration costs. Uses configs/quickstart.toml with fewer steps by default.
+Then the peak resident memory (VmHWM) of the controller (this process) and of the run's
+engine and trainer workers, each over the whole benchmark (warm-start included).
 
     .venv/bin/python benchmarks/step_breakdown.py [--steps 5] [--config configs/quickstart.toml]
 """
@@ -32,7 +34,7 @@ def main() -> None:
     from rlpipe.core.config import load_config
     from rlpipe.flows.train import rl_step
     from rlpipe.tasks import advantage, lifecycle, persist, rollout, track, update, verify
-    from rlpipe.tasks.runtime import build_runtime
+    from rlpipe.tasks.runtime import build_runtime, get_runtime, release_runtime
 
     with tempfile.TemporaryDirectory() as lake:
         overrides = [f'storage.lake_uri="{lake}/lake"', f'tracking.mlflow_uri="sqlite:///{lake}/mlflow.db"']
@@ -42,6 +44,14 @@ def main() -> None:
         def bench() -> dict[str, list[float]]:
             run_id = "bench"
             build_runtime(run_id, config)
+            try:
+                return _steps(run_id)
+            finally:
+                runtime = get_runtime(run_id)
+                peaks.update(engine_worker=_peak_rss_mb(runtime.engine.pid), trainer_worker=_peak_rss_mb(runtime.trainer.pid))
+                release_runtime(run_id)
+
+        def _steps(run_id: str) -> dict[str, list[float]]:
             lifecycle.open_run(run_id)
             lifecycle.warm_start(run_id)
             stage_s: dict[str, list[float]] = defaultdict(list)
@@ -63,7 +73,9 @@ def main() -> None:
                 flow_step_s.append(time.perf_counter() - started)
             return {**stage_s, "plain_step": plain_step_s, "flow_step": flow_step_s}
 
+        peaks: dict[str, float] = {}
         result = bench()
+        peaks["controller"] = _peak_rss_mb(os.getpid())
 
     print(f"\nper-stage seconds, plain calls ({args.steps} steps, median):")
     for stage in ("sample", "generate", "verify", "advantages", "persist", "update", "sync", "track"):
@@ -75,6 +87,19 @@ def main() -> None:
     print(f"step as Prefect flow: {flowed:.3f} s (median)")
     print(f"orchestration overhead: {flowed - plain:+.3f} s per step = {(flowed - plain) / plain:.1%} of a plain step")
     print(f"ratio flow/plain: {flowed / plain:.3f}")
+    print("\npeak resident memory (VmHWM), MB:")
+    for name, megabytes in peaks.items():
+        print(f"  {name:<15} {megabytes:8.1f}")
+
+
+def _peak_rss_mb(pid: int | None) -> float:
+    """VmHWM of a live process, in MB (nan when it is gone)."""
+    if pid is None:
+        return float("nan")
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _timed(stage_s: dict[str, list[float]], stage: str, function, *args):

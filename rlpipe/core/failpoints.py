@@ -8,6 +8,13 @@ dict lookup. Points in the code: generate, verify, update (weights changed in me
 policy version not yet advanced), part-write (half a Parquet part written), checkpoint-write
 (some checkpoint files uploaded, CHECKPOINT.json and LATEST not).
 
+A worker process of the run (rlpipe/workers/) calls `die_with(owner_pid)` at start: a crash
+point hit in a worker then SIGKILLs the owner (the controller) first, so the whole run dies
+as it did when everything ran in one process. `failpoint(name, whole_run=False)` kills only
+the calling process: points `engine-generate` and `trainer-update` kill just that worker
+(tests of a worker that dies mid-run). A restarted worker is started without
+RLPIPE_FAILPOINTS (its hit counts would start again from zero).
+
 This is how the kill tests hit the middle of a stage reliably; a crash of the real world
 (OOM killer, power cut, a pre-empted VM) lands anywhere, and the tests cover each region.
 """
@@ -19,6 +26,12 @@ import signal
 
 ENV_VAR = "RLPIPE_FAILPOINTS"
 _hits: dict[str, int] = {}
+_run_pids: list[int] = []  # other processes of the run that a whole-run crash point kills first
+
+
+def die_with(pid: int) -> None:
+    """A whole-run crash point hit in this process SIGKILLs `pid` too (before this process)."""
+    _run_pids.append(pid)
 
 
 def _armed() -> dict[str, int]:
@@ -30,8 +43,9 @@ def _armed() -> dict[str, int]:
     return armed
 
 
-def failpoint(name: str) -> None:
-    """SIGKILL this process if `name` is armed for this hit."""
+def failpoint(name: str, whole_run: bool = True) -> None:
+    """SIGKILL this process (and, if `whole_run`, the processes of `die_with`) if `name` is
+    armed for this hit."""
     if ENV_VAR not in os.environ:
         return
     nth = _armed().get(name)
@@ -39,4 +53,9 @@ def failpoint(name: str) -> None:
         return
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == nth:
+        for pid in _run_pids if whole_run else ():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         os.kill(os.getpid(), signal.SIGKILL)

@@ -1,23 +1,39 @@
 """HFEngine: the transformers rollout backend (CPU or one GPU, in-process).
 
 What it does: holds its OWN copy of the policy (deep-copied at construction, so the
-trainer's in-place updates never leak into sampling); samples `n` completions per prompt in
-left-padded batches with a KV cache (`cache=DynamicCache()`), in a hand-written decode loop
+trainer's in-place updates never leak into sampling), on `device` in `dtype` (float32 or
+bfloat16; the logits are sampled in float32); samples `n` completions per prompt in
+left-padded batches of up to `batch_size` rows with a KV cache, in a hand-written decode loop
 that reads each sampled token's logprob from the very distribution it was drawn from
-(temperature and top-p applied) and ends a batch as soon as every row has finished; stops
-on stop strings and EOS (see engines/base.py for the logprob and stop conventions). On the tiny CPU models of
-the quickstart one batch of 128 short completions takes a few tens of milliseconds.
-Sampling is deterministic for a given `SamplingParams.seed`, the same prompts and the same
-batch_size (one torch.Generator drives every draw).
+(temperature and top-p applied; see engines/base.py for the logprob and stop conventions).
 
-What it does not: tensor parallelism, continuous batching, chat templates (prompts are plain
-text, encoded without special tokens), or prefix sharing between the n samples of a prompt.
+What makes it fast (each can be switched off, so benchmarks/engines.py measures before/after):
+- prefix sharing (`prefix_sharing`): each distinct prompt of a batch is prefilled once and
+  its KV cache, attention mask and positions are gathered n ways for its n samples;
+- dropping finished rows (`drop_finished_rows`): a row that hit EOS or a stop string leaves
+  the batch (ids, mask, positions and every cache layer are sliced to the live rows), so the
+  next forward pass only computes live rows; off, finished rows are fed padding until the
+  whole batch ends;
+- stop strings on new tokens only: each step decodes only the row's last token(s)
+  (incremental detokenization with a prefix/read offset, as vLLM does) and searches only the
+  window where a stop string could newly end, so a stop string spanning several tokens is
+  found at the token that completes it; the full text is decoded once, when the row ends.
+
+Determinism: each step of a batch draws one uniform number per batch row from one
+torch.Generator seeded by `SamplingParams.seed`, and a row samples by inverse CDF with its own
+number, whether or not other rows are still live and whether or not its prompt's cache is
+shared. So outputs depend only on the seed, the prompts, n and batch_size, and the before/after
+settings give the same samples up to float rounding of the logits.
+
+What it does not: tensor parallelism, continuous batching (a batch runs until its last row
+ends), or cache reuse across batches or calls.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -25,25 +41,43 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from rlpipe.core.records import Completion
 from rlpipe.engines.base import PromptFormat, SamplingParams, encode_prompt
 
+ENGINE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""The weight dtypes the engine runs in, by config name (model.dtype)."""
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """torch.float32 / torch.bfloat16 from a torch dtype or its config name; ValueError otherwise."""
+    resolved = ENGINE_DTYPES.get(dtype) if isinstance(dtype, str) else dtype
+    if resolved not in ENGINE_DTYPES.values():
+        raise ValueError(f"engine dtype must be one of {sorted(ENGINE_DTYPES)}, got {dtype!r}")
+    return resolved
+
 
 class HFEngine:
     """Rollouts from a private copy of a transformers causal LM."""
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int = 128, device: str = "cpu",
-        prompt_format: PromptFormat = "plain",
+        prompt_format: PromptFormat = "plain", *, dtype: torch.dtype | str = torch.float32,
+        prefix_sharing: bool = True, drop_finished_rows: bool = True,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self._model = copy.deepcopy(model).to(device).eval()
+        self._dtype = resolve_dtype(dtype)
+        try:
+            self._device = torch.device(device)
+        except RuntimeError as exc:
+            raise ValueError(f"engine device must be cpu, cuda or cuda:N, got {device!r}") from exc
+        self._model = copy.deepcopy(model).to(device=self._device, dtype=self._dtype).eval()
         self._model.requires_grad_(False)
         self._tokenizer = tokenizer
         self._batch_size = batch_size
-        self._device = torch.device(device)
         self._eos_id = tokenizer.eos_token_id
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self._eos_id or 0)
         self._policy_version = 0
         self._prompt_format = prompt_format
+        self._prefix_sharing = prefix_sharing
+        self._drop_finished_rows = drop_finished_rows
 
     @property
     def policy_version(self) -> int:
@@ -51,7 +85,8 @@ class HFEngine:
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None:
-        """Copy tensors into the engine's parameters by name; unknown names raise ValueError."""
+        """Copy tensors into the engine's parameters by name (cast to its device and dtype);
+        unknown names raise ValueError."""
         parameters = dict(self._model.named_parameters())
         for name, tensor in named_tensors:
             if name not in parameters:
@@ -63,6 +98,9 @@ class HFEngine:
         """`params.n` completions per prompt, in prompt order then sample_idx order."""
         generator = torch.Generator(device=self._device).manual_seed(params.seed)
         encoded = [encode_prompt(self._tokenizer, prompt, self._prompt_format) for _, prompt in prompts]
+        for (task_id, prompt), ids in zip(prompts, encoded):
+            if not ids:
+                raise ValueError(f"prompt of task {task_id!r} encodes to no tokens ({prompt!r}); give it some text")
         rows = [(task_index, sample_idx) for task_index in range(len(prompts)) for sample_idx in range(params.n)]
         completions: list[Completion] = []
         for start in range(0, len(rows), self._batch_size):
@@ -87,68 +125,187 @@ class HFEngine:
     def _sample_batch(
         self, prompt_ids: list[tuple[int, ...]], params: SamplingParams, generator: torch.Generator
     ) -> list[tuple[str, tuple[int, ...], tuple[float, ...], str]]:
-        """Decode one left-padded batch; returns (text, token_ids, logprobs, finish_reason) per row."""
+        """Decode one batch; returns (text, token_ids, logprobs, finish_reason) per row.
+
+        1. Prefill (each distinct prompt once with prefix sharing, else every row) and gather
+           the prefill's cache, mask and positions to one row per sample.
+        2. Each step: one uniform per batch row, a token per live row, stop checks; finished
+           rows leave the batch (or are fed padding); one forward pass over the live rows."""
         batch = len(prompt_ids)
+        logits, attention_mask, position_ids, cache = self._prefill(prompt_ids)
+        rows = [_Row() for _ in range(batch)]
+        live = list(range(batch))  # the batch row of each row of the forward batch
+        stops = _StopChecker(self._tokenizer, self._eos_id, params.stop)
+        for step in range(params.max_new_tokens):
+            uniforms = None if params.greedy else torch.rand(batch, generator=generator, device=self._device)
+            if uniforms is not None and len(live) < batch:
+                uniforms = uniforms[torch.tensor(live, device=self._device)]
+            next_tokens, token_logprobs = choose_tokens(logits, params, uniforms)
+            sampled = [(rows[row], token, logprob) for row, token, logprob in zip(live, next_tokens.tolist(), token_logprobs.tolist())
+                       if not rows[row].finish_reason]
+            stops.add([row for row, _, _ in sampled], [token for _, token, _ in sampled], [logprob for _, _, logprob in sampled])
+            unfinished = [position for position, row in enumerate(live) if not rows[row].finish_reason]
+            if not unfinished or step == params.max_new_tokens - 1:
+                break
+            if len(unfinished) < len(live) and self._drop_finished_rows:
+                keep = torch.tensor(unfinished, device=self._device)
+                cache.batch_select_indices(keep)
+                attention_mask, position_ids, next_tokens = attention_mask[keep], position_ids[keep], next_tokens[keep]
+                live = [live[position] for position in unfinished]
+            elif len(unfinished) < len(live):
+                finished = torch.tensor([bool(rows[row].finish_reason) for row in live], device=self._device)
+                next_tokens = next_tokens.masked_fill(finished, self._pad_id)
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(live), 1))], dim=1)
+            position_ids = position_ids[:, -1:] + 1
+            logits = self._forward(next_tokens[:, None], attention_mask, position_ids, cache)
+        return [(stops.final_text(row), tuple(row.tokens), tuple(row.logprobs), row.finish_reason or "length") for row in rows]
+
+    def _prefill(self, prompt_ids: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
+        """(last-position logits, attention mask, position ids, KV cache), one row per batch
+        row; with prefix sharing each distinct prompt runs once and its row is gathered to
+        every batch row of that prompt."""
+        cache = DynamicCache(config=self._model.config)
+        if self._prefix_sharing:
+            position_of = {ids: position for position, ids in enumerate(dict.fromkeys(prompt_ids))}
+            distinct = list(position_of)
+        else:
+            distinct = prompt_ids
+        input_ids, attention_mask = self._left_pad(distinct)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(input_ids, attention_mask, position_ids, cache)
+        if len(distinct) < len(prompt_ids):
+            index = torch.tensor([position_of[ids] for ids in prompt_ids], device=self._device)
+            logits, attention_mask, position_ids = logits[index], attention_mask[index], position_ids[index]
+            cache.batch_select_indices(index)
+        return logits, attention_mask, position_ids, cache
+
+    def _left_pad(self, prompt_ids: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, attention_mask) of the prompts left-padded to the longest, on the device."""
         width = max(len(ids) for ids in prompt_ids)
-        input_ids = torch.full((batch, width), self._pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((batch, width), dtype=torch.long)
+        input_ids = torch.full((len(prompt_ids), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
         for row, ids in enumerate(prompt_ids):
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
-        input_ids, attention_mask = input_ids.to(self._device), attention_mask.to(self._device)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        tokens: list[list[int]] = [[] for _ in range(batch)]
-        logprobs: list[list[float]] = [[] for _ in range(batch)]
-        texts = [""] * batch
-        finish = [""] * batch
-        for _ in range(params.max_new_tokens):
-            output = self._model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=True)
-            logits = output.logits[:, -1, :].float()
-            next_tokens, token_logprobs = choose_tokens(logits, params, generator)
-            for row, (token, logprob) in enumerate(zip(next_tokens.tolist(), token_logprobs.tolist())):
-                if finish[row]:
-                    continue
-                tokens[row].append(token)
-                logprobs[row].append(logprob)
-                finish[row], texts[row] = self._check_stop(tokens[row], token, params.stop)
-            if all(finish):
-                break
-            next_tokens = torch.where(torch.tensor([bool(f) for f in finish], device=self._device), self._pad_id, next_tokens)
-            input_ids = next_tokens[:, None]
-            attention_mask = torch.cat([attention_mask, torch.ones((batch, 1), dtype=torch.long, device=self._device)], dim=1)
-            position_ids = position_ids[:, -1:] + 1
-        return [(texts[row], tuple(tokens[row]), tuple(logprobs[row]), finish[row] or "length") for row in range(batch)]
+        return input_ids.to(self._device), attention_mask.to(self._device)
 
-    def _check_stop(self, token_ids: list[int], last_token: int, stop: tuple[str, ...]) -> tuple[str, str]:
-        """(finish_reason or "", text so far cut before the first stop string)."""
-        if last_token == self._eos_id:
-            return "stop", self._tokenizer.decode(token_ids[:-1], skip_special_tokens=True)
-        text = self._tokenizer.decode(token_ids, skip_special_tokens=True)
-        cut = min((index for index in (text.find(s) for s in stop) if index >= 0), default=-1)
-        if cut >= 0:
-            return "stop", text[:cut]
-        return "", text
+    def _forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """float32 logits [rows, vocab] of each row's last position (the cache grows in place)."""
+        output = self._model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=True,
+            logits_to_keep=1,
+        )
+        return output.logits[:, -1, :].float()
 
 
-def choose_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """(next token, its logprob) per row of float logits [batch, vocab].
+@dataclass
+class _Row:
+    """One completion being decoded: its tokens and logprobs so far, why it ended ("" = not
+    yet), and the incremental text of tokens[:read_offset] used to spot stop strings."""
 
-    Greedy: the argmax and its temperature-1 logprob. Sampled: a draw from softmax(logits / T),
-    restricted to the nucleus (the smallest set of most likely tokens whose mass reaches
-    top_p) when top_p < 1, and the logprob of the drawn token under that same distribution:
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+    text: str = ""
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+
+class _StopChecker:
+    """Appends tokens to rows and ends a row on EOS or on a stop string completed by its new
+    token, decoding only the new tokens; `final_text` decodes the whole row once."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_id: int | None, stop: tuple[str, ...]) -> None:
+        self._tokenizer = tokenizer
+        self._eos_id = eos_id
+        self._stop = stop
+        self._longest_stop = max((len(s) for s in stop), default=0)
+
+    def add(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> None:
+        """Append one token and its logprob to each row; end the rows it finishes."""
+        watched = []
+        for row, token, logprob in zip(rows, tokens, logprobs):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            if token == self._eos_id:
+                row.finish_reason = "stop"
+            elif self._stop:
+                watched.append(row)
+        if not watched:
+            return
+        # decode from prefix_offset (context for tokenizers whose pieces depend on the one
+        # before) and keep the new part; an incomplete UTF-8 character ("\ufffd") is searched
+        # as the full decode would show it, but not committed until a later token completes it
+        texts = self._decode_many([row.tokens[row.prefix_offset : row.read_offset] for row in watched]
+                                  + [row.tokens[row.prefix_offset :] for row in watched])
+        for row, prefix_text, text in zip(watched, texts[: len(watched)], texts[len(watched) :]):
+            new_piece = text[len(prefix_text) :]
+            # a stop string that newly appears ends inside new_piece, so starts at most
+            # len(stop) - 1 characters before it
+            window = row.text[max(0, len(row.text) - self._longest_stop + 1) :] + new_piece
+            if any(stop in window for stop in self._stop):
+                row.finish_reason = "stop"
+            elif new_piece and not new_piece.endswith("\ufffd"):
+                row.text += new_piece
+                row.prefix_offset, row.read_offset = row.read_offset, len(row.tokens)
+
+    def final_text(self, row: _Row) -> str:
+        """The row's text: without a final EOS, cut before the first stop string."""
+        if row.tokens and row.tokens[-1] == self._eos_id:
+            return self._decode(row.tokens[:-1])
+        text = self._decode(row.tokens)
+        cut = min((index for index in (text.find(stop) for stop in self._stop) if index >= 0), default=-1)
+        return text[:cut] if cut >= 0 else text
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self._tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _decode_many(self, token_lists: list[list[int]]) -> list[str]:
+        """`_decode` of each list; in one call of the Rust tokenizer when that is what
+        `decode` would run (a fast tokenizer that cleans up no spaces)."""
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        if backend is not None and not getattr(self._tokenizer, "clean_up_tokenization_spaces", False):
+            return backend.decode_batch(token_lists, skip_special_tokens=True)
+        return [self._decode(token_ids) for token_ids in token_lists]
+
+
+def choose_tokens(
+    logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next token, its logprob) per row of float logits [rows, vocab].
+
+    Greedy (`uniforms` unused, may be None): the argmax and its temperature-1 logprob.
+    Sampled: a draw from softmax(logits / T), restricted to the nucleus (the smallest set of
+    most likely tokens whose mass reaches top_p) when top_p < 1, by inverse CDF with the row's
+    uniform number in [0, 1); and the logprob of the drawn token under that same distribution:
     log_softmax(logits / T) minus the log of the nucleus' mass (0 when top_p = 1)."""
     if params.greedy:
         tokens = logits.argmax(dim=-1)
         return tokens, torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    scaled = logits / params.temperature
-    probs = torch.softmax(scaled, dim=-1)
-    log_mass = torch.zeros(logits.shape[0], dtype=logits.dtype, device=logits.device)
+    if uniforms is None:
+        raise ValueError("sampling (greedy=False) needs one uniform number per row")
+    logprobs = torch.log_softmax(logits / params.temperature, dim=-1)
+    probs = logprobs.exp()
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter(1, order, sorted_probs)
+        tokens = order.gather(1, _inverse_cdf(sorted_probs, uniforms)[:, None])[:, 0]
         log_mass = torch.log(sorted_probs.sum(dim=-1))
-    tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
-    return tokens, torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None])[:, 0] - log_mass
+    else:
+        tokens = _inverse_cdf(probs, uniforms)
+        log_mass = torch.zeros_like(uniforms, dtype=logprobs.dtype)
+    return tokens, logprobs.gather(1, tokens[:, None])[:, 0] - log_mass
+
+
+def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the index i with cdf[i-1] <= u * total < cdf[i] (P(i) = weight_i / total): a
+    zero-weight index is never chosen (its cdf step is empty), and when rounding puts
+    u * total at the total, the last index with weight is."""
+    cdf = weights.cumsum(dim=-1)
+    totals = cdf[:, -1:].contiguous()
+    chosen = torch.searchsorted(cdf, uniforms[:, None].to(cdf.dtype) * totals, right=True)
+    last_with_weight = torch.searchsorted(cdf, totals, right=False)
+    return torch.minimum(chosen, last_with_weight)[:, 0]

@@ -5,6 +5,10 @@
     rl-step: sample -> generate -> verify -> advantages -> persist -> update -> sync -> track
              [-> checkpoint every N steps]
 
+The flow-run process is the controller: the model, the optimizer and the engine live in the
+run's two worker processes (an engine worker and a trainer worker), started with the run's
+runtime and stopped in `finally`, so a failed or interrupted run leaves no worker behind.
+
 The lake decides what is done: a run that already exists is restored (checkpoint + replay
 of committed steps) instead of started, and only uncommitted steps run. Every stage is a
 task that passes references (run id, step, URIs, policy version), never models or rows;
@@ -77,14 +81,14 @@ def rl_step(run_id: str, step: int) -> None:
         #    optimizer steps).
         clock.enter("update")
         train_metrics = update.update(run_id, step)
-        # 7. New weights into the rollout engine.
+        # 7. New weights into the engine worker (the trainer worker publishes them on /dev/shm).
         clock.enter("sync")
-        update.sync(run_id, step)
+        sync_metrics = update.sync(run_id, step)
         # 8. Metrics to MLflow and the Prefect UI.
         clock.enter("track")
         timings = {f"time/{name}_s": seconds for name, seconds in clock.seconds.items() if name != "start"}
         timings["time/step_s"] = sum(timings.values())
-        track.track(run_id, step, {**train_metrics, **timings})
+        track.track(run_id, step, {**train_metrics, **sync_metrics, **timings})
         # 9. Checkpoint every N steps.
         if step % runtime.config.checkpoint.every_steps == 0:
             clock.enter("checkpoint")
@@ -115,7 +119,7 @@ def _stage_and_commit(run_id: str, step: int, task_ids: tuple[str, ...], clock: 
 def train(config_json: str, run_id: str) -> TrainSummary:
     """Train a policy with GRPO; resume from the lake if the run already exists."""
     config = RunConfig.model_validate_json(config_json)
-    runtime = build_runtime(run_id, config)  # raises on bad input before anything is written
+    runtime = build_runtime(run_id, config)  # spawns the workers; raises on bad input before anything is written
     failing_step, stage = None, "open-run"  # what status.json names if the run fails here
     try:
         # 1. A new run, or the state of an existing one rebuilt from the lake.

@@ -7,8 +7,10 @@ The completion mask is 1 exactly on the columns that predict completion tokens, 
 
 Logprobs are those of the sampling distribution at temperature T: log_softmax(logits / T),
 the convention of engines/base.py. They are computed as gather - logsumexp in float32 over
-the columns from the first completion column on only (the model's `logits_to_keep`), never
-as a full-vocabulary log_softmax over every position; columns before that hold 0.
+the columns from the first completion column on only (the model's `logits_to_keep`: the LM
+head itself projects only those positions), never as a full-vocabulary log_softmax over every
+position; columns before that hold 0. The model runs with `use_cache=False` (a training
+forward keeps no KV cache).
 
 This module does not decide which samples train nor in which order (the trainer does).
 """
@@ -29,6 +31,10 @@ class TrainSample:
     token_ids: tuple[int, ...]
     old_logprobs: tuple[float, ...]
     advantage: float | None
+    proximal_logprobs: tuple[float, ...] | None = None
+    """The trainer's own logprobs of `token_ids` before the update (truncated importance
+    sampling): the PPO ratio's denominator, while `old_logprobs` (the engine's, the
+    behaviour policy's) then only enter the TIS weight. None: the ratio uses old_logprobs."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class PaddedBatch:
     completion_mask: torch.Tensor  # [batch, length - 1] float
     old_logprobs: torch.Tensor  # [batch, length - 1] float, 0 outside the mask
     advantages: torch.Tensor  # [batch] float
+    proximal_logprobs: torch.Tensor | None = None  # [batch, length - 1] float, when every sample has them
 
 
 def pad_samples(samples: list[TrainSample], pad_token_id: int = 0, device: str | torch.device = "cpu") -> PaddedBatch:
@@ -52,12 +59,18 @@ def pad_samples(samples: list[TrainSample], pad_token_id: int = 0, device: str |
             raise ValueError(f"{len(sample.token_ids)} completion tokens but {len(sample.old_logprobs)} logprobs")
         if not sample.prompt_token_ids:
             raise ValueError("a sample needs at least one prompt token")
+        if sample.proximal_logprobs is not None and len(sample.proximal_logprobs) != len(sample.token_ids):
+            raise ValueError(f"{len(sample.token_ids)} completion tokens but {len(sample.proximal_logprobs)} proximal logprobs")
+    with_proximal = [sample.proximal_logprobs is not None for sample in samples]
+    if any(with_proximal) and not all(with_proximal):
+        raise ValueError("either every sample of a batch has proximal logprobs or none has")
     length = max(len(sample.prompt_token_ids) + len(sample.token_ids) for sample in samples)
     batch = len(samples)
     input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((batch, length), dtype=torch.long)
     completion_mask = torch.zeros((batch, length - 1), dtype=torch.float32)
     old_logprobs = torch.zeros((batch, length - 1), dtype=torch.float32)
+    proximal = torch.zeros((batch, length - 1), dtype=torch.float32) if all(with_proximal) else None
     for row, sample in enumerate(samples):
         prompt_len, completion_len = len(sample.prompt_token_ids), len(sample.token_ids)
         ids = sample.prompt_token_ids + sample.token_ids
@@ -65,6 +78,8 @@ def pad_samples(samples: list[TrainSample], pad_token_id: int = 0, device: str |
         attention_mask[row, : len(ids)] = 1
         completion_mask[row, prompt_len - 1 : prompt_len - 1 + completion_len] = 1.0
         old_logprobs[row, prompt_len - 1 : prompt_len - 1 + completion_len] = torch.tensor(sample.old_logprobs, dtype=torch.float32)
+        if proximal is not None:
+            proximal[row, prompt_len - 1 : prompt_len - 1 + completion_len] = torch.tensor(sample.proximal_logprobs, dtype=torch.float32)
     advantages = torch.tensor([sample.advantage or 0.0 for sample in samples], dtype=torch.float32)
     return PaddedBatch(
         input_ids=input_ids.to(device),
@@ -73,6 +88,7 @@ def pad_samples(samples: list[TrainSample], pad_token_id: int = 0, device: str |
         completion_mask=completion_mask.to(device),
         old_logprobs=old_logprobs.to(device),
         advantages=advantages.to(device),
+        proximal_logprobs=None if proximal is None else proximal.to(device),
     )
 
 
@@ -84,7 +100,8 @@ def token_logprobs(model: PreTrainedModel, batch: PaddedBatch, temperature: floa
     columns = batch.targets.shape[1]
     first = int(batch.completion_mask.any(dim=0).float().argmax()) if bool(batch.completion_mask.any()) else columns - 1
     keep = columns - first + 1  # logits of positions first .. length-1; the last predicts nothing
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits[:, :-1, :]
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep,
+                   use_cache=False).logits[:, :-1, :]
     selected = logprobs_of_targets(logits, batch.targets[:, first:], temperature)
     return torch.nn.functional.pad(selected, (first, 0))
 
@@ -92,7 +109,9 @@ def token_logprobs(model: PreTrainedModel, batch: PaddedBatch, temperature: floa
 def logprobs_of_targets(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """log softmax(logits / T)[target] per position: [..., vocab] logits, [...] targets ->
     [...] float32, as gather - logsumexp (no full log_softmax tensor is kept)."""
-    scaled = logits.float() / temperature
+    scaled = logits.float()
+    if temperature != 1.0:
+        scaled = scaled / temperature
     return scaled.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(scaled, dim=-1)
 
 

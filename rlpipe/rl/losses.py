@@ -1,4 +1,5 @@
-"""The clipped token-level policy-gradient loss of PPO/GRPO, with an optional k3 KL penalty.
+"""The clipped token-level policy-gradient loss of PPO/GRPO, with an optional k3 KL penalty
+and optional truncated importance sampling (TIS, as verl's `tis_imp_ratio_cap`).
 
 Per completion token t of sequence i (A_i = the sequence's advantage):
 
@@ -6,6 +7,18 @@ Per completion token t of sequence i (A_i = the sequence's advantage):
     pg_t      = -min(ratio_t * A_i, clip(ratio_t, 1 - clip_eps, 1 + clip_eps) * A_i)
     kl_t      = exp(ref_t - new_t) - (ref_t - new_t) - 1        (k3 estimator of KL(new || ref))
     loss_t    = pg_t + kl_coef * kl_t
+
+Truncated importance sampling (`behaviour_logprobs` and `tis_cap` given): `old_logprob_t` is
+then the TRAINER's own logprob of the token before the update (the proximal policy) and
+`behaviour_t` the engine's, of the distribution that actually sampled it. The engine's
+numerics (another kernel, bf16, vLLM) differ from the trainer's, so the samples are slightly
+off-policy even before the first optimizer step; each token's policy-gradient term is
+reweighted by the capped importance weight, a constant (no gradient flows through it):
+
+    w_t   = min(exp(old_logprob_t - behaviour_t), tis_cap)
+    pg_t  = w_t * -min(ratio_t * A_i, clip(ratio_t, ...) * A_i)
+
+The KL term is not reweighted. Without `behaviour_logprobs` the loss is exactly the one above.
 
 Aggregation (mask = 1 on completion tokens):
 - token_mean:          sum_t mask * loss_t / (number of completion tokens)
@@ -16,7 +29,8 @@ gives exactly the full-batch loss: pass the token (or sequence) count of the WHO
 
 Metrics: clip_frac = fraction of completion tokens where the clipped branch is the one that
 binds (A > 0 and ratio > 1 + eps, or A < 0 and ratio < 1 - eps: the gradient is zero there);
-kl = mean k3 per completion token (0.0 without a reference).
+kl = mean k3 per completion token (0.0 without a reference); with TIS, tis_weight = mean w_t
+and tis_capped_frac = fraction of tokens where exp(old - behaviour) > tis_cap (None without TIS).
 
 This module does not compute logprobs (see batching.py) nor entropy (needs full logits).
 """
@@ -38,6 +52,8 @@ class LossMetrics:
     clip_frac: float
     kl: float
     tokens: int
+    tis_weight: float | None = None
+    tis_capped_frac: float | None = None
 
 
 def policy_loss(
@@ -50,16 +66,28 @@ def policy_loss(
     kl_coef: float = 0.0,
     loss_agg: LossAggregation = "token_mean",
     normalizer: float | None = None,
+    behaviour_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, LossMetrics]:
     """Loss over [batch, tokens] logprob tensors; `advantages` is [batch]; see the module docstring."""
     if loss_agg not in ("token_mean", "seq_mean_token_sum"):
         raise ValueError(f"unknown loss_agg {loss_agg!r}; use token_mean or seq_mean_token_sum")
+    if (behaviour_logprobs is None) != (tis_cap is None):
+        raise ValueError("truncated importance sampling needs both behaviour_logprobs and tis_cap (or neither)")
+    if tis_cap is not None and tis_cap <= 0:
+        raise ValueError(f"tis_cap must be > 0, got {tis_cap}")
     mask = mask.to(new_logprobs.dtype)
     advantage = advantages.to(new_logprobs.dtype)[:, None]
     ratio = torch.exp(new_logprobs - old_logprobs)
     unclipped = ratio * advantage
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage
     per_token = -torch.minimum(unclipped, clipped)
+    tis_raw = tis_weight = None
+    if behaviour_logprobs is not None:
+        with torch.no_grad():
+            tis_raw = torch.exp(old_logprobs.to(new_logprobs.dtype) - behaviour_logprobs.to(new_logprobs.dtype))
+            tis_weight = torch.clamp(tis_raw, max=tis_cap)
+        per_token = per_token * tis_weight
     kl_per_token = torch.zeros_like(per_token)
     if ref_logprobs is not None:
         delta = ref_logprobs - new_logprobs
@@ -73,4 +101,8 @@ def policy_loss(
         binds = ((advantage > 0) & (ratio > 1.0 + clip_eps)) | ((advantage < 0) & (ratio < 1.0 - clip_eps))
         clip_frac = float((binds.to(mask.dtype) * mask).sum()) / max(tokens, 1)
         kl = float((kl_per_token * mask).sum()) / max(tokens, 1)
-    return loss, LossMetrics(clip_frac=clip_frac, kl=kl, tokens=tokens)
+        tis_mean = tis_capped = None
+        if tis_weight is not None and tis_raw is not None:
+            tis_mean = float((tis_weight * mask).sum()) / max(tokens, 1)
+            tis_capped = float(((tis_raw > tis_cap).to(mask.dtype) * mask).sum()) / max(tokens, 1)
+    return loss, LossMetrics(clip_frac=clip_frac, kl=kl, tokens=tokens, tis_weight=tis_mean, tis_capped_frac=tis_capped)

@@ -7,13 +7,16 @@ What it does:
   transformers 5 rebuilds a Qwen2Tokenizer from a tokenizer.json, so a saved policy folder
   loads with the same ids through `AutoTokenizer.from_pretrained` whatever the architecture
   (see `build_char_tokenizer`).
-- `build_tiny_model` makes a randomly initialised float32 Qwen2 or Llama causal LM from a
-  transformers config, seeded.
+- `build_tiny_model` makes a randomly initialised Qwen2 or Llama causal LM from a
+  transformers config, seeded (initialised in float32, then cast to `dtype` and moved to
+  `device`, so the same seed gives the same weights up to the cast on every device).
 - `load_local_model` loads a model folder written by `save_pretrained` (config, weights,
-  tokenizer) through the standard `AutoTokenizer` / `AutoModelForCausalLM` path, and raises
-  ModelNotFoundError with a hint when a piece is missing.
+  tokenizer) through the standard `AutoTokenizer` / `AutoModelForCausalLM` path, in `dtype`
+  on `device`, and raises ModelNotFoundError with a hint when a piece is missing.
+- `resolve_device` / `resolve_dtype` turn the config's strings ("auto", "cuda:1",
+  "bfloat16") into torch objects; pure functions, no allocation on the device.
 
-What it does not: download anything (no hub access), choose a device, or train.
+What it does not: download anything (no hub access), wrap LoRA adapters (rl/lora.py), or train.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from __future__ import annotations
 import string
 from pathlib import Path
 from typing import Literal
+
+DeviceSpec = str
+"""A device as the config writes it: "auto", "cpu", "cuda" or "cuda:N"."""
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -94,6 +100,44 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenize
     return tokenizer
 
 
+def resolve_device(spec: DeviceSpec, cuda_device_count: int | None = None) -> torch.device:
+    """The torch device of `spec`: "auto" is cuda (device 0) when CUDA has a device, else cpu;
+    "cuda" / "cuda:N" must name a device that exists. `cuda_device_count` None asks torch
+    (tests pass a number). ValueError names the spec and what exists."""
+    count = torch.cuda.device_count() if cuda_device_count is None else cuda_device_count
+    text = spec.strip().lower()
+    if text == "auto":
+        return torch.device("cuda:0" if count > 0 else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    if text == "cuda" or text.startswith("cuda:"):
+        index_text = text.partition(":")[2] or "0"
+        if not index_text.isdigit():
+            raise ValueError(f"device {spec!r} is not cpu, cuda or cuda:N; use e.g. 'cuda:0' or 'auto'")
+        index = int(index_text)
+        if index >= count:
+            available = f"cuda:0..cuda:{count - 1}" if count else "no CUDA device"
+            raise ValueError(f"device {spec!r} asked for, but this machine has {available}; "
+                             "use model.device='auto' or 'cpu'")
+        return torch.device("cuda", index)
+    raise ValueError(f"unknown device {spec!r}; use auto, cpu, cuda or cuda:N")
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    """torch.float32 / torch.bfloat16 for "float32" / "bfloat16" (a torch.dtype passes through)."""
+    if isinstance(name, torch.dtype):
+        if name not in _DTYPES.values():
+            raise ValueError(f"dtype {name} is not supported; use float32 or bfloat16")
+        return name
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(_DTYPES)}") from None
+
+
 def build_tiny_model(
     architecture: Literal["qwen2", "llama"],
     vocab_size: int,
@@ -106,8 +150,11 @@ def build_tiny_model(
     pad_token_id: int = 0,
     eos_token_id: int = 1,
     bos_token_id: int = 2,
+    device: DeviceSpec | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
 ) -> PreTrainedModel:
-    """A randomly initialised float32 causal LM; the same seed gives the same weights."""
+    """A randomly initialised causal LM; the same seed gives the same weights (initialised in
+    float32 on the CPU, then cast to `dtype` and moved to `device`)."""
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} must be divisible by num_heads {num_heads}")
     shared = dict(
@@ -130,20 +177,28 @@ def build_tiny_model(
         model = LlamaForCausalLM(LlamaConfig(**shared))
     else:
         raise ValueError(f"unknown architecture {architecture!r}; use 'qwen2' or 'llama'")
-    return model.float()
+    return model.float().to(device=_as_device(device), dtype=resolve_dtype(dtype))
 
 
-def load_local_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Load (model, tokenizer) from a local folder written by `save_pretrained`."""
+def load_local_model(
+    path: str | Path, device: DeviceSpec | torch.device = "cpu", dtype: str | torch.dtype = "float32"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Load (model, tokenizer) from a local folder written by `save_pretrained`, the weights
+    in `dtype` on `device`."""
     folder = check_model_folder(path)
+    target, torch_dtype = _as_device(device), resolve_dtype(dtype)
     hint = "pass a folder written by model.save_pretrained() and tokenizer.save_pretrained()"
     try:
         tokenizer = _load_tokenizer(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch_dtype)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelNotFoundError(f"cannot load the model in {folder}: {exc}", hint) from exc
     tokenizer.padding_side = "left"
-    return model, tokenizer
+    return model.to(target), tokenizer
+
+
+def _as_device(device: DeviceSpec | torch.device) -> torch.device:
+    return device if isinstance(device, torch.device) else resolve_device(device)
 
 
 def load_local_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:

@@ -41,11 +41,17 @@ _FETCH_HINT = "set model.gguf to an existing .gguf file; `make smollm2` download
 
 def load_gguf_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """(model, tokenizer) of a GGUF file, through its converted HF folder (made on first use)."""
+    return load_local_model(converted_gguf_folder(path))
+
+
+def converted_gguf_folder(path: str | Path) -> Path:
+    """The HF folder converted from a GGUF file, converting it first if it is not there yet
+    (callers load it with `load_local_model`, on the device and in the dtype they choose)."""
     gguf_file = check_gguf_file(path)
     folder = converted_folder(gguf_file)
     if not (folder / "config.json").is_file():
         _convert(gguf_file, folder)
-    return load_local_model(folder)
+    return folder
 
 
 def check_gguf_file(path: str | Path) -> Path:

@@ -15,20 +15,42 @@ convention of engines/base.py), so the ratio of an unchanged policy is 1.
 Samples with advantage None are excluded entirely; samples with advantage 0.0 add nothing
 to the policy-gradient term, so without a KL penalty they are skipped for speed, but still
 count in the normaliser and in `tokens`. With kl_coef > 0 a frozen reference model is kept
-(a deep copy of the initial model unless one is passed) and every scored sample trains.
+(a deep copy of the initial model unless one is passed) and every scored sample trains; with
+kl_coef == 0 there is no reference at all (`reference_model` is None, a passed one is dropped).
 
-`state_dict()` / `load_state_dict()` cover the optimizer (the model's weights are saved by
-the caller); `named_weights()` yields the tensors to sync into a rollout engine.
+Devices and memory:
+- `device` / `dtype` (None: where and what the model already is) move and cast the model;
+  batches go to the model's device. The reference is a copy, so it has both too.
+- bfloat16 weights train through float32 MASTER weights (rl/precision.py: AdamW with fp32
+  moments steps fp32 copies, gradients accumulate in fp32, the bf16 weights are the master
+  rounded after each step; pure bf16 AdamW would round small steps away). The masters are
+  part of `state_dict()` (resume is exact, not re-derived from the rounded bf16 weights).
+- `gradient_checkpointing`: the model recomputes each decoder layer's activations in the
+  backward pass (transformers' non-reentrant checkpointing) and keeps no KV cache.
+- `lora_rank > 0`: the model is wrapped with a LoRA adapter (rl/lora.py; `self.model` is then
+  the peft model, which the caller uses for checkpoints): only the adapter has gradients and
+  optimizer state, and `named_weights()` yields only the adapter's tensors.
 
-What it does not: sample, verify, compute advantages, save files, or handle more than one
+Truncated importance sampling (`tis_cap` set; see losses.py): before the first optimizer
+step the trainer computes its own logprobs of the samples it will train (no grad, the policy
+version that the step starts from); they are the PPO ratio's denominator, and each token's
+policy-gradient term is weighted by min(exp(trainer - engine), tis_cap). `tis_cap` None keeps
+the ratio against the engine's stored logprobs, exactly as before.
+
+`state_dict()` / `load_state_dict()` cover the optimizer (and the fp32 master weights); the
+model's weights (or adapter) are saved by the caller (rl/checkpoint.py); `named_weights()`
+yields the tensors to sync into a rollout engine.
+
+What it does not: sample, verify, compute advantages, save files, or use more than one
 device (FSDP/torchrun come later behind the same methods).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +58,15 @@ import torch
 from transformers import PreTrainedModel
 
 from rlpipe.rl.batching import TrainSample, completion_tokens, micro_batches, pad_samples, token_logprobs
+from rlpipe.rl.lora import adapter_named_parameters, apply_lora, is_lora_model
 from rlpipe.rl.losses import LossAggregation, policy_loss
+from rlpipe.rl.policy import resolve_device, resolve_dtype
+from rlpipe.rl.precision import MasterWeights
 
-__all__ = ["Trainer", "TrainSample", "UpdateMetrics"]
+__all__ = ["Trainer", "TrainSample", "UpdateMetrics", "TisUpdateMetrics", "DEFAULT_LORA_TARGETS"]
+
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+MASTER_WEIGHTS_KEY = "rlpipe_fp32_master_weights"
 
 
 @dataclass(frozen=True)
@@ -51,6 +79,20 @@ class UpdateMetrics:
     grad_norm: float
     clip_frac: float
     tokens: int
+
+    def as_floats(self) -> dict[str, float]:
+        """Every metric as a float, by field name (TisUpdateMetrics adds its two)."""
+        return {name: float(value) for name, value in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class TisUpdateMetrics(UpdateMetrics):
+    """An update with truncated importance sampling: also the token means of the TIS weight
+    and of the tokens whose weight was capped. A subclass, so that a run without TIS reports
+    exactly the fields it always did."""
+
+    tis_weight: float
+    tis_capped_frac: float
 
 
 class Trainer:
@@ -71,9 +113,32 @@ class Trainer:
         reference_model: PreTrainedModel | None = None,
         pad_token_id: int = 0,
         temperature: float = 1.0,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        gradient_checkpointing: bool = False,
+        lora_rank: int = 0,
+        lora_alpha: float = 16.0,
+        lora_target_modules: Sequence[str] = DEFAULT_LORA_TARGETS,
+        tis_cap: float | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
+        if tis_cap is not None and tis_cap <= 0:
+            raise ValueError(f"tis_cap must be > 0 (or None: no truncated importance sampling), got {tis_cap}")
+        placement = {}
+        if device is not None:
+            placement["device"] = _as_device(device)
+        if dtype is not None:
+            placement["dtype"] = resolve_dtype(dtype)
+        if placement:
+            model.to(**placement)
+            if reference_model is not None:
+                reference_model.to(**placement)
+        if gradient_checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        if lora_rank > 0:
+            model = apply_lora(model, lora_rank, lora_alpha, lora_target_modules)
         self.model = model
         self.temperature = temperature
         self.grad_clip = grad_clip
@@ -84,20 +149,24 @@ class Trainer:
         self.kl_coef = kl_coef
         self.loss_agg = loss_agg
         self.pad_token_id = pad_token_id
-        self.reference_model = reference_model
-        if kl_coef > 0 and reference_model is None:
-            self.reference_model = copy.deepcopy(model)
-        if self.reference_model is not None:
+        self.tis_cap = tis_cap
+        self.reference_model = None
+        if kl_coef > 0:
+            self.reference_model = reference_model if reference_model is not None else copy.deepcopy(model)
             self.reference_model.eval().requires_grad_(False)
         self._device = next(model.parameters()).device
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+        self._weights = MasterWeights([p for p in model.parameters() if p.requires_grad])
+        self.optimizer = torch.optim.AdamW(self._weights.stepped, lr=lr, weight_decay=weight_decay)
 
     def update(self, samples: list[TrainSample], shuffle_seed: int | None = None) -> UpdateMetrics:
         """One RL update on the step's samples; see the module docstring. `shuffle_seed`
         None keeps the samples' order (contiguous mini-batches), for tests that need it."""
         scored = [sample for sample in samples if sample.advantage is not None]
         tokens = completion_tokens(scored)
-        losses, kls, clips, grad_norms = [], [], [], []
+        self._weights.sync_if_model_changed()  # e.g. a warm-start trained the bf16 weights
+        if self.tis_cap is not None:
+            scored = self._with_proximal_logprobs(scored)
+        losses, kls, clips, grad_norms, tis_weights, tis_capped = [], [], [], [], [], []
         order = random.Random(shuffle_seed) if shuffle_seed is not None else None
         self.model.train()
         for _ in range(self.epochs_per_step):
@@ -105,40 +174,69 @@ class Trainer:
                 scored = scored[:]
                 order.shuffle(scored)
             for mini_batch in _split(scored, self.mini_batches_per_step):
-                trained = mini_batch if self.kl_coef > 0 else [s for s in mini_batch if s.advantage != 0.0]
+                trained = [s for s in mini_batch if self._trains(s)]
                 if not trained:
                     continue
                 mini_tokens = completion_tokens(mini_batch)
                 normalizer = float(mini_tokens if self.loss_agg == "token_mean" else len(mini_batch))
-                loss, kl, clip_frac = self._accumulate(trained, normalizer, mini_tokens)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)))
-                self.optimizer.step()
+                loss, kl, clip_frac, tis = self._accumulate(trained, normalizer, mini_tokens)
+                grad_norms.append(self._optimizer_step())
                 losses.append(loss), kls.append(kl), clips.append(clip_frac)
+                if tis is not None:
+                    tis_weights.append(tis[0]), tis_capped.append(tis[1])
         self.model.eval()
         if not losses:
             return UpdateMetrics(loss=0.0, kl=0.0, grad_norm=0.0, clip_frac=0.0, tokens=tokens)
-        return UpdateMetrics(
+        metrics = UpdateMetrics(
             loss=sum(losses) / len(losses),
             kl=sum(kls) / len(kls),
             grad_norm=grad_norms[0],
             clip_frac=sum(clips) / len(clips),
             tokens=tokens,
         )
+        if not tis_weights:
+            return metrics
+        return TisUpdateMetrics(**dataclasses.asdict(metrics), tis_weight=sum(tis_weights) / len(tis_weights),
+                                tis_capped_frac=sum(tis_capped) / len(tis_capped))
 
-    def _accumulate(self, trained: list[TrainSample], normalizer: float, tokens: int) -> tuple[float, float, float]:
-        """Backward over all micro-batches; returns (loss, token-mean kl, clip_frac over `tokens`)."""
+    def _trains(self, sample: TrainSample) -> bool:
+        """Advantage 0 adds nothing to the policy-gradient term: skipped unless a KL term trains it."""
+        return self.kl_coef > 0 or sample.advantage != 0.0
+
+    def _with_proximal_logprobs(self, samples: list[TrainSample]) -> list[TrainSample]:
+        """`samples` with the trainer's own logprobs (no grad, the current weights) on those
+        that will train; see the module docstring (truncated importance sampling)."""
+        training = [index for index, sample in enumerate(samples) if self._trains(sample)]
+        result = list(samples)
+        self.model.eval()
+        with torch.no_grad():
+            for chunk in micro_batches(training, self.micro_batch_size):
+                batch = pad_samples([samples[index] for index in chunk], self.pad_token_id, self._device)
+                logprobs = token_logprobs(self.model, batch, self.temperature).cpu()
+                for row, index in enumerate(chunk):
+                    sample = samples[index]
+                    first = len(sample.prompt_token_ids) - 1
+                    values = tuple(logprobs[row, first : first + len(sample.token_ids)].tolist())
+                    result[index] = dataclasses.replace(sample, proximal_logprobs=values)
+        return result
+
+    def _accumulate(self, trained: list[TrainSample], normalizer: float, tokens: int
+                    ) -> tuple[float, float, float, tuple[float, float] | None]:
+        """Backward over all micro-batches; returns (loss, token-mean kl, clip_frac over
+        `tokens`, (mean TIS weight, capped fraction) or None without TIS)."""
         self.optimizer.zero_grad(set_to_none=True)
-        total_loss, kl_sum, clip_sum = 0.0, 0.0, 0.0
+        total_loss, kl_sum, clip_sum, tis_sum, capped_sum = 0.0, 0.0, 0.0, 0.0, 0.0
         for chunk in micro_batches(trained, self.micro_batch_size):
             batch = pad_samples(chunk, self.pad_token_id, self._device)
             new_logprobs = token_logprobs(self.model, batch, self.temperature)
             ref_logprobs = None
-            if self.reference_model is not None and self.kl_coef > 0:
+            if self.reference_model is not None:
                 with torch.no_grad():
                     ref_logprobs = token_logprobs(self.reference_model, batch, self.temperature)
+            with_tis = batch.proximal_logprobs is not None
             loss, metrics = policy_loss(
                 new_logprobs,
-                batch.old_logprobs,
+                batch.proximal_logprobs if with_tis else batch.old_logprobs,
                 batch.advantages,
                 batch.completion_mask,
                 self.clip_eps,
@@ -146,12 +244,28 @@ class Trainer:
                 kl_coef=self.kl_coef,
                 loss_agg=self.loss_agg,
                 normalizer=normalizer,
+                behaviour_logprobs=batch.old_logprobs if with_tis else None,
+                tis_cap=self.tis_cap if with_tis else None,
             )
             loss.backward()
+            self._weights.move_grads()
             total_loss += loss.item()
             kl_sum += metrics.kl * metrics.tokens
             clip_sum += metrics.clip_frac * metrics.tokens
-        return total_loss, kl_sum / max(tokens, 1), clip_sum / max(tokens, 1)
+            if metrics.tis_weight is not None and metrics.tis_capped_frac is not None:
+                tis_sum += metrics.tis_weight * metrics.tokens
+                capped_sum += metrics.tis_capped_frac * metrics.tokens
+        trained_tokens = max(completion_tokens(trained), 1)  # TIS weights exist on trained tokens only
+        tis = (tis_sum / trained_tokens, capped_sum / trained_tokens) if self.tis_cap is not None else None
+        return total_loss, kl_sum / max(tokens, 1), clip_sum / max(tokens, 1), tis
+
+    def _optimizer_step(self) -> float:
+        """Clip, step, and (with master weights) round the master into the model; returns the
+        pre-clip gradient norm."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._weights.stepped, self.grad_clip))
+        self.optimizer.step()
+        self._weights.copy_to_model()
+        return grad_norm
 
     def reset_reference(self) -> None:
         """Make the KL reference a copy of the current policy (e.g. after the warm-start)."""
@@ -159,16 +273,32 @@ class Trainer:
             self.reference_model.load_state_dict(self.model.state_dict())
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, tensor) of every parameter, detached, for `RolloutEngine.load_weights`."""
+        """(name, tensor) for `RolloutEngine.load_weights`, detached: every parameter by the
+        model's `named_parameters` names, or with LoRA only the adapter's (by the peft model's
+        names, which a copy of the model wrapped by rl/lora.apply_lora has too)."""
+        if is_lora_model(self.model):
+            for name, parameter in adapter_named_parameters(self.model):
+                yield name, parameter.detach()
+            return
         for name, parameter in self.model.named_parameters():
             yield name, parameter.detach()
 
     def state_dict(self) -> dict[str, Any]:
-        """The optimizer state (torch's own format; save with torch.save or safetensors+json)."""
-        return self.optimizer.state_dict()
+        """The optimizer state (torch's own format; save with torch.save or safetensors+json),
+        plus the fp32 master weights under MASTER_WEIGHTS_KEY when the model is bf16."""
+        state = self.optimizer.state_dict()
+        masters = self._weights.state()
+        return state if masters is None else {**state, MASTER_WEIGHTS_KEY: masters}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        masters = state.pop(MASTER_WEIGHTS_KEY, None)
         self.optimizer.load_state_dict(state)
+        self._weights.load(masters)
+
+
+def _as_device(device: str | torch.device) -> torch.device:
+    return device if isinstance(device, torch.device) else resolve_device(device)
 
 
 def _split(samples: list[TrainSample], parts: int) -> list[list[TrainSample]]:

@@ -6,7 +6,8 @@ on the answer tokens and the EOS token only (the prompt is context, not a target
 every answer with EOS is what teaches the policy to stop; the rollout engine stops on EOS.
 A tiny random model needs this to be partially right (non-zero pass rate) before GRPO has
 any reward signal. The budget is exactly steps * batch_size sequences, constant learning
-rate, gradients clipped to norm 1.0.
+rate, gradients clipped to norm 1.0. Only parameters that require gradients train (a LoRA
+policy trains its adapter); bf16 weights train through fp32 master weights (rl/precision.py).
 
 An optional `stop_check` ends it early (the caller decides how: the train flow checks greedy
 accuracy on a sample of training tasks against `warmstart.target_accuracy`). An optional
@@ -24,6 +25,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlpipe.rl.batching import TrainSample, pad_samples, token_logprobs
+from rlpipe.rl.precision import MasterWeights
 
 
 def warm_start(
@@ -55,7 +57,8 @@ def warm_start(
     rng = random.Random(seed)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    weights = MasterWeights([parameter for parameter in model.parameters() if parameter.requires_grad])
+    optimizer = torch.optim.AdamW(weights.stepped, lr=lr, weight_decay=weight_decay)
     model.train()
     losses: list[float] = []
     for step in range(1, steps + 1):
@@ -64,8 +67,10 @@ def warm_start(
         loss = -(logprobs * batch.completion_mask).sum() / batch.completion_mask.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        weights.move_grads()
+        torch.nn.utils.clip_grad_norm_(weights.stepped, 1.0)
         optimizer.step()
+        weights.copy_to_model()
         losses.append(loss.item())
         if on_step is not None:
             on_step(step, losses[-1])

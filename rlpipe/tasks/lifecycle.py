@@ -1,14 +1,17 @@
 """Tasks around the RL steps: open a run, warm-start, evaluate on held-out tasks,
-checkpoint, and restore a run from the lake (checkpoint + replay of committed steps)."""
+checkpoint, and restore a run from the lake (checkpoint + replay of committed steps).
+
+The heavy work runs in the run's workers (rlpipe/workers/): the warm-start, checkpoints and
+the restore in the trainer worker, which reads and writes the lake itself; evaluations in
+the engine worker. These tasks send references (run id, step, versions) and record what
+came back."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -16,19 +19,18 @@ from prefect.runtime import flow_run
 
 from rlpipe import __version__
 from rlpipe.core.config import config_changes, config_from_dict
-from rlpipe.core.errors import ConfigError, LakeCorrupted
+from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import SCHEMA_VERSION, Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.base import SamplingParams
-from rlpipe.rl.checkpoint import POLICY_DIR, CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
-from rlpipe.rl.warmstart import warm_start as supervised_warm_start
+from rlpipe.rl.checkpoint import POLICY_DIR
 from rlpipe.storage.lake_records import RunInfo
-from rlpipe.tasks.runtime import Runtime, get_runtime
+from rlpipe.tasks.runtime import Runtime, get_runtime, sync_weights
 from rlpipe.tasks.stage_options import STAGE_OPTIONS
 from rlpipe.tasks.status import WarmStartProgress
 from rlpipe.tasks.track import artifact_key, log_step
-from rlpipe.tasks.update import apply_committed_update
 from rlpipe.tasks.verify import verify_all
+from rlpipe.workers.protocol import WarmStartBegin
 
 
 @task(name="open-run", **STAGE_OPTIONS)
@@ -83,41 +85,43 @@ def _resumable_changes(info: RunInfo, runtime: Runtime) -> list[tuple[str, str |
 # resume warm-starts the freshly built policy again, deterministically.
 @task(name="warm-start", retries=0)
 def warm_start(run_id: str) -> float:
-    """Supervised steps on reference answers (at most `warmstart.steps`, fewer when
-    `warmstart.target_accuracy` is reached on training tasks); return the last loss.
-    Progress (steps, loss, accuracy checks) goes to MLflow and the lake as it runs."""
+    """Supervised steps on reference answers in the trainer worker (at most
+    `warmstart.steps`, fewer when `warmstart.target_accuracy` is reached on training tasks);
+    return the last loss. At each accuracy check the trainer waits while the controller
+    syncs its weights into the engine worker and measures greedy accuracy there. Progress
+    (steps, loss, accuracy checks) goes to MLflow and the lake as it runs."""
     runtime = get_runtime(run_id)
     config = runtime.config
     tasks = runtime.mixture.sample(config.envs.train_size, rng_seed=derive_seed(config.seed, 0, "warmstart"))
-    examples = [(t.prompt, t.reference_answer) for t in tasks if t.reference_answer is not None]
+    examples = tuple((t.prompt, t.reference_answer) for t in tasks if t.reference_answer is not None)
     progress = WarmStartProgress(run_id, config.warmstart.steps, config.warmstart.target_accuracy)
-    stop_check = None
-    if config.warmstart.target_accuracy is not None:
-        check_tasks = runtime.mixture.sample(config.warmstart.check_tasks, rng_seed=derive_seed(config.seed, 0, "warmstart-check"))
-
-        def stop_check(steps_done: int) -> bool:
-            runtime.engine.load_weights(runtime.trainer.named_weights(), 0)
+    target = config.warmstart.target_accuracy
+    check_tasks = [] if target is None else runtime.mixture.sample(
+        config.warmstart.check_tasks, rng_seed=derive_seed(config.seed, 0, "warmstart-check"))
+    runtime.warm_start_begun = True
+    runtime.trainer.warm_start_begin(WarmStartBegin(
+        examples=examples, steps=config.warmstart.steps, batch_size=config.warmstart.batch_size,
+        lr=config.warmstart.lr, seed=derive_seed(config.seed, 0, "warmstart-order"),
+        check_every=config.warmstart.check_every_steps, with_checks=target is not None,
+    ))
+    last_loss = float("nan")
+    while True:
+        state = runtime.trainer.warm_start_wait(timeout_s=1.0)
+        for step, loss in state.losses:
+            progress.step(step, loss)
+            last_loss = loss
+        if state.state == "done":
+            break
+        if state.state == "check":
+            sync_weights(runtime)
             accuracy = greedy_accuracy(runtime, check_tasks)["accuracy"]
-            get_run_logger().info("warm-start step %d: greedy accuracy on training tasks %.3f", steps_done, accuracy)
-            progress.checked(steps_done, accuracy)
-            return accuracy >= config.warmstart.target_accuracy
-
-    losses = supervised_warm_start(
-        runtime.policy,
-        runtime.tokenizer,
-        examples,
-        steps=config.warmstart.steps,
-        batch_size=config.warmstart.batch_size,
-        lr=config.warmstart.lr,
-        seed=derive_seed(config.seed, 0, "warmstart-order"),
-        stop_check=stop_check,
-        check_every=config.warmstart.check_every_steps,
-        on_step=progress.step,
-    )
+            get_run_logger().info("warm-start step %d: greedy accuracy on training tasks %.3f", state.check_step, accuracy)
+            progress.checked(state.check_step, accuracy)
+            runtime.trainer.warm_start_continue(stop=accuracy >= target)
     progress.finish()
     runtime.trainer.reset_reference()  # the KL anchor is the warm-started policy
-    runtime.engine.load_weights(runtime.trainer.named_weights(), 0)
-    return losses[-1] if losses else float("nan")
+    sync_weights(runtime)
+    return last_loss
 
 
 def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
@@ -126,7 +130,7 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
         n=1, temperature=1.0, top_p=1.0, max_new_tokens=runtime.config.rollout.max_new_tokens,
         stop=runtime.config.rollout.stop, seed=0, greedy=True,
     )
-    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params).completions
     by_id = {t.task_id: t for t in tasks}
     passed: dict[str, list[float]] = defaultdict(list)
     pairs = [(by_id[completion.task_id], completion.text) for completion in completions]
@@ -168,32 +172,11 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
 
 @task(name="checkpoint", **STAGE_OPTIONS)
 def checkpoint(run_id: str, step: int) -> None:
-    """Save policy/ (an HF model folder) and trainer/ (optimizer state, meta) for `step`;
-    the lake writes CHECKPOINT.json and then LATEST last."""
+    """The trainer worker saves policy/ (an HF model folder) and trainer/ (optimizer state,
+    meta) for `step` into the lake, which writes CHECKPOINT.json and then LATEST last."""
     runtime = get_runtime(run_id)
-    meta = CheckpointMeta(step=step, policy_version=runtime.policy_version, config_hash=runtime.config.config_hash())
-    with tempfile.TemporaryDirectory() as folder:
-        save_checkpoint(Path(folder), runtime.policy, runtime.tokenizer, runtime.trainer.state_dict(), meta)
-        runtime.lake.save_checkpoint(run_id, step, Path(folder))
-
-
-def _load_newest_intact_checkpoint(runtime: Runtime, run_id: str, step: int) -> tuple[int, CheckpointMeta, dict]:
-    """Load checkpoint `step` into the policy, or, if it is corrupted (a file altered, missing,
-    or a trainer pickle that would run code), the newest intact one before it (more committed
-    steps are then replayed). LakeCorrupted when none is intact."""
-    while True:
-        try:
-            with tempfile.TemporaryDirectory() as folder:
-                runtime.lake.load_checkpoint(run_id, step, Path(folder))
-                meta, trainer_state = load_checkpoint(Path(folder), runtime.policy, _checkpoint_uri(runtime, run_id, step))
-            return step, meta, trainer_state
-        except LakeCorrupted as exc:
-            older = runtime.lake.latest_checkpoint(run_id, at_or_before=step - 1) if step > 0 else None
-            if older is None:
-                raise
-            get_run_logger().warning("checkpoint %d of run %s is corrupted (%s); falling back to checkpoint %d",
-                                     step, run_id, exc.message, older)
-            step = older
+    runtime.trainer.save_checkpoint(step, runtime.config.config_hash())
+    runtime.trainer_in_lake = True
 
 
 def _checkpoint_uri(runtime: Runtime, run_id: str, step: int) -> str:
@@ -216,29 +199,25 @@ def _refuse_old_schema(runtime: Runtime, run_id: str, step: int) -> None:
 
 @task(name="restore", **STAGE_OPTIONS)
 def restore(run_id: str) -> int:
-    """Bring the policy to the last committed step: load the newest checkpoint at or
-    before it, replay the updates of the committed steps after it from the stored rows.
-    Returns the last committed step (0 when no RL step is committed yet)."""
+    """Bring the trainer worker to the last committed step: it loads the newest intact
+    checkpoint at or before it and replays the updates of the committed steps after it from
+    the stored rows; then the engine gets its weights. Returns the last committed step (0
+    when no RL step is committed yet; -1 when there is no checkpoint: start over)."""
     runtime = get_runtime(run_id)
     committed = runtime.lake.committed_steps(run_id)
     if committed:
         _refuse_old_schema(runtime, run_id, committed[0])
-    last = max(committed, default=0)
-    step = runtime.lake.latest_checkpoint(run_id, at_or_before=last)
-    if step is None:
+    result = runtime.trainer.restore(None, runtime.config.seed)
+    if result.last_committed < 0:
         return -1  # not even the warm-start finished: start over from the warm-start
-    step, meta, trainer_state = _load_newest_intact_checkpoint(runtime, run_id, step)
-    runtime.trainer.load_state_dict(trainer_state)
-    runtime.policy_version = meta.policy_version
-    if runtime.trainer.reference_model is not None:  # the KL anchor: the warm-started policy
-        with tempfile.TemporaryDirectory() as folder:
-            runtime.lake.load_checkpoint(run_id, 0, Path(folder))
-            load_policy_weights(Path(folder), runtime.trainer.reference_model)
-    for replayed in range(step + 1, last + 1):
-        train_metrics = apply_committed_update(runtime, replayed)
+    for line in result.fallbacks:
+        get_run_logger().warning(line)
+    runtime.policy_version = result.policy_version
+    runtime.trainer_in_lake = True
+    for replayed, train_metrics in sorted(result.replayed.items()):
         log_step(runtime, replayed, train_metrics)
-    runtime.engine.load_weights(runtime.trainer.named_weights(), runtime.policy_version)
-    return last
+    sync_weights(runtime)
+    return result.last_committed
 
 
 @task(name="finish", **STAGE_OPTIONS)

@@ -1,22 +1,21 @@
-"""Stage tasks `sample` and `generate`: pick the step's tasks, sample completions.
+"""Stage tasks `sample` and `generate`: pick the step's tasks, sample completions in the
+engine worker.
 
-The engine is third-party machinery: a RuntimeError from it (what torch raises for a device
-fault, CUDA OOM included) or an OSError/EOFError (an engine process or connection that died)
-becomes EngineFailed, an InfraError, so Prefect retries the stage. A deterministic bug that
-raises RuntimeError is therefore retried too, but only as often as any stage (STAGE_RETRIES),
-then the run fails with it. Other errors (ValueError on bad parameters, ...) fail at once.
+The engine lives in its own process (rlpipe/workers/): an engine that died or failed on its
+device raises EngineFailed (an InfraError) from the worker client, so Prefect retries the
+stage, and the retry starts a fresh engine worker synced to the trainer's weights. Every row
+records the policy version the engine acknowledged, which must be the run's current one.
 """
 
 from __future__ import annotations
 
 from prefect import task
 
-from rlpipe.core.errors import EngineFailed
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.base import SamplingParams
-from rlpipe.tasks.runtime import get_runtime, step_tasks
+from rlpipe.tasks.runtime import get_runtime, step_tasks, sync_weights
 from rlpipe.tasks.stage_options import STAGE_OPTIONS, stage_cache_key
 
 
@@ -42,17 +41,16 @@ def generate(run_id: str, step: int, task_ids: tuple[str, ...]) -> str:
         stop=rollout.stop,
         seed=derive_seed(runtime.config.seed, step, "generate"),
     )
-    try:
-        completions = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params)
-    except (RuntimeError, OSError, EOFError) as exc:
-        raise EngineFailed(
-            f"step {step}: the rollout engine failed: {type(exc).__name__}: {exc}",
-            hint="the stage is retried; if it keeps failing, check the engine's device and memory",
-        ) from exc
+    if runtime.engine_version != runtime.policy_version:
+        sync_weights(runtime)
+    result = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+    if result.policy_version != runtime.policy_version:
+        raise ValueError(f"step {step}: the engine sampled with policy version {result.policy_version}, "
+                         f"the run is at {runtime.policy_version}")
     failpoint("generate")
     by_id = {t.task_id: t for t in tasks}
     rows = [
-        Trajectory(run_id, step, runtime.policy_version, by_id[c.task_id], c)
-        for c in completions
+        Trajectory(run_id, step, completion.policy_version, by_id[completion.task_id], completion)
+        for completion in result.completions
     ]
     return runtime.lake.write_staged(run_id, step, "generate", rows)

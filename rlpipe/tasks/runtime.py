@@ -1,39 +1,46 @@
-"""Builds the heavy objects of a run once per flow run, and hands them to tasks.
+"""The controller's state of one run, and the handles of its two workers.
 
-Tasks reach the Runtime through `get_runtime(run_id)`, a process-local registry, never
-through task arguments: Prefect hashes and serializes task inputs, and a model, an
-optimizer or a client must never pass through it. The builders here are the only code
-that reads RunConfig sections; they turn them into flat constructor arguments.
+The flow-run process is the controller: it holds the config, the lake, the tracker, the
+mixture (tasks are cheap), the held-out tasks, the sandbox pool and handles to the run's
+engine worker and trainer worker (rlpipe/workers/). No model, optimizer or engine lives
+here. Tasks reach the Runtime through `get_runtime(run_id)`, a process-local registry,
+never through task arguments: Prefect hashes and serializes task inputs.
 
-Not here: any RL logic (rl/), storage layout (storage/), or orchestration (flows/).
+`build_runtime` spawns both workers (they build their models while the controller opens
+the run); `release_runtime` stops them (the flow calls it in `finally`, so a failed or
+interrupted run leaves no worker behind). A worker that died is restarted by the next call
+to it (workers/client.py); the callbacks here bring the fresh one back to the run's state:
+a trainer restores the last good state from the lake (checkpoint + replay up to the
+controller's policy version), an engine gets the trainer's weights by a sync.
+
+Not here: any RL logic (rl/), worker internals (workers/), orchestration (flows/).
 """
 
 from __future__ import annotations
 
-import string
+import shutil
+import tempfile
+import time
 from dataclasses import dataclass, field
-
-import torch
+from pathlib import Path
 
 from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
-from rlpipe.engines.hf import HFEngine
 from rlpipe.envs.mixture import Mixture, build_env
-from rlpipe.rl.pretrained import load_gguf_model
-from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model
-from rlpipe.rl.trainer import Trainer
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.tracking import Tracker
 from rlpipe.tasks.builders import build_lake, build_tracker
+from rlpipe.workers.client import EngineClient, TrainerClient, WorkerSpec
+from rlpipe.workers.weights import weights_folder
 
 _RUNTIMES: dict[str, "Runtime"] = {}
 
 
 @dataclass
 class Runtime:
-    """Everything one RL run holds in memory. One per run per process."""
+    """What the controller holds for one RL run. One per run per process."""
 
     run_id: str
     config: RunConfig
@@ -41,19 +48,28 @@ class Runtime:
     tracker: Tracker
     mixture: Mixture
     heldout: list[Task]
-    tokenizer: object
-    policy: torch.nn.Module
-    trainer: Trainer
-    engine: HFEngine
-    policy_version: int = 0
+    engine: EngineClient
+    trainer: TrainerClient
+    socket_folder: Path
+    weights_folder: Path
+    policy_version: int = 0  # the trainer's acknowledged version
+    engine_version: int | None = None  # the engine's acknowledged version (None: not synced yet)
+    trainer_in_lake: bool = False  # a checkpoint holds the trainer's state: a fresh trainer can restore it
+    warm_start_begun: bool = False
     mlflow_run_id: str = ""
     incarnation: str = ""  # run.json's created_at: tells a run apart from an earlier one of the same id
     step_metrics: list[dict[str, float]] = field(default_factory=list)
     sandbox_pool: object | None = None
 
     def close(self) -> None:
-        if self.sandbox_pool is not None:
-            self.sandbox_pool.close()
+        try:
+            for worker in (self.engine, self.trainer):
+                worker.stop()
+        finally:
+            shutil.rmtree(self.socket_folder, ignore_errors=True)
+            shutil.rmtree(self.weights_folder, ignore_errors=True)
+            if self.sandbox_pool is not None:
+                self.sandbox_pool.close()
 
 
 def get_runtime(run_id: str) -> Runtime:
@@ -71,37 +87,6 @@ def release_runtime(run_id: str) -> None:
     runtime = _RUNTIMES.pop(run_id, None)
     if runtime is not None:
         runtime.close()
-
-
-def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
-    """The trainable policy and its tokenizer: a local HF folder, or a tiny model."""
-    model_config = config.model
-    if model_config.gguf is not None:
-        return load_gguf_model(model_config.gguf)
-    if model_config.path is not None:
-        return load_local_model(model_config.path)
-    tokenizer = build_char_tokenizer(policy_alphabet(config))
-    model = build_tiny_model(
-        architecture=model_config.architecture,
-        vocab_size=len(tokenizer),
-        hidden_size=model_config.hidden_size,
-        num_layers=model_config.num_layers,
-        num_heads=model_config.num_heads,
-        intermediate_size=model_config.intermediate_size,
-        max_position_embeddings=model_config.max_position_embeddings,
-        seed=config.seed,
-    )
-    return model, tokenizer
-
-
-def policy_alphabet(config: RunConfig) -> str:
-    """The tiny model's characters: DEFAULT_ALPHABET, and with the code domain also the rest
-    of printable ASCII (capitals for True/None, `%`, `@`, `|`, tab...), appended so that the
-    ids of the default characters, and runs without code, do not change. Anything else
-    (HumanEval's few non-ASCII prompt characters) encodes as <unk>."""
-    if "code" not in config.envs.domains:
-        return DEFAULT_ALPHABET
-    return DEFAULT_ALPHABET + "".join(sorted(set(string.printable) - set(DEFAULT_ALPHABET)))
 
 
 def build_mixture(config: RunConfig) -> Mixture:
@@ -124,23 +109,6 @@ def step_tasks(runtime: "Runtime", step: int) -> list[Task]:
             "lower rollout.prompts_per_step or widen the domain (e.g. envs.max_operand; a GRPO group is one task's samples)",
         )
     return tasks
-
-
-def build_trainer(config: RunConfig, policy: torch.nn.Module) -> Trainer:
-    train, algo = config.train, config.algo
-    return Trainer(
-        policy,
-        lr=train.lr,
-        weight_decay=train.weight_decay,
-        grad_clip=train.grad_clip,
-        micro_batch_size=train.micro_batch_size,
-        epochs_per_step=train.epochs_per_step,
-        mini_batches_per_step=train.mini_batches_per_step,
-        clip_eps=algo.clip_eps,
-        kl_coef=algo.kl_coef,
-        loss_agg=algo.loss_agg,
-        temperature=config.rollout.temperature,  # logprobs of the distribution the rollouts sample
-    )
 
 
 def build_sandbox_pool(config: RunConfig, mixture: Mixture) -> object | None:
@@ -168,37 +136,74 @@ def build_sandbox_pool(config: RunConfig, mixture: Mixture) -> object | None:
 
 
 def build_runtime(run_id: str, config: RunConfig) -> Runtime:
-    """Build every part. Fails on bad input (missing model, unreachable lake) before
-    anything is written anywhere."""
-    torch.manual_seed(config.seed)
-    policy, tokenizer = build_policy(config)
+    """Build the controller's parts and spawn both workers (not waiting for them). Fails on
+    bad input (unreachable lake, unknown domain) before anything is written anywhere; a
+    failure here stops whatever was started."""
     lake = build_lake(config)
     mixture = build_mixture(config)
     tracker = build_tracker(config)
-    engine = HFEngine(policy, tokenizer, batch_size=config.rollout.batch_size, prompt_format=config.model.prompt_format)
-    runtime = Runtime(
-        run_id=run_id,
-        config=config,
-        lake=lake,
-        tracker=tracker,
-        mixture=mixture,
-        heldout=mixture.heldout(config.envs.heldout_size, seed=config.seed),
-        tokenizer=tokenizer,
-        policy=policy,
-        trainer=build_trainer(config, policy),
-        engine=engine,
-        sandbox_pool=build_sandbox_pool(config, mixture),
-    )
+    socket_folder = Path(tempfile.mkdtemp(prefix="rlpipe-w-"))
+    shm = weights_folder(run_id)
+    shutil.rmtree(shm, ignore_errors=True)  # left by a killed earlier process of this run
+    shm.mkdir(parents=True)
+    storage = config.storage
+    secrets = {"s3_access_key": storage.s3_access_key, "s3_secret_key": storage.s3_secret_key}
+
+    def spec(kind: str) -> WorkerSpec:
+        return WorkerSpec(run_id, kind, config.model_dump_json(), socket_folder, shm, secrets)
+
+    engine, trainer = EngineClient(spec("engine")), TrainerClient(spec("trainer"))
+    runtime = Runtime(run_id=run_id, config=config, lake=lake, tracker=tracker, mixture=mixture,
+                      heldout=mixture.heldout(config.envs.heldout_size, seed=config.seed),
+                      engine=engine, trainer=trainer, socket_folder=socket_folder, weights_folder=shm)
+    try:
+        trainer.start()
+        engine.start()
+        runtime.sandbox_pool = build_sandbox_pool(config, mixture)
+    except BaseException:
+        runtime.close()
+        raise
+    trainer.on_restart = lambda: _restore_fresh_trainer(runtime)
+    engine.on_restart = lambda: sync_weights(runtime)
     register_runtime(runtime)
     return runtime
+
+
+def sync_weights(runtime: Runtime) -> float:
+    """Publish the trainer's weights, load them into the engine, delete the file; returns
+    the seconds it took. The engine's acknowledged version is recorded."""
+    started = time.perf_counter()
+    published = runtime.trainer.publish_weights()
+    try:
+        runtime.engine_version = runtime.engine.load_weights_file(published.path, published.policy_version)
+    finally:
+        Path(published.path).unlink(missing_ok=True)
+    return time.perf_counter() - started
+
+
+def _restore_fresh_trainer(runtime: Runtime) -> None:
+    """A trainer worker was restarted: bring it to the controller's policy version."""
+    if runtime.trainer_in_lake:
+        result = runtime.trainer.restore(runtime.policy_version, runtime.config.seed)
+        if result.policy_version != runtime.policy_version:
+            raise RuntimeError(f"the restarted trainer restored policy version {result.policy_version}, "
+                               f"the run is at {runtime.policy_version}")
+    elif runtime.warm_start_begun:
+        raise RuntimeError(
+            f"the trainer worker of run {runtime.run_id} died during the warm-start, before checkpoint 0: "
+            "there is no state to restore it from; resume the run (it warm-starts again)"
+        )
 
 
 def preflight(config: RunConfig) -> None:
     """Check the inputs a run needs (domains, the model against them, lake reachable)
     without building the model: bad input fails here, before any flow run. The lake is
     opened last, and made if missing (only `train` creates a lake), once the input is good."""
+    from rlpipe.rl.policy import build_char_tokenizer
     from rlpipe.tasks.model_checks import check_folder_model, check_gguf_model, check_positions
+    from rlpipe.workers.builders import policy_alphabet
 
+    check_engine_options(config)
     mixture = build_mixture(config)
     if config.model.gguf is not None:
         check_gguf_model(config, mixture)
@@ -209,3 +214,16 @@ def preflight(config: RunConfig) -> None:
                         config.model.max_position_embeddings, "model.max_position_embeddings",
                         "raise model.max_position_embeddings")
     build_lake(config, create=True)
+
+
+def check_engine_options(config: RunConfig) -> None:
+    """ConfigError for combinations of rollout and train options no engine serves."""
+    rollout, train = config.rollout, config.train
+    if train.lora_rank > 0 and rollout.engine != "hf":
+        raise ConfigError(
+            f"train.lora_rank={train.lora_rank} with rollout.engine={rollout.engine!r}: only the hf engine takes LoRA adapter weights",
+            "use rollout.engine=\"hf\" with LoRA, or train every weight (train.lora_rank=0)",
+        )
+    if rollout.engine == "openai" and rollout.openai_base_url is None:
+        raise ConfigError("rollout.engine=\"openai\" needs rollout.openai_base_url",
+                          "set it to the server's base URL, e.g. --set rollout.openai_base_url=http://127.0.0.1:8000/v1")

@@ -1,21 +1,19 @@
-"""Stage tasks `update` (one optimizer step on a committed step's rows) and `sync`
-(push the new weights into the rollout engine).
+"""Stage tasks `update` (one policy update on a committed step's rows, in the trainer
+worker) and `sync` (the trainer's weights into the engine worker).
 
-The update reads its rows back from the committed part, so the same code replays a step
-on resume. The Runtime's policy version says which updates are applied; an update whose
-step is already applied returns at once (a retried task never applies it twice).
+The trainer worker reads the step's rows back from the committed part itself (the task
+sends the manifest's part references, never rows), so the same code replays a step on
+resume. Updates are idempotent by policy version: the worker skips an update it has
+applied, so a retried task never applies it twice. The controller's policy version is the
+one the trainer acknowledged.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from prefect import task
 
-from rlpipe.core.failpoints import failpoint
 from rlpipe.core.seeds import derive_seed
-from rlpipe.rl.samples import train_samples
-from rlpipe.tasks.runtime import Runtime, get_runtime
+from rlpipe.tasks.runtime import Runtime, get_runtime, sync_weights
 from rlpipe.tasks.stage_options import STAGE_OPTIONS
 
 
@@ -24,16 +22,14 @@ def apply_committed_update(runtime: Runtime, step: int) -> dict[str, float]:
     if runtime.policy_version >= step:
         return {}
     if runtime.policy_version != step - 1:
-        raise RuntimeError(f"update of step {step} needs policy version {step - 1}, have {runtime.policy_version}")
+        raise ValueError(f"update of step {step} needs policy version {step - 1}, have {runtime.policy_version}")
     manifest = runtime.lake.read_manifest(runtime.run_id, step)
     if manifest is None:
-        raise RuntimeError(f"step {step} of run {runtime.run_id} is not committed; nothing to update from")
-    rows = runtime.lake.read_parts(manifest.parts)
+        raise ValueError(f"step {step} of run {runtime.run_id} is not committed; nothing to update from")
     shuffle_seed = derive_seed(runtime.config.seed, step, "mini-batches")  # replay shuffles the same
-    metrics = runtime.trainer.update(train_samples(rows), shuffle_seed=shuffle_seed)
-    failpoint("update")
-    runtime.policy_version = step
-    return {f"train/{name}": float(value) for name, value in asdict(metrics).items()}
+    result = runtime.trainer.update(step, manifest.parts, shuffle_seed)
+    runtime.policy_version = result.policy_version
+    return result.metrics
 
 
 @task(name="update", **STAGE_OPTIONS)
@@ -42,9 +38,11 @@ def update(run_id: str, step: int) -> dict[str, float]:
 
 
 @task(name="sync", **STAGE_OPTIONS)
-def sync(run_id: str, step: int) -> int:
-    """Load the trainer's weights into the engine; return the engine's policy version."""
+def sync(run_id: str, step: int) -> dict[str, float]:
+    """Load the trainer's weights into the engine (unless it serves them already); returns
+    `sync/seconds` (publish + load, 0 when nothing was to do) and the engine's version."""
     runtime = get_runtime(run_id)
-    if runtime.engine.policy_version != runtime.policy_version:
-        runtime.engine.load_weights(runtime.trainer.named_weights(), runtime.policy_version)
-    return runtime.engine.policy_version
+    seconds = 0.0
+    if runtime.engine_version != runtime.policy_version:
+        seconds = sync_weights(runtime)
+    return {"sync/seconds": seconds, "sync/policy_version": float(runtime.engine_version)}

@@ -128,7 +128,7 @@ def final_weights(lake: Lake, run_id: str, step: int, into: Path) -> dict[str, t
 def checkpoint_file_count(folder: Path) -> int:
     """How many files one checkpoint of the small config uploads (checkpoint-write hits)."""
     from rlpipe.rl.checkpoint import CheckpointMeta, save_checkpoint
-    from rlpipe.tasks.runtime import build_policy, build_trainer
+    from rlpipe.workers.builders import build_policy, build_trainer
 
     config = load_config(None, ["train.steps=1"])
     policy, tokenizer = build_policy(config)

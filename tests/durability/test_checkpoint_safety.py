@@ -21,7 +21,7 @@ from rlpipe.rl.checkpoint import OPTIMIZER_FILE, CheckpointMeta, load_checkpoint
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import CheckpointInfo
 from rlpipe.tasks.builders import build_lake
-from rlpipe.tasks.runtime import build_policy, build_trainer
+from rlpipe.workers.builders import build_policy, build_trainer
 from tests.flows.runs import tiny_config
 
 

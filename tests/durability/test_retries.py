@@ -2,13 +2,13 @@
 succeeds is retried (backoff 0.1 s, 0.2 s: tests/conftest.py sets $RLPIPE_RETRY_BACKOFF_S;
 1 s, 2 s by default) and the run finishes with exactly its rows; a stage
 that fails on bad data fails once, and the error shows in the Prefect flow runs and in
-`rlpipe runs show --json`; an engine that fails (a torch RuntimeError) makes `generate`
-raise EngineFailed, which is retried.
+`rlpipe runs show --json`; an engine worker that dies makes `generate` raise EngineFailed,
+which is retried with a fresh worker.
 
 The failures come from fakes of our own protocols: a domain registered with `register_env`
 (the Env protocol over the arithmetic tasks, whose verify raises on chosen calls, counted
-across the process) and a RolloutEngine that wraps the real HFEngine and fails on a chosen
-generate call. The flows run in this process under the session's Prefect server.
+across the process) and an engine worker that SIGKILLs itself in a chosen generate call (a
+crash point, core/failpoints.py). The flows run in this process under the session's Prefect server.
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
 
 from rlpipe.core.errors import ConfigError, DatasetError, SandboxUnavailable
-from rlpipe.core.records import Completion, Task, Verdict
-from rlpipe.engines.base import SamplingParams
-from rlpipe.engines.hf import HFEngine
+from rlpipe.core.records import Task, Verdict
 from rlpipe.envs.arithmetic import ArithmeticEnv
 from rlpipe.envs.mixture import register_env
 from rlpipe.flows.train import train
@@ -130,34 +128,13 @@ def test_bad_data_fails_once_and_shows_in_prefect_and_runs_show(tmp_path: Path) 
     assert "failed at step 2 in stage verify" in report["state_detail"]
 
 
-class EngineFailingOnce:
-    """A RolloutEngine over the real HFEngine whose sampling (non-greedy) call number `fail_on`
-    raises what torch raises when a device faults; every other call samples normally. Greedy
-    calls (evaluations, warm-start checks) are not counted: sampling call k is RL step k's."""
-
-    fail_on = 0
-    calls = 0
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        self._inner = HFEngine(*args, **kwargs)
-
-    @property
-    def policy_version(self) -> int:
-        return self._inner.policy_version
-
-    def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> list[Completion]:
-        EngineFailingOnce.calls += 0 if params.greedy else 1
-        if not params.greedy and EngineFailingOnce.calls == EngineFailingOnce.fail_on:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered (test)")
-        return self._inner.generate(prompts, params)
-
-    def load_weights(self, named_tensors, policy_version: int) -> None:  # noqa: ANN001 - as the protocol
-        self._inner.load_weights(named_tensors, policy_version)
-
-
-def test_engine_failure_is_engine_failed_and_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    EngineFailingOnce.calls, EngineFailingOnce.fail_on = 0, 2  # step 2's generate, first attempt
-    monkeypatch.setattr("rlpipe.tasks.runtime.HFEngine", EngineFailingOnce)
+def test_engine_worker_death_is_engine_failed_and_the_retry_starts_a_fresh_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine worker SIGKILLs itself in its 3rd generate: evaluate(before_rl) is the 1st,
+    # step 1's rollouts the 2nd, step 2's the 3rd. The call raises EngineFailed; the retry
+    # starts a fresh engine worker (synced to the trainer's weights, no crash point armed).
+    monkeypatch.setenv("RLPIPE_FAILPOINTS", "engine-generate@3")
     config = tiny_config(tmp_path)
     summary = train(config.model_dump_json(), "engine-retried")
     lake = build_lake(config)

@@ -69,12 +69,12 @@ def test_choose_tokens_by_hand_with_temperature_and_top_p():
     # nucleus mass 0.7, renormalised [4/7, 3/7]: logprobs ln(4/7) = -0.5596158, ln(3/7) = -0.8472979.
     logits = (0.5 * torch.log(torch.tensor([4.0, 3.0, 2.0, 1.0]))).repeat(400, 1)
     params = SamplingParams(temperature=0.5, top_p=0.6)
-    tokens, logprobs = choose_tokens(logits, params, torch.Generator().manual_seed(0))
+    tokens, logprobs = choose_tokens(logits, params, torch.rand(400, generator=torch.Generator().manual_seed(0)))
     assert set(tokens.tolist()) == {0, 1}
     expected = {0: math.log(4 / 7), 1: math.log(3 / 7)}
     assert logprobs.tolist() == pytest.approx([expected[t] for t in tokens.tolist()], abs=1e-6)
     # top_p = 1: the full tempered distribution, token 3 has ln 0.1 = -2.3025851 when drawn
-    tokens, logprobs = choose_tokens(logits, SamplingParams(temperature=0.5), torch.Generator().manual_seed(0))
+    tokens, logprobs = choose_tokens(logits, SamplingParams(temperature=0.5), torch.rand(400, generator=torch.Generator().manual_seed(0)))
     assert 3 in tokens.tolist()
     assert logprobs.tolist() == pytest.approx([math.log([0.4, 0.3, 0.2, 0.1][t]) for t in tokens.tolist()], abs=1e-6)
 

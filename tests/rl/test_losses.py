@@ -93,3 +93,57 @@ def test_normalizer_makes_micro_batches_sum_to_full_batch():
 def test_unknown_aggregation_raises():
     with pytest.raises(ValueError, match="loss_agg"):
         policy_loss(tensors([0.0]), tensors([0.0]), torch.tensor([1.0]), tensors([1.0]), 0.2, loss_agg="sum")
+
+
+def test_tis_caps_the_weight_of_a_token_the_engine_found_less_likely():
+    # trainer (old) logprobs [-1, -1]; the engine's (behaviour) are lower by ln 3 and ln 1.5:
+    # raw weights exp(old - behaviour) = [3, 1.5]; cap 2 -> w = [2, 1.5], token 1 capped
+    # new == old -> ratio 1, A = 1: pg = [-1 * 2, -1 * 1.5]; token_mean = (-2 - 1.5) / 2 = -1.75
+    # tis_weight = (2 + 1.5) / 2 = 1.75; tis_capped_frac = 1 of 2 tokens = 0.5
+    old = tensors([-1.0, -1.0])
+    behaviour = old - torch.tensor([[math.log(3.0), math.log(1.5)]])
+    new = old.clone().requires_grad_()
+    loss, metrics = policy_loss(new, old, torch.tensor([1.0]), tensors([1.0, 1.0]), 0.2,
+                                behaviour_logprobs=behaviour, tis_cap=2.0)
+    assert loss.item() == pytest.approx(-1.75)
+    assert metrics.tis_weight == pytest.approx(1.75) and metrics.tis_capped_frac == pytest.approx(0.5)
+    loss.backward()
+    # the weight is a constant: d loss / d new_t = -ratio * A * w_t / 2 tokens = [-1.0, -0.75]
+    assert new.grad.tolist() == [[pytest.approx(-1.0), pytest.approx(-0.75)]]
+
+
+def test_tis_weight_below_one_when_the_engine_found_the_token_more_likely():
+    # behaviour = old + ln 2 -> w = exp(-ln 2) = 0.5 (a cap only bounds from above)
+    # ratio 1, A = -2: pg = -(1 * -2) * 0.5 = 1.0
+    old = tensors([-2.0])
+    loss, metrics = policy_loss(old, old, torch.tensor([-2.0]), tensors([1.0]), 0.2,
+                                behaviour_logprobs=old + math.log(2.0), tis_cap=2.0)
+    assert loss.item() == pytest.approx(1.0)
+    assert metrics.tis_weight == pytest.approx(0.5) and metrics.tis_capped_frac == 0.0
+
+
+def test_tis_with_identical_logprobs_is_the_loss_without_it():
+    # behaviour == old -> every weight exp(0) = 1: the same loss, gradient and metrics as
+    # without TIS (ratios away from 1 here, so the clipped branch is exercised too)
+    torch.manual_seed(0)
+    old = torch.randn(3, 4)
+    new_plain = (old + 0.3 * torch.randn(3, 4)).requires_grad_()
+    new_tis = new_plain.detach().clone().requires_grad_()
+    mask = tensors([1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1])
+    advantages = torch.tensor([1.0, -0.5, 2.0])
+    plain, plain_metrics = policy_loss(new_plain, old, advantages, mask, 0.2)
+    with_tis, tis_metrics = policy_loss(new_tis, old, advantages, mask, 0.2, behaviour_logprobs=old.clone(), tis_cap=2.0)
+    assert with_tis.item() == plain.item()
+    plain.backward(), with_tis.backward()
+    assert torch.equal(new_plain.grad, new_tis.grad)
+    assert tis_metrics.tis_weight == 1.0 and tis_metrics.tis_capped_frac == 0.0
+    assert tis_metrics.clip_frac == plain_metrics.clip_frac > 0
+    assert plain_metrics.tis_weight is None and plain_metrics.tis_capped_frac is None
+
+
+def test_tis_needs_both_behaviour_logprobs_and_a_cap():
+    logprobs = tensors([-1.0])
+    with pytest.raises(ValueError, match="both"):
+        policy_loss(logprobs, logprobs, torch.tensor([1.0]), tensors([1.0]), 0.2, behaviour_logprobs=logprobs)
+    with pytest.raises(ValueError, match="both"):
+        policy_loss(logprobs, logprobs, torch.tensor([1.0]), tensors([1.0]), 0.2, tis_cap=2.0)

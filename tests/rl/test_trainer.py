@@ -1,6 +1,7 @@
 """Trainer, batching and warm-start on a tiny CPU model."""
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -10,7 +11,7 @@ from rlpipe.engines.base import SamplingParams
 from rlpipe.engines.hf import HFEngine
 from rlpipe.rl.batching import TrainSample, logprobs_of_targets, pad_samples, token_logprobs
 from rlpipe.rl.losses import policy_loss
-from rlpipe.rl.trainer import Trainer
+from rlpipe.rl.trainer import TisUpdateMetrics, Trainer, UpdateMetrics
 from rlpipe.rl.warmstart import warm_start
 
 
@@ -198,3 +199,37 @@ def test_warm_start_stops_when_the_check_says_so(tiny_model, tokenizer):
     # checked after steps 5 and 10; True at 10 ends the budget of 30 there
     assert checked == [5, 10] and len(losses) == 10
     assert not tiny_model.training
+
+
+def test_truncated_importance_sampling_uses_the_trainers_own_logprobs(tiny_model, tokenizer):
+    samples = samples_from_engine(tiny_model, tokenizer, lambda i: 1.0)
+    tokens = sum(len(s.token_ids) for s in samples)
+    # engine and trainer are the same fp32 model here: weights exp(trainer - engine) = 1 (to
+    # float rounding), nothing capped, and the loss is -ratio * A * w = -1 per token
+    metrics = Trainer(copy.deepcopy(tiny_model), lr=0.0, tis_cap=2.0).update(samples)
+    assert metrics.tis_weight == pytest.approx(1.0, abs=1e-5) and metrics.tis_capped_frac == 0.0
+    assert metrics.loss == pytest.approx(-1.0, abs=1e-5) and metrics.tokens == tokens
+    # an engine whose logprobs are ln 3 lower on every token (other numerics): without TIS the
+    # ratio against them is exp(ln 3) = 3, clipped at 1.2 -> loss -1.2 per token, all clipped;
+    # with TIS the ratio is against the trainer's own logprobs (1) and the weight min(3, 2) = 2
+    # -> loss -1 * 1 * 2 = -2 per token, every token capped
+    skewed = [dataclasses.replace(s, old_logprobs=tuple(lp - math.log(3.0) for lp in s.old_logprobs)) for s in samples]
+    plain = Trainer(copy.deepcopy(tiny_model), lr=0.0).update(skewed)
+    assert plain.loss == pytest.approx(-1.2, abs=1e-5) and plain.clip_frac == 1.0
+    # without TIS the metrics are exactly the fields they always were
+    assert type(plain) is UpdateMetrics and set(plain.as_floats()) == {"loss", "kl", "grad_norm", "clip_frac", "tokens"}
+    capped = Trainer(copy.deepcopy(tiny_model), lr=0.0, tis_cap=2.0).update(skewed)
+    assert isinstance(capped, TisUpdateMetrics) and {"tis_weight", "tis_capped_frac"} <= set(capped.as_floats())
+    assert capped.tis_weight == pytest.approx(2.0) and capped.tis_capped_frac == 1.0
+    assert capped.loss == pytest.approx(-2.0, abs=1e-4) and capped.clip_frac == 0.0
+
+
+def test_tis_old_logprobs_are_taken_before_the_first_optimizer_step(tiny_model, tokenizer):
+    # two mini-batches: the second one's ratio is against the logprobs from BEFORE the first
+    # step (the policy version the step starts from), so it is no longer 1 and clips appear
+    samples = samples_from_engine(tiny_model, tokenizer, lambda i: 1.0 if i % 2 == 0 else -1.0)
+    trainer = Trainer(tiny_model, lr=0.5, tis_cap=2.0, mini_batches_per_step=2)
+    metrics = trainer.update(samples)
+    assert metrics.clip_frac > 0 and metrics.tis_weight == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(ValueError, match="tis_cap"):
+        Trainer(tiny_model, lr=1e-2, tis_cap=0.0)

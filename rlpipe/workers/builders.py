@@ -1,0 +1,119 @@
+"""Builders of a worker's heavy objects from the run config: the policy and its tokenizer
+(on model.device, in model.dtype), the trainer, and the config itself from the bootstrap.
+
+Like every builder, these turn config sections into flat constructor arguments; library
+code (rl/, engines/) never sees RunConfig. The light builders (lake, tracker) stay in
+tasks/builders.py and workers/lake_access.py.
+"""
+
+from __future__ import annotations
+
+import string
+
+import torch
+
+from rlpipe.core.config import RunConfig
+from rlpipe.core.errors import ConfigError
+from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model, load_local_tokenizer
+from rlpipe.rl.lora import apply_lora
+from rlpipe.rl.pretrained import converted_gguf_folder
+from rlpipe.rl.trainer import Trainer
+
+def config_from_bootstrap(boot: dict) -> RunConfig:
+    """The run config a worker was started with, S3 keys included (they are excluded from
+    the config's JSON and travel beside it)."""
+    config = RunConfig.model_validate_json(boot["config_json"])
+    secrets = {key: value for key, value in boot.get("secrets", {}).items() if value is not None}
+    return config.model_copy(update={"storage": config.storage.model_copy(update=secrets)})
+
+
+def resolve_device(name: str) -> str:
+    """model.device: auto -> cuda when available, else cpu; cuda[:N] must exist."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"model.device={name!r} but this machine has no CUDA device", "use model.device=\"auto\" or \"cpu\"")
+    return name
+
+
+def policy_alphabet(config: RunConfig) -> str:
+    """The tiny model's characters: DEFAULT_ALPHABET, and with the code domain also the rest
+    of printable ASCII (capitals for True/None, `%`, `@`, `|`, tab...), appended so that the
+    ids of the default characters, and runs without code, do not change. Anything else
+    (HumanEval's few non-ASCII prompt characters) encodes as <unk>."""
+    if "code" not in config.envs.domains:
+        return DEFAULT_ALPHABET
+    return DEFAULT_ALPHABET + "".join(sorted(set(string.printable) - set(DEFAULT_ALPHABET)))
+
+
+def build_tokenizer(config: RunConfig):  # noqa: ANN201 - a transformers tokenizer
+    if config.model.gguf is not None:
+        return load_local_tokenizer(converted_gguf_folder(config.model.gguf))
+    if config.model.path is not None:
+        return load_local_tokenizer(config.model.path)
+    return build_char_tokenizer(policy_alphabet(config))
+
+
+def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
+    """The trainable policy and its tokenizer: a local HF folder, or a tiny model; moved to
+    model.device in model.dtype."""
+    model_config = config.model
+    device, dtype = resolve_device(model_config.device), model_config.dtype
+    if model_config.gguf is not None:  # converted once to an HF folder beside the file (rl/pretrained.py)
+        model, tokenizer = load_local_model(converted_gguf_folder(model_config.gguf), device=device, dtype=dtype)
+    elif model_config.path is not None:
+        model, tokenizer = load_local_model(model_config.path, device=device, dtype=dtype)
+    else:
+        tokenizer = build_char_tokenizer(policy_alphabet(config))
+        model = build_tiny_model(
+            architecture=model_config.architecture,
+            vocab_size=len(tokenizer),
+            hidden_size=model_config.hidden_size,
+            num_layers=model_config.num_layers,
+            num_heads=model_config.num_heads,
+            intermediate_size=model_config.intermediate_size,
+            max_position_embeddings=model_config.max_position_embeddings,
+            seed=config.seed,
+            device=device,
+            dtype=dtype,
+        )
+    return model, tokenizer
+
+
+def tis_cap(config: RunConfig) -> float | None:
+    """algo.tis_cap, or its default: 2.0 where the engine's numerics differ from the trainer's
+    (vllm, openai), off for hf (whose logprobs come from the trainer's own model code)."""
+    if config.algo.tis_cap is not None:
+        return config.algo.tis_cap
+    return None if config.rollout.engine == "hf" else 2.0
+
+
+def with_lora(config: RunConfig, policy: torch.nn.Module) -> torch.nn.Module:
+    """The engine's copy of the policy with the same LoRA adapter layout as the trainer's, so
+    the adapter tensors the trainer syncs load by name (train.lora_rank > 0); else as is."""
+    train = config.train
+    if train.lora_rank == 0:
+        return policy
+    return apply_lora(policy, train.lora_rank, train.lora_alpha, train.lora_target_modules)
+
+
+def build_trainer(config: RunConfig, policy: torch.nn.Module) -> Trainer:
+    train, algo = config.train, config.algo
+    return Trainer(
+        policy,
+        lr=train.lr,
+        weight_decay=train.weight_decay,
+        grad_clip=train.grad_clip,
+        micro_batch_size=train.micro_batch_size,
+        epochs_per_step=train.epochs_per_step,
+        mini_batches_per_step=train.mini_batches_per_step,
+        clip_eps=algo.clip_eps,
+        kl_coef=algo.kl_coef,
+        loss_agg=algo.loss_agg,
+        temperature=config.rollout.temperature,  # logprobs of the distribution the rollouts sample
+        gradient_checkpointing=train.gradient_checkpointing,
+        lora_rank=train.lora_rank,
+        lora_alpha=train.lora_alpha,
+        lora_target_modules=train.lora_target_modules,
+        tis_cap=tis_cap(config),
+    )

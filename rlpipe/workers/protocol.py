@@ -1,0 +1,238 @@
+"""What crosses between the controller and a worker: typed requests, typed replies, the
+handle that names a worker, and how an error raised in a worker is raised again in the
+controller.
+
+Requests are frozen dataclasses, one per remote call; a worker answers each with `Ok(value)`
+or `Failed(...)`. Everything is pickled by `multiprocessing.connection`, which only talks to a
+peer that proved it holds the run's authkey (HMAC challenge), so no other local user can
+send a pickle to a worker.
+
+Errors: an rlpipe error (a ConfigError, StorageUnavailable, LakeCorrupted, ...) raised in a
+worker is raised again in the controller as the same class, message and hint, so Prefect's
+retry policy sees what it would have seen in one process. A RuntimeError, OSError or
+MemoryError (what torch raises for a device fault or an OOM) becomes EngineFailed (an
+InfraError: retried). Anything else becomes RemoteError (a bug: not retried), carrying
+the worker's traceback text.
+
+Not here: sockets or processes (client.py, server.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rlpipe.core import errors as rlpipe_errors
+from rlpipe.core.errors import EngineFailed, RlpipeError
+
+WorkerKind = Literal["engine", "trainer"]
+
+
+@dataclass(frozen=True)
+class WorkerHandle:
+    """How the controller names a live worker: run id, kind, socket address, pid."""
+
+    run_id: str
+    kind: WorkerKind
+    address: str
+    pid: int
+
+
+# ---- requests every worker serves -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ping:
+    """Answers the worker's pid once it is ready (its model is built)."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Reply, then exit."""
+
+
+@dataclass(frozen=True)
+class WeightsDigest:
+    """sha256 over the names, dtypes, shapes and bytes of the worker's weights (tests: a sync
+    gives the engine the trainer's exact weights)."""
+
+
+# ---- engine worker ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generate:
+    """`params.n` completions per (task_id, prompt) pair; reply: GenerateResult."""
+
+    prompts: tuple[tuple[str, str], ...]
+    params: Any  # engines.base.SamplingParams (typed as Any to keep this module torch-free)
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    completions: list  # list[core.records.Completion], each with the engine's policy_version
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class LoadWeightsFile:
+    """Load a safetensors file written by the trainer; reply: the acknowledged version."""
+
+    path: str
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class EngineVersion:
+    """Reply: the policy version the engine serves."""
+
+
+# ---- trainer worker ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WarmStartBegin:
+    """Start the supervised warm-start in the worker (a thread): `examples` are (prompt,
+    reference answer) pairs. It pauses at each accuracy check until WarmStartContinue."""
+
+    examples: tuple[tuple[str, str], ...]
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
+    check_every: int
+    with_checks: bool
+
+
+@dataclass(frozen=True)
+class WarmStartWait:
+    """Wait at most `timeout_s` for the warm-start to reach a check or its end; reply:
+    WarmStartState (the step losses since the last reply included)."""
+
+    timeout_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class WarmStartContinue:
+    """Answer the pending check: stop (target reached) or go on."""
+
+    stop: bool
+
+
+@dataclass(frozen=True)
+class WarmStartState:
+    state: Literal["running", "check", "done"]
+    losses: tuple[tuple[int, float], ...]  # (step, loss) since the last reply
+    check_step: int | None = None  # the step the check is at (state "check")
+
+
+@dataclass(frozen=True)
+class Update:
+    """The update of committed step `step` (policy version step-1 -> step), on the rows of
+    `parts` (PartRefs of its manifest) read from the lake by the worker; `shuffle_seed` from
+    the run seed and step. Reply: UpdateResult; an update already applied is skipped."""
+
+    step: int
+    parts: tuple  # tuple[storage.lake_records.PartRef, ...]
+    shuffle_seed: int
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    policy_version: int
+    metrics: dict[str, float] = field(default_factory=dict)  # {} when the update was already applied
+
+
+@dataclass(frozen=True)
+class SaveCheckpoint:
+    """Write checkpoint `step` (policy/ + trainer/) into the lake."""
+
+    step: int
+    config_hash: str
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Bring the trainer to `target_version` (None: the last committed step) from the lake:
+    the newest intact checkpoint at or before it, then replay of the committed steps after
+    it. Reply: RestoreResult."""
+
+    target_version: int | None
+    seed: int
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    last_committed: int  # -1: no checkpoint at all (the run warm-starts again)
+    policy_version: int
+    checkpoint_step: int | None
+    replayed: dict[int, dict[str, float]]  # step -> train metrics of the replayed update
+    fallbacks: tuple[str, ...]  # one line per corrupted checkpoint skipped
+
+
+@dataclass(frozen=True)
+class ResetReference:
+    """Make the KL reference a copy of the current policy (after the warm-start)."""
+
+
+@dataclass(frozen=True)
+class PublishWeights:
+    """Write the weights (named_parameters, or the LoRA adapter's) as one safetensors file in
+    `folder`; reply: Published."""
+
+    folder: str
+
+
+@dataclass(frozen=True)
+class Published:
+    path: str
+    policy_version: int
+    bytes: int
+
+
+# ---- replies ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ok:
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    error_type: str  # the class name
+    message: str
+    hint: str
+    is_rlpipe: bool
+    infra: bool  # RuntimeError / OSError / MemoryError: a machinery fault
+    traceback: str
+
+
+class RemoteError(Exception):
+    """A worker raised an error that is neither rlpipe's own nor a machinery fault (a bug):
+    not retried. The message names the worker, the error and its traceback."""
+
+
+INFRA_ERRORS = (RuntimeError, OSError, MemoryError, EOFError)
+
+
+def failed_from(error: BaseException, traceback_text: str) -> Failed:
+    """The reply that carries `error` to the controller."""
+    if isinstance(error, RlpipeError):
+        return Failed(type(error).__name__, error.message, error.hint, True, False, traceback_text)
+    return Failed(type(error).__name__, str(error), "", False, isinstance(error, INFRA_ERRORS), traceback_text)
+
+
+def raise_failed(failed: Failed, kind: str, call: str) -> None:
+    """Raise in the controller what the worker raised (see the module docstring)."""
+    if failed.is_rlpipe:
+        error_class = getattr(rlpipe_errors, failed.error_type, None)
+        if isinstance(error_class, type) and issubclass(error_class, RlpipeError):
+            raise error_class(failed.message, failed.hint)
+    if failed.infra:
+        raise EngineFailed(
+            f"the {kind} worker failed in {call}: {failed.error_type}: {failed.message}",
+            hint="the stage is retried; if it keeps failing, check the worker's device and memory",
+        )
+    raise RemoteError(f"the {kind} worker raised {failed.error_type} in {call}: {failed.message}\n"
+                      f"worker traceback:\n{failed.traceback}")

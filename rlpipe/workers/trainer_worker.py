@@ -1,0 +1,226 @@
+"""The trainer worker's service: the policy, its Trainer (optimizer; reference model when
+algo.kl_coef > 0) and the lake. It warm-starts, updates from committed rows it reads from
+the lake itself, writes checkpoints into the lake itself, restores from the lake (newest
+intact checkpoint + replay of the committed steps after it) and publishes its weights.
+
+Idempotent by policy version: the update of step s turns version s-1 into s; an update of
+a step already applied returns at once with no metrics, so a retried call never applies
+twice. A request that fails after it began changing the weights (an update or the
+warm-start) marks the service poisoned: the worker exits after its reply, and the fresh
+worker the controller starts next restores the last good state from the lake.
+
+The warm-start runs rl/warmstart.py in a thread of this worker so that its accuracy checks
+can be answered by the controller (which asks the engine worker): at a check the thread
+waits for WarmStartContinue. WarmStartWait returns the step losses seen so far.
+
+Not here: sockets (server.py), what runs when (tasks/).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlpipe.core.config import RunConfig
+from rlpipe.core.errors import LakeCorrupted
+from rlpipe.core.failpoints import failpoint
+from rlpipe.core.seeds import derive_seed
+from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
+from rlpipe.rl.samples import train_samples
+from rlpipe.rl.warmstart import warm_start
+from rlpipe.workers import weights
+from rlpipe.workers.builders import build_policy, build_trainer
+from rlpipe.workers.lake_access import build_lake
+from rlpipe.workers.protocol import (
+    Published,
+    PublishWeights,
+    ResetReference,
+    Restore,
+    RestoreResult,
+    SaveCheckpoint,
+    Update,
+    UpdateResult,
+    WarmStartBegin,
+    WarmStartContinue,
+    WarmStartState,
+    WarmStartWait,
+    WeightsDigest,
+)
+
+log = logging.getLogger("rlpipe.workers.trainer")
+
+
+class VersionMismatch(Exception):
+    """An update asked of a trainer at another policy version (a bug of the caller)."""
+
+
+class TrainerService:
+    def __init__(self, run_id: str, config: RunConfig) -> None:
+        torch.manual_seed(config.seed)
+        self.run_id = run_id
+        self.config = config
+        policy, self.tokenizer = build_policy(config)
+        self.trainer = build_trainer(config, policy)  # trainer.model: the policy (its peft wrapper with LoRA)
+        self.lake = build_lake(config)
+        self.policy_version = 0
+        self.poisoned = False
+        self._warm: _WarmStart | None = None
+
+    def handle(self, request: Any) -> Any:
+        if isinstance(request, Update):
+            return self.update(request.step, request.parts, request.shuffle_seed)
+        if isinstance(request, PublishWeights):
+            path, size = weights.publish(self.trainer.named_weights(), Path(request.folder), self.policy_version)
+            return Published(str(path), self.policy_version, size)
+        if isinstance(request, SaveCheckpoint):
+            return self.save(request.step, request.config_hash)
+        if isinstance(request, Restore):
+            return self.restore(request.target_version, request.seed)
+        if isinstance(request, WarmStartBegin):
+            self.poisoned = True  # until it ends well: a half warm-start is no state to go on from
+            self._warm = _WarmStart(self, request)
+            return None
+        if isinstance(request, WarmStartWait):
+            state = self._warm_start().wait(request.timeout_s)
+            if state.state == "done":
+                self._warm, self.poisoned = None, False
+            return state
+        if isinstance(request, WarmStartContinue):
+            self._warm_start().decide(request.stop)
+            return None
+        if isinstance(request, ResetReference):
+            self.trainer.reset_reference()  # the KL anchor is the warm-started policy
+            return None
+        if isinstance(request, WeightsDigest):
+            return weights.digest(self.trainer.named_weights())
+        raise ValueError(f"the trainer worker does not serve {type(request).__name__}")
+
+    def _warm_start(self) -> _WarmStart:
+        if self._warm is None:
+            raise ValueError("no warm-start is running in this trainer worker")
+        return self._warm
+
+    def update(self, step: int, parts: tuple, shuffle_seed: int) -> UpdateResult:
+        if self.policy_version >= step:
+            return UpdateResult(self.policy_version, {})
+        if self.policy_version != step - 1:
+            raise VersionMismatch(f"update of step {step} needs policy version {step - 1}, the trainer has {self.policy_version}")
+        samples = train_samples(self.lake.read_parts(parts))  # storage errors leave the weights as they are
+        self.poisoned = True
+        metrics = self.trainer.update(samples, shuffle_seed=shuffle_seed)
+        failpoint("update")  # weights changed, version not advanced: the whole run dies here
+        failpoint("trainer-update", whole_run=False)  # tests: only this worker dies here
+        self.policy_version = step
+        self.poisoned = False
+        return UpdateResult(step, {f"train/{name}": float(value) for name, value in asdict(metrics).items()})
+
+    def save(self, step: int, config_hash: str) -> None:
+        """policy/ (an HF folder) and trainer/ (optimizer state, meta); the lake writes
+        CHECKPOINT.json and then LATEST last."""
+        meta = CheckpointMeta(step=step, policy_version=self.policy_version, config_hash=config_hash)
+        with tempfile.TemporaryDirectory() as folder:
+            save_checkpoint(Path(folder), self.trainer.model, self.tokenizer, self.trainer.state_dict(), meta)
+            self.lake.save_checkpoint(self.run_id, step, Path(folder))
+
+    def restore(self, target_version: int | None, seed: int) -> RestoreResult:
+        """Load the newest intact checkpoint at or before `target_version` (None: the last
+        committed step), replay the committed steps after it up to there."""
+        committed = self.lake.committed_steps(self.run_id)
+        last = max(committed, default=0) if target_version is None else target_version
+        step = self.lake.latest_checkpoint(self.run_id, at_or_before=last)
+        if step is None:
+            return RestoreResult(-1, self.policy_version, None, {}, ())
+        self.poisoned = True
+        step, meta, trainer_state, fallbacks = self._load_newest_intact(step)
+        self.trainer.load_state_dict(trainer_state)
+        self.policy_version = meta.policy_version
+        if self.trainer.reference_model is not None:  # the KL anchor: the warm-started policy
+            with tempfile.TemporaryDirectory() as folder:
+                self.lake.load_checkpoint(self.run_id, 0, Path(folder))
+                load_policy_weights(Path(folder), self.trainer.reference_model)
+        replayed: dict[int, dict[str, float]] = {}
+        for replay in range(step + 1, last + 1):
+            manifest = self.lake.read_manifest(self.run_id, replay)
+            if manifest is None:
+                raise VersionMismatch(f"step {replay} of run {self.run_id} is not committed; nothing to replay")
+            result = self.update(replay, manifest.parts, derive_seed(seed, replay, "mini-batches"))
+            replayed[replay] = result.metrics
+            self.poisoned = True
+        self.poisoned = False
+        return RestoreResult(last, self.policy_version, step, replayed, tuple(fallbacks))
+
+    def _load_newest_intact(self, step: int) -> tuple[int, CheckpointMeta, dict, list[str]]:
+        """Checkpoint `step` into the policy, or, if it is corrupted (a file altered, missing,
+        or a trainer pickle that would run code), the newest intact one before it.
+        LakeCorrupted when none is intact."""
+        fallbacks: list[str] = []
+        while True:
+            try:
+                with tempfile.TemporaryDirectory() as folder:
+                    self.lake.load_checkpoint(self.run_id, step, Path(folder))
+                    source = f"{self.lake.uri.rstrip('/')}/checkpoints/{self.run_id}/step={step:06d}"
+                    meta, trainer_state = load_checkpoint(Path(folder), self.trainer.model, source)
+                return step, meta, trainer_state, fallbacks
+            except LakeCorrupted as exc:
+                older = self.lake.latest_checkpoint(self.run_id, at_or_before=step - 1) if step > 0 else None
+                if older is None:
+                    raise
+                fallbacks.append(f"checkpoint {step} of run {self.run_id} is corrupted ({exc.message}); "
+                                 f"falling back to checkpoint {older}")
+                step = older
+
+
+class _WarmStart:
+    """rl/warmstart.py's loop in a thread; its accuracy checks wait for the controller."""
+
+    def __init__(self, service: TrainerService, request: WarmStartBegin) -> None:
+        self._events: queue.Queue = queue.Queue()
+        self._decisions: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, args=(service, request), name="warm-start", daemon=True)
+        self._thread.start()
+
+    def _run(self, service: TrainerService, request: WarmStartBegin) -> None:
+        try:
+            warm_start(
+                service.trainer.model, service.tokenizer, list(request.examples), steps=request.steps,
+                batch_size=request.batch_size, lr=request.lr, seed=request.seed,
+                stop_check=self._check if request.with_checks else None, check_every=request.check_every,
+                on_step=lambda step, loss: self._events.put(("loss", step, loss)),
+            )
+            self._events.put(("done",))
+        except BaseException as exc:  # noqa: BLE001 - handed to the controller by wait()
+            self._events.put(("error", exc, traceback.format_exc()))
+
+    def _check(self, steps_done: int) -> bool:
+        self._events.put(("check", steps_done))
+        return self._decisions.get()
+
+    def decide(self, stop: bool) -> None:
+        self._decisions.put(stop)
+
+    def wait(self, timeout_s: float) -> WarmStartState:
+        losses: list[tuple[int, float]] = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                event = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
+                if event[0] == "loss":
+                    losses.append((event[1], event[2]))
+                elif event[0] == "check":
+                    return WarmStartState("check", tuple(losses), event[1])
+                elif event[0] == "done":
+                    return WarmStartState("done", tuple(losses))
+                else:
+                    log.error("warm-start failed:\n%s", event[2])
+                    raise event[1]
+        except queue.Empty:
+            return WarmStartState("running", tuple(losses))

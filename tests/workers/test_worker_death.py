@@ -1,0 +1,77 @@
+"""A worker that dies is replaced by the next call: one killed between calls is restarted
+by the call itself; one killed during a call makes that call raise EngineFailed (retried by
+Prefect) and the next call starts a fresh one. A whole run whose engine worker and trainer
+worker are each killed mid-run (SIGKILL at a crash point) ends with exactly the rows and
+the final weights of an undisturbed run: the trainer comes back from the lake (checkpoint +
+replay), the engine by a sync."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlpipe.core.errors import EngineFailed
+from rlpipe.engines.base import SamplingParams
+from rlpipe.flows.train import train
+from rlpipe.storage.query import query_trajectories
+from rlpipe.tasks.builders import build_lake
+from tests.durability.cli_runs import final_weights
+from tests.flows.runs import tiny_config
+from tests.workers.workers_at_hand import wait_until_gone, worker_pair
+
+PARAMS = SamplingParams(n=2, max_new_tokens=4, seed=3)
+PROMPTS = [("t", "5+5=")]
+
+
+def test_a_worker_killed_between_calls_is_restarted_by_the_next_call(tmp_path: Path) -> None:
+    with worker_pair(tmp_path) as (engine, _, _):
+        first = engine.generate(PROMPTS, PARAMS)
+        old_pid = engine.pid
+        os.kill(old_pid, signal.SIGKILL)
+        assert wait_until_gone([old_pid]) == []
+        again = engine.generate(PROMPTS, PARAMS)  # a fresh worker, the same initial weights
+        assert engine.pid != old_pid and engine.starts == 2
+        assert again.completions == first.completions
+
+
+def test_a_worker_killed_during_a_call_raises_engine_failed_and_the_next_call_starts_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLPIPE_FAILPOINTS", "engine-generate@1")  # the worker SIGKILLs itself in its 1st generate
+    with worker_pair(tmp_path) as (engine, _, _):
+        with pytest.raises(EngineFailed, match="died during Generate") as caught:
+            engine.generate(PROMPTS, PARAMS)
+        assert "exit code -9" in caught.value.message
+        result = engine.generate(PROMPTS, PARAMS)  # a fresh worker, started without the crash point
+        assert len(result.completions) == 2 and engine.starts == 2
+
+
+STEPS_CONFIG = ["train.steps=4", "checkpoint.every_steps=2"]
+
+
+@pytest.mark.slow
+def test_a_run_whose_workers_are_killed_mid_run_equals_an_undisturbed_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_api_url: str
+) -> None:
+    reference_config = tiny_config(tmp_path / "reference", *STEPS_CONFIG)
+    train(reference_config.model_dump_json(), "undisturbed")
+    # The engine worker dies in its 4th generate (evaluate(before_rl), steps 1 and 2, then
+    # step 3's rollouts): the retry's fresh engine gets the trainer's weights (version 2).
+    # The trainer worker dies in its 4th update (step 4, weights half changed): its fresh
+    # successor loads checkpoint 2 and replays step 3 from the lake, then the retry applies 4.
+    monkeypatch.setenv("RLPIPE_FAILPOINTS", "trainer-update@4,engine-generate@4")
+    config = tiny_config(tmp_path / "killed", *STEPS_CONFIG)
+    summary = train(config.model_dump_json(), "killed")
+    assert summary.steps_committed == 4
+    lake, reference_lake = build_lake(config), build_lake(reference_config)
+    rows = "select step, task_id, sample_idx, completion_text, reward, advantage from trajectories order by all"
+    assert query_trajectories(lake, rows).rows == query_trajectories(reference_lake, rows).rows
+    assert len(query_trajectories(lake, rows).rows) == 4 * 4 * 4  # 4 steps x 4 prompts x 4 samples
+    weights = final_weights(lake, "killed", 4, tmp_path / "w1")
+    expected = final_weights(reference_lake, "undisturbed", 4, tmp_path / "w2")
+    assert sorted(weights) == sorted(expected)
+    assert [name for name in expected if not torch.equal(weights[name], expected[name])] == []

@@ -1,0 +1,61 @@
+"""Helpers for worker tests: a pair of real workers (engine, trainer) for a tiny config,
+started in this process and stopped at the end, and process checks through /proc."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rlpipe.core.config import RunConfig, load_config
+from rlpipe.workers.client import EngineClient, TrainerClient, WorkerSpec
+
+TINY = ["warmstart.steps=3", "warmstart.batch_size=8", "envs.heldout_size=4", "rollout.group_size=2"]
+
+
+def tiny_config(tmp_path: Path, *overrides: str) -> RunConfig:
+    where = [f'storage.lake_uri="{tmp_path / "lake"}"', f'tracking.mlflow_uri="sqlite:///{tmp_path / "mlflow.db"}"']
+    return load_config(None, TINY + where + list(overrides))
+
+
+@contextmanager
+def worker_pair(tmp_path: Path, run_id: str = "w", *overrides: str) -> Iterator[tuple[EngineClient, TrainerClient, Path]]:
+    """(engine, trainer, weights folder) of a tiny run; the socket folder is short (AF_UNIX
+    paths stop at 107 bytes)."""
+    config = tiny_config(tmp_path, *overrides)
+    sockets = Path(tempfile.mkdtemp(prefix="rlw-"))
+    shm = tmp_path / "shm"
+    shm.mkdir()
+
+    def spec(kind: str) -> WorkerSpec:
+        return WorkerSpec(run_id, kind, config.model_dump_json(), sockets, shm)
+
+    engine, trainer = EngineClient(spec("engine")), TrainerClient(spec("trainer"))
+    try:
+        engine.start()
+        trainer.start()
+        yield engine, trainer, shm
+    finally:
+        engine.stop()
+        trainer.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_until_gone(pids: list[int], timeout_s: float = 60.0) -> list[int]:
+    """Poll until none of `pids` runs; returns those still running at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
