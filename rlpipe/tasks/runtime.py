@@ -203,12 +203,14 @@ def preflight(config: RunConfig) -> None:
     without building the model: bad input fails here, before any flow run. The lake is
     opened last, and made if missing (only `train` creates a lake), once the input is good."""
     from rlpipe.rl.policy import build_char_tokenizer
-    from rlpipe.tasks.model_checks import check_folder_model, check_positions
+    from rlpipe.tasks.model_checks import check_folder_model, check_gguf_model, check_positions
     from rlpipe.workers.builders import policy_alphabet
 
     check_engine_options(config)
     mixture = build_mixture(config)
-    if config.model.path is not None:
+    if config.model.gguf is not None:
+        check_gguf_model(config, mixture)
+    elif config.model.path is not None:
         check_folder_model(config, mixture)
     else:
         check_positions(config, mixture, build_char_tokenizer(policy_alphabet(config)),

@@ -18,6 +18,7 @@ from rlpipe.core.errors import ConfigError
 if TYPE_CHECKING:
     from rlpipe.rl.trainer import Trainer
 from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model, load_local_tokenizer
+from rlpipe.rl.pretrained import converted_gguf_folder
 
 def config_from_bootstrap(boot: dict) -> RunConfig:
     """The run config a worker was started with, S3 keys included (they are excluded from
@@ -47,6 +48,8 @@ def policy_alphabet(config: RunConfig) -> str:
 
 
 def build_tokenizer(config: RunConfig):  # noqa: ANN201 - a transformers tokenizer
+    if config.model.gguf is not None:
+        return load_local_tokenizer(converted_gguf_folder(config.model.gguf))
     if config.model.path is not None:
         return load_local_tokenizer(config.model.path)
     return build_char_tokenizer(policy_alphabet(config))
@@ -56,12 +59,10 @@ def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
     """The trainable policy and its tokenizer: a local HF folder, or a tiny model; moved to
     model.device in model.dtype."""
     model_config = config.model
-    if model_config.gguf is not None:
-        # TODO(lead, merge): the GGUF loader of issue 9 part 7 lives in rl/policy.py (another
-        # helper's file); call it here once it lands.
-        raise ConfigError("model.gguf is not supported by this build yet", "convert the GGUF file to an HF folder and set model.path")
     device, dtype = resolve_device(model_config.device), model_config.dtype
-    if model_config.path is not None:
+    if model_config.gguf is not None:  # converted once to an HF folder beside the file (rl/pretrained.py)
+        model, tokenizer = load_local_model(converted_gguf_folder(model_config.gguf), device=device, dtype=dtype)
+    elif model_config.path is not None:
         model, tokenizer = load_local_model(model_config.path, device=device, dtype=dtype)
     else:
         tokenizer = build_char_tokenizer(policy_alphabet(config))
