@@ -112,10 +112,24 @@ def print_query(lake: Lake, sql: str, json_out: bool, console: Console) -> None:
     if json_out:
         print(json.dumps([dict(zip(result.columns, row)) for row in result.rows], indent=2, default=str))
         return
+    cells = [[_fmt(value) for value in row] for row in result.rows]
+    if _table_width(result.columns, cells) > console.width:  # too many columns: one record per row
+        name_width = max((len(column) for column in result.columns), default=0)
+        for index, row in enumerate(cells, 1):
+            console.print(f"-- row {index} --", markup=False, highlight=False)
+            for column, cell in zip(result.columns, row):
+                console.print(f"{column.ljust(name_width)}  {cell}", markup=False, highlight=False, soft_wrap=True)
+        return
     table = Table(*result.columns)
-    for row in result.rows:
-        table.add_row(*(_fmt(value) for value in row))
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
+
+
+def _table_width(columns: list[str], cells: list[list[str]]) -> int:
+    """Characters a table needs to show every header whole and cells up to 24 characters."""
+    widths = [max([len(column)] + [min(len(row[index]), 24) for row in cells]) for index, column in enumerate(columns)]
+    return sum(width + 3 for width in widths) + 1
 
 
 def _fmt(value: object) -> str:
