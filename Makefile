@@ -27,9 +27,11 @@ system:
 demo: venv
 	$(BIN)/rlpipe train configs/quickstart.toml
 
+# Two pytest workers (xdist), a test file stays on one worker: the slow files are mostly
+# subprocess start-up and waits, which the second worker overlaps.
 test: venv system
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 bench: venv
 	$(BIN)/python benchmarks/step_breakdown.py
