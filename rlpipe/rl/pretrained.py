@@ -47,6 +47,9 @@ def load_gguf_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokeni
 def converted_gguf_folder(path: str | Path) -> Path:
     """The HF folder converted from a GGUF file, converting it first if it is not there yet
     (callers load it with `load_local_model`, on the device and in the dtype they choose)."""
+    gguf_file = Path(path).expanduser()
+    if gguf_file.is_file() and (converted_folder(gguf_file) / "config.json").is_file():
+        return converted_folder(gguf_file)  # converted already (the vLLM venv has no gguf reader)
     gguf_file = check_gguf_file(path)
     folder = converted_folder(gguf_file)
     if not (folder / "config.json").is_file():

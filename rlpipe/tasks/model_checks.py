@@ -25,7 +25,7 @@ from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.envs.mixture import Mixture
 from rlpipe.rl.policy import check_model_folder, load_local_tokenizer
-from rlpipe.rl.pretrained import check_gguf_file, converted_folder
+from rlpipe.rl.pretrained import check_gguf_file, converted_gguf_folder
 
 TRAIN_SAMPLE = 2000  # training tasks drawn beyond the warm-start's draw to find the longest prompt
 
@@ -59,10 +59,12 @@ def check_folder_model(config: RunConfig, mixture: Mixture) -> None:
 
 def check_gguf_model(config: RunConfig, mixture: Mixture) -> None:
     """A GGUF file (`model.gguf`): the file itself (exists, GGUF, a loadable architecture); once
-    converted (rl/pretrained.py), its HF folder as `check_folder_model` checks a folder."""
-    folder = converted_folder(check_gguf_file(config.model.gguf))
-    if (folder / "config.json").is_file():
-        check_folder_model(config.model_copy(update={"model": config.model.model_copy(update={"path": str(folder)})}), mixture)
+    converted (rl/pretrained.py), its HF folder as `check_folder_model` checks a folder. The
+    conversion happens here, once, before any worker starts: the two workers would otherwise
+    both convert, and the vLLM venv's engine worker cannot read GGUF at all."""
+    check_gguf_file(config.model.gguf)
+    folder = converted_gguf_folder(config.model.gguf)
+    check_folder_model(config.model_copy(update={"model": config.model.model_copy(update={"path": str(folder)})}), mixture)
 
 
 def check_positions(config: RunConfig, mixture: Mixture, tokenizer, positions: int, field: str, remedy: str) -> None:
