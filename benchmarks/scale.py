@@ -1,0 +1,318 @@
+"""One real RL step of a Qwen2.5-0.5B-shaped model on this CPU, with the peak memory of every
+process: `.venv/bin/python benchmarks/scale.py [--model PATH] [--variant NAME ...]`.
+
+The model: Qwen2.5-0.5B's shape built from its config (hidden 896, 24 layers, 14 heads, 2 KV
+heads, intermediate 4864, vocabulary 151936, tied embeddings, rope theta 1e6), randomly
+initialised, then `--prime-steps` (10) supervised steps (rl/warmstart.py) on the run's
+arithmetic tasks (a+b, a and b in 0..3), saved as a local HF folder with rlpipe's character
+tokenizer (its ~60 ids are all below the vocabulary size, so tasks/model_checks.py's pre-flight
+accepts it). Why the priming: a purely random model is never right, so every reward is 0, every
+GRPO advantage is 0 and the trainer skips the update (no gradient, no AdamW state): the step
+would measure nothing of the update. Primed, it answers a digit, right about 1 time in 5, so
+rewards differ within a group and the update trains. Or `--model PATH`: any local HF folder
+with its tokenizer (then rewards may all be 0: the printed train/grad_norm says so).
+
+Each variant is a real `rlpipe train` run through the workers (controller, engine worker,
+trainer worker, Prefect's temporary server): model.path = that folder, no warm start, 4 prompts x
+4 samples x 32 new tokens of that arithmetic domain, train.steps = 1, 4 held-out tasks. While it
+runs, /proc/PID/status of the CLI and all its descendants is polled (every 0.2 s) for VmHWM,
+the peak resident set of each process (it includes mapped /dev/shm pages: the engine worker maps
+the weight file it loads). Printed per variant: the step time (`time/step_s` of the lake's step
+metrics), the peak of each process, their sum, and the sum against 6x the fp32 weight size
+(parameters x 4 bytes); plus the peak of /dev/shm's use (the weight-sync file, not counted in
+any process unless mapped).
+
+Variants (rows): fp32 (full fine-tuning, the defaults), gc (train.gradient_checkpointing),
+bf16 (model.dtype = bfloat16: the engine's and the trainer's weights in bf16, but the trainer
+keeps fp32 master weights, fp32 gradients and fp32 AdamW states, rl/precision.py), lora (rank 8 on
+every linear layer: only the adapter has gradients and AdamW states).
+
+What it does not do: assert anything, measure a GPU, or measure more than one step (the first
+step includes no warm-up beyond the engine's own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 1024**3
+MAX_OPERAND = 3  # arithmetic a+b, a and b in 0..3: answers 0..6, guessable by a barely trained model
+
+VARIANTS: dict[str, list[str]] = {
+    "fp32": [],
+    "gc": ["train.gradient_checkpointing=true"],
+    "bf16": ["model.dtype=\"bfloat16\""],
+    "lora": ["train.lora_rank=8"],
+}
+
+
+def build_qwen05b_folder(folder: Path, prime_steps: int) -> int:
+    """Qwen2.5-0.5B's shape, random init, `prime_steps` supervised steps on the run's
+    arithmetic tasks, saved with the char tokenizer; returns the parameter count."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlpipe.envs.arithmetic import ArithmeticEnv
+    from rlpipe.rl.policy import build_char_tokenizer
+    from rlpipe.rl.warmstart import warm_start
+
+    tokenizer = build_char_tokenizer()
+    config = Qwen2Config(
+        vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        intermediate_size=4864, max_position_embeddings=32768, rope_theta=1_000_000.0, tie_word_embeddings=True,
+        rms_norm_eps=1e-6, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    count = sum(p.numel() for p in model.parameters())  # tied: the embedding counted once
+    tasks = ArithmeticEnv(max_operand=MAX_OPERAND).tasks("train", 64, seed=0)
+    losses = warm_start(model, tokenizer, [(t.prompt, t.reference_answer) for t in tasks], prime_steps, batch_size=16, lr=3e-4, seed=0)
+    print(f"primed with {prime_steps} supervised steps: answer loss {losses[0]:.2f} -> {losses[-1]:.2f}" if losses else "not primed")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return count
+
+
+def parameter_count(folder: Path) -> int:
+    """Parameters of a saved model (tied weights once), built on the meta device: no memory."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    return sum(p.numel() for p in model.parameters())
+
+
+@dataclass
+class ProcessPeak:
+    pid: int
+    role: str
+    vmhwm_kib: int = 0
+
+
+@dataclass
+class Watch:
+    """VmHWM of a process tree, polled until stopped."""
+
+    root: int
+    peaks: dict[int, ProcessPeak] = field(default_factory=dict)
+    shm_base: int = 0
+    shm_peak: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        self.shm_base = shutil.disk_usage("/dev/shm").used
+        while not self.stop.is_set():
+            for pid in _descendants(self.root):
+                kib = _vmhwm_kib(pid)
+                if kib is None:
+                    continue
+                peak = self.peaks.get(pid)
+                if peak is None:
+                    peak = self.peaks[pid] = ProcessPeak(pid, _role(pid, self.root))
+                peak.vmhwm_kib = max(peak.vmhwm_kib, kib)
+            self.shm_peak = max(self.shm_peak, shutil.disk_usage("/dev/shm").used - self.shm_base)
+            self.stop.wait(0.2)
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _descendants(root: int) -> list[int]:
+    children, found, todo = _children(), [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _vmhwm_kib(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _role(pid: int, root: int) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return "?"
+    text = " ".join(argv)
+    if pid == root:
+        return "cli/controller"
+    if "rlpipe.workers.main" in text:
+        return f"{argv[argv.index('--kind') + 1]} worker" if "--kind" in argv else "worker"
+    if "uvicorn" in text or "prefect" in text:
+        return "prefect server"
+    return " ".join(Path(argv[0]).name.split() + argv[1:3])[:40]
+
+
+def write_config(path: Path, model: Path, lake: Path) -> None:
+    path.write_text(f"""
+[model]
+path = "{model}"
+device = "cpu"
+
+[envs]
+domains = {{ arithmetic = 1.0 }}
+max_operand = {MAX_OPERAND}
+heldout_size = 4
+train_size = 64
+
+[warmstart]
+steps = 0
+
+[rollout]
+prompts_per_step = 4
+group_size = 4
+max_new_tokens = 32
+batch_size = 16
+
+[train]
+steps = 1
+micro_batch_size = 16
+
+[checkpoint]
+every_steps = 1000
+
+[storage]
+lake_uri = "{lake}"
+""")
+
+
+@dataclass(frozen=True)
+class Result:
+    variant: str
+    returncode: int
+    metrics: dict[str, float]
+    peaks: list[ProcessPeak]
+    shm_peak: int
+    wall_s: float
+    tail: str
+
+
+def run_variant(name: str, overrides: list[str], model: Path, work: Path, threads: int) -> Result:
+    lake = work / f"lake-{name}"
+    config = work / f"{name}.toml"
+    write_config(config, model, lake)
+    run_id = f"scale-{name}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads),
+           "PREFECT_HOME": str(work / f"prefect-{name}")}
+    command = [sys.executable, "-m", "rlpipe.cli.main", "train", str(config), "--run-id", run_id]
+    for override in overrides:
+        command += ["--set", override]
+    started = time.perf_counter()
+    log = work / f"{name}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+        watch = Watch(process.pid)
+        thread = threading.Thread(target=watch.run, daemon=True)
+        thread.start()
+        returncode = process.wait()
+        watch.stop.set()
+        thread.join()
+    wall_s = time.perf_counter() - started
+    metrics: dict[str, float] = {}
+    for document in ("MANIFEST.json", "TRAIN.json"):
+        path = lake / "runs" / run_id / "steps" / "000001" / document
+        if path.exists():
+            metrics |= dict(json.loads(path.read_text())["metrics"])
+    shutil.rmtree(lake, ignore_errors=True)
+    tail = "\n".join(log.read_text().splitlines()[-15:])
+    return Result(name, returncode, metrics, sorted(watch.peaks.values(), key=lambda p: -p.vmhwm_kib), watch.shm_peak, wall_s, tail)
+
+
+def print_result(result: Result, weights_bytes: int) -> None:
+    bound = 6 * weights_bytes
+    counted = [p for p in result.peaks if p.vmhwm_kib > 0]
+    total = sum(p.vmhwm_kib for p in counted) * 1024
+    step_s = result.metrics.get("time/step_s")
+    step = f"FAILED (exit {result.returncode})" if result.returncode else f"{step_s:.1f} s" if step_s is not None else "no metric"
+    print(f"\n## {result.variant}: step {step} (generate {result.metrics.get('time/generate_s', float('nan')):.1f} s, "
+          f"update {result.metrics.get('time/update_s', float('nan')):.1f} s, sync {result.metrics.get('time/sync_s', float('nan')):.1f} s), "
+          f"run wall {result.wall_s:.0f} s; reward/mean {result.metrics.get('reward/mean', float('nan')):.3f}, "
+          f"train/grad_norm {result.metrics.get('train/grad_norm', float('nan')):.3g} (0: every advantage was 0, nothing trained)")
+    for peak in counted:
+        if peak.vmhwm_kib * 1024 >= 0.05 * GIB:
+            print(f"  {peak.role:<18} pid {peak.pid:<8} VmHWM {peak.vmhwm_kib * 1024 / GIB:6.2f} GiB")
+    small = [p for p in counted if p.vmhwm_kib * 1024 < 0.05 * GIB]
+    if small:
+        print(f"  {len(small)} more processes under 0.05 GiB each: {sum(p.vmhwm_kib for p in small) / 1024**2:.2f} GiB")
+    print(f"  sum {total / GIB:.2f} GiB = {total / weights_bytes:.2f}x fp32 weights; "
+          f"6x = {bound / GIB:.2f} GiB: {'UNDER' if total <= bound else 'OVER'}; /dev/shm peak {result.shm_peak / GIB:.2f} GiB")
+    if result.returncode:
+        print("  last lines of the run:\n    " + result.tail.replace("\n", "\n    "))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="a local HF folder with its tokenizer (default: a Qwen2.5-0.5B-shaped random model)")
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="run only these variants (default: all)")
+    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the run's processes")
+    parser.add_argument("--keep", type=Path, help="keep the work folder here (model, configs, logs)")
+    parser.add_argument("--prime-steps", type=int, default=10,
+                        help="supervised steps on the run's tasks before saving the random model, so that rewards differ "
+                             "within a group (else every advantage is 0 and the trainer skips the update)")
+    parser.add_argument("--build-only", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.build_only:
+        build_qwen05b_folder(args.build_only, args.prime_steps)
+        return
+    work = Path(args.keep or tempfile.mkdtemp(prefix="rlpipe-scale-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.model:
+            model = args.model.resolve()
+            count = parameter_count(model)
+        elif (work / "qwen05b" / "config.json").exists():
+            model, count = work / "qwen05b", parameter_count(work / "qwen05b")
+        else:
+            model = work / "qwen05b"
+            started = time.perf_counter()
+            # in a child process: the build's memory (weights, AdamW states of the priming) is
+            # returned to the system before the runs are measured
+            subprocess.run([sys.executable, __file__, "--build-only", str(model), "--prime-steps", str(args.prime_steps)],
+                           check=True, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(args.threads)})
+            count = parameter_count(model)
+            print(f"built {model} in {time.perf_counter() - started:.0f} s")
+        weights = count * 4
+        print(f"model {model}: {count:,} parameters, fp32 weights {weights / GIB:.2f} GiB, 6x = {6 * weights / GIB:.2f} GiB; "
+              f"4 prompts x 4 samples x 32 new tokens, 1 RL step, OMP_NUM_THREADS={args.threads}")
+        for name in args.variant or list(VARIANTS):
+            print_result(run_variant(name, VARIANTS[name], model, work, args.threads), weights)
+            sys.stdout.flush()
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
