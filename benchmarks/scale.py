@@ -19,8 +19,10 @@ runs, /proc/PID/status of the CLI and all its descendants is polled (every 0.2 s
 the peak resident set of each process (it includes mapped /dev/shm pages: the engine worker maps
 the weight file it loads). Printed per variant: the step time (`time/step_s` of the lake's step
 metrics), the peak of each process, their sum, and the sum against 6x the fp32 weight size
-(parameters x 4 bytes); plus the peak of /dev/shm's use (the weight-sync file, not counted in
-any process unless mapped).
+(parameters x 4 bytes); plus a second sum that counts the weight-sync file once: the polled
+peak of each process's VmRSS - RssShmem plus the peak of /dev/shm's use (VmHWM counts the file
+in the engine worker, which maps it, though its pages are the tmpfs file's; polling every 0.2 s
+can miss a short peak, so this sum is a lower bound).
 
 Variants (rows): fp32 (full fine-tuning, the defaults), gc (train.gradient_checkpointing),
 bf16 (model.dtype = bfloat16: the engine's and the trainer's weights in bf16, but the trainer
@@ -100,6 +102,7 @@ class ProcessPeak:
     pid: int
     role: str
     vmhwm_kib: int = 0
+    unshared_kib: int = 0  # peak of VmRSS - RssShmem as polled: without mapped /dev/shm pages
 
 
 @dataclass
@@ -116,13 +119,14 @@ class Watch:
         self.shm_base = shutil.disk_usage("/dev/shm").used
         while not self.stop.is_set():
             for pid in _descendants(self.root):
-                kib = _vmhwm_kib(pid)
-                if kib is None:
+                status = _status_kib(pid)
+                if "VmHWM" not in status:
                     continue
                 peak = self.peaks.get(pid)
                 if peak is None:
                     peak = self.peaks[pid] = ProcessPeak(pid, _role(pid, self.root))
-                peak.vmhwm_kib = max(peak.vmhwm_kib, kib)
+                peak.vmhwm_kib = max(peak.vmhwm_kib, status["VmHWM"])
+                peak.unshared_kib = max(peak.unshared_kib, status.get("VmRSS", 0) - status.get("RssShmem", 0))
             self.shm_peak = max(self.shm_peak, shutil.disk_usage("/dev/shm").used - self.shm_base)
             self.stop.wait(0.2)
 
@@ -150,14 +154,14 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _vmhwm_kib(pid: int) -> int | None:
+def _status_kib(pid: int) -> dict[str, int]:
+    """VmHWM, VmRSS, RssShmem of /proc/PID/status in KiB ({} when the process is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
-        return None
-    return None
+        return {}
+    return {key: int(rest.split()[0]) for key, _, rest in (line.partition(":") for line in lines)
+            if key in ("VmHWM", "VmRSS", "RssShmem")}
 
 
 def _role(pid: int, root: int) -> str:
@@ -168,6 +172,11 @@ def _role(pid: int, root: int) -> str:
     text = " ".join(argv)
     if pid == root:
         return "cli/controller"
+    try:
+        if Path(f"/proc/{root}/cmdline").read_bytes().decode(errors="replace").split("\0") == argv:
+            return "cli fork"
+    except OSError:
+        pass
     if "rlpipe.workers.main" in text:
         return f"{argv[argv.index('--kind') + 1]} worker" if "--kind" in argv else "worker"
     if "uvicorn" in text or "prefect" in text:
@@ -219,6 +228,15 @@ class Result:
     tail: str
 
 
+def mem_available_gib() -> float:
+    """MemAvailable of /proc/meminfo: a run whose processes need more is OOM-killed (a worker
+    killed so is restarted by the retried task, and killed again)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024 / GIB
+    return float("nan")
+
+
 def run_variant(name: str, overrides: list[str], model: Path, work: Path, threads: int) -> Result:
     lake = work / f"lake-{name}"
     config = work / f"{name}.toml"
@@ -253,7 +271,12 @@ def run_variant(name: str, overrides: list[str], model: Path, work: Path, thread
 def print_result(result: Result, weights_bytes: int) -> None:
     bound = 6 * weights_bytes
     counted = [p for p in result.peaks if p.vmhwm_kib > 0]
-    total = sum(p.vmhwm_kib for p in counted) * 1024
+    # a worker that died and was restarted (a retried task) is two processes of one role, one
+    # after the other: the sum takes each role's largest
+    by_role: dict[str, list[ProcessPeak]] = {}
+    for peak in counted:
+        by_role.setdefault(peak.role, []).append(peak)
+    total = sum(max(p.vmhwm_kib for p in peaks) for peaks in by_role.values()) * 1024
     step_s = result.metrics.get("time/step_s")
     step = f"FAILED (exit {result.returncode})" if result.returncode else f"{step_s:.1f} s" if step_s is not None else "no metric"
     print(f"\n## {result.variant}: step {step} (generate {result.metrics.get('time/generate_s', float('nan')):.1f} s, "
@@ -262,12 +285,19 @@ def print_result(result: Result, weights_bytes: int) -> None:
           f"train/grad_norm {result.metrics.get('train/grad_norm', float('nan')):.3g} (0: every advantage was 0, nothing trained)")
     for peak in counted:
         if peak.vmhwm_kib * 1024 >= 0.05 * GIB:
-            print(f"  {peak.role:<18} pid {peak.pid:<8} VmHWM {peak.vmhwm_kib * 1024 / GIB:6.2f} GiB")
+            print(f"  {peak.role:<18} pid {peak.pid:<8} VmHWM {peak.vmhwm_kib * 1024 / GIB:6.2f} GiB "
+                  f"(without mapped /dev/shm, polled: {peak.unshared_kib * 1024 / GIB:5.2f} GiB)")
     small = [p for p in counted if p.vmhwm_kib * 1024 < 0.05 * GIB]
     if small:
         print(f"  {len(small)} more processes under 0.05 GiB each: {sum(p.vmhwm_kib for p in small) / 1024**2:.2f} GiB")
-    print(f"  sum {total / GIB:.2f} GiB = {total / weights_bytes:.2f}x fp32 weights; "
-          f"6x = {bound / GIB:.2f} GiB: {'UNDER' if total <= bound else 'OVER'}; /dev/shm peak {result.shm_peak / GIB:.2f} GiB")
+    print(f"  sum (per role) {total / GIB:.2f} GiB = {total / weights_bytes:.2f}x fp32 weights; "
+          f"6x = {bound / GIB:.2f} GiB: {'UNDER' if total <= bound else 'OVER'}")
+    restarted = [f"{role} x{len(peaks)}" for role, peaks in by_role.items() if len(peaks) > 1 and role.endswith("worker")]
+    if restarted:
+        print(f"  restarted during the run (each role's largest counted once): {', '.join(restarted)}")
+    unshared = sum(max(p.unshared_kib for p in peaks) for peaks in by_role.values()) * 1024 + result.shm_peak
+    print(f"  counting /dev/shm once (each process without its mapped /dev/shm pages, + the /dev/shm peak "
+          f"{result.shm_peak / GIB:.2f} GiB): {unshared / GIB:.2f} GiB = {unshared / weights_bytes:.2f}x")
     if result.returncode:
         print("  last lines of the run:\n    " + result.tail.replace("\n", "\n    "))
 
@@ -307,6 +337,7 @@ def main() -> None:
         print(f"model {model}: {count:,} parameters, fp32 weights {weights / GIB:.2f} GiB, 6x = {6 * weights / GIB:.2f} GiB; "
               f"4 prompts x 4 samples x 32 new tokens, 1 RL step, OMP_NUM_THREADS={args.threads}")
         for name in args.variant or list(VARIANTS):
+            print(f"\n{name}: {', '.join(VARIANTS[name]) or 'defaults'}; MemAvailable before it {mem_available_gib():.1f} GiB")
             print_result(run_variant(name, VARIANTS[name], model, work, args.threads), weights)
             sys.stdout.flush()
     finally:
