@@ -19,10 +19,11 @@ runs, /proc/PID/status of the CLI and all its descendants is polled (every 0.2 s
 the peak resident set of each process (it includes mapped /dev/shm pages: the engine worker maps
 the weight file it loads). Printed per variant: the step time (`time/step_s` of the lake's step
 metrics), the peak of each process, their sum, and the sum against 6x the fp32 weight size
-(parameters x 4 bytes); plus a second sum that counts the weight-sync file once: the polled
-peak of each process's VmRSS - RssShmem plus the peak of /dev/shm's use (VmHWM counts the file
-in the engine worker, which maps it, though its pages are the tmpfs file's; polling every 0.2 s
-can miss a short peak, so this sum is a lower bound).
+(parameters x 4 bytes). VmHWM counts file pages too: the model's safetensors file that
+from_pretrained maps (page cache, 1x the weights while loading) and the weight-sync file the
+engine worker maps (/dev/shm). So a second sum counts private memory only: the polled peak of
+each process's RssAnon plus the peak of /dev/shm's use (the sync file once); polling every 0.2 s
+can miss a short peak, so that sum is a lower bound.
 
 Variants (rows): fp32 (full fine-tuning, the defaults), gc (train.gradient_checkpointing),
 bf16 (model.dtype = bfloat16: the engine's and the trainer's weights in bf16, but the trainer
@@ -102,7 +103,7 @@ class ProcessPeak:
     pid: int
     role: str
     vmhwm_kib: int = 0
-    unshared_kib: int = 0  # peak of VmRSS - RssShmem as polled: without mapped /dev/shm pages
+    anon_kib: int = 0  # polled peak of RssAnon: private memory (no file pages, no mapped /dev/shm)
 
 
 @dataclass
@@ -125,8 +126,10 @@ class Watch:
                 peak = self.peaks.get(pid)
                 if peak is None:
                     peak = self.peaks[pid] = ProcessPeak(pid, _role(pid, self.root))
+                elif peak.role == "cli fork":  # forked by Popen, not yet exec'd when first seen
+                    peak.role = _role(pid, self.root)
                 peak.vmhwm_kib = max(peak.vmhwm_kib, status["VmHWM"])
-                peak.unshared_kib = max(peak.unshared_kib, status.get("VmRSS", 0) - status.get("RssShmem", 0))
+                peak.anon_kib = max(peak.anon_kib, status.get("RssAnon", 0))
             self.shm_peak = max(self.shm_peak, shutil.disk_usage("/dev/shm").used - self.shm_base)
             self.stop.wait(0.2)
 
@@ -155,13 +158,13 @@ def _descendants(root: int) -> list[int]:
 
 
 def _status_kib(pid: int) -> dict[str, int]:
-    """VmHWM, VmRSS, RssShmem of /proc/PID/status in KiB ({} when the process is gone)."""
+    """VmHWM, RssAnon of /proc/PID/status in KiB ({} when the process is gone)."""
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
         return {}
     return {key: int(rest.split()[0]) for key, _, rest in (line.partition(":") for line in lines)
-            if key in ("VmHWM", "VmRSS", "RssShmem")}
+            if key in ("VmHWM", "RssAnon")}
 
 
 def _role(pid: int, root: int) -> str:
@@ -286,7 +289,7 @@ def print_result(result: Result, weights_bytes: int) -> None:
     for peak in counted:
         if peak.vmhwm_kib * 1024 >= 0.05 * GIB:
             print(f"  {peak.role:<18} pid {peak.pid:<8} VmHWM {peak.vmhwm_kib * 1024 / GIB:6.2f} GiB "
-                  f"(without mapped /dev/shm, polled: {peak.unshared_kib * 1024 / GIB:5.2f} GiB)")
+                  f"(RssAnon peak, polled: {peak.anon_kib * 1024 / GIB:5.2f} GiB)")
     small = [p for p in counted if p.vmhwm_kib * 1024 < 0.05 * GIB]
     if small:
         print(f"  {len(small)} more processes under 0.05 GiB each: {sum(p.vmhwm_kib for p in small) / 1024**2:.2f} GiB")
@@ -295,9 +298,9 @@ def print_result(result: Result, weights_bytes: int) -> None:
     restarted = [f"{role} x{len(peaks)}" for role, peaks in by_role.items() if len(peaks) > 1 and role.endswith("worker")]
     if restarted:
         print(f"  restarted during the run (each role's largest counted once): {', '.join(restarted)}")
-    unshared = sum(max(p.unshared_kib for p in peaks) for peaks in by_role.values()) * 1024 + result.shm_peak
-    print(f"  counting /dev/shm once (each process without its mapped /dev/shm pages, + the /dev/shm peak "
-          f"{result.shm_peak / GIB:.2f} GiB): {unshared / GIB:.2f} GiB = {unshared / weights_bytes:.2f}x")
+    private = sum(max(p.anon_kib for p in peaks) for peaks in by_role.values()) * 1024 + result.shm_peak
+    print(f"  private memory only (each role's RssAnon peak + the /dev/shm peak {result.shm_peak / GIB:.2f} GiB; "
+          f"no page cache of model files): {private / GIB:.2f} GiB = {private / weights_bytes:.2f}x")
     if result.returncode:
         print("  last lines of the run:\n    " + result.tail.replace("\n", "\n    "))
 
