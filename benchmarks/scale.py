@@ -30,6 +30,25 @@ bf16 (model.dtype = bfloat16: the engine's and the trainer's weights in bf16, bu
 keeps fp32 master weights, fp32 gradients and fp32 AdamW states, rl/precision.py), lora (rank 8 on
 every linear layer: only the adapter has gradients and AdamW states).
 
+Measured 2026-12-01 on the shared 2-core, 24 GiB machine (load 4-13, other runs using 10-16
+GiB; fp32 weights 1.84 GiB, 6x = 11.04 GiB; OMP_NUM_THREADS=2, nice 10):
+- lora: step 48.0 s (generate 11.9, update 35.4, sync 0.5); VmHWM trainer 4.41, engine 4.13,
+  controller 0.71, Prefect 0.22 GiB: sum 9.47 GiB = 5.15x, UNDER; private (RssAnon) 2.41 + 2.24
+  + 0.53 + 0.19 + /dev/shm 0.02 = 5.39 GiB = 2.93x. (VmHWM - RssAnon ~ 2 GiB in each worker:
+  from_pretrained's mapped model file, page cache.)
+- gc (full fp32 fine-tuning): the step ran (generate 4.9 s, update 70.6 s, sync 6.3 s,
+  grad_norm 18.7), then the trainer worker was OOM-killed (another 8-10 GiB in use) at RssAnon
+  7.8 GiB, restarted by the retried task, reached 8.7 GiB, and the run was stopped: VmHWM sum
+  13.95 GiB = 7.58x, OVER; private 13.96 GiB = 7.58x (trainer 8.72 = weights 1x + gradients 1x
+  + AdamW 2x + ~0.7x, engine 2.17 = 1.2x, the sync file on /dev/shm 1x, controller and Prefect
+  0.4x). fp32 without checkpointing: the same OOM (trainer 7.96 GiB VmHWM before the kill).
+  bf16 was not run (no memory left): its trainer keeps fp32 masters, gradients and AdamW states
+  (>= 4.5x), so it would not be under 6x either; the engine's half (0.5x) and a half-size sync
+  file (0.5x) are what it saves.
+So on this machine only LoRA is under 6x; full fine-tuning needs the sync file not to coexist
+with the engine's weights (sync in chunks), and less than 4x in the trainer (8-bit or bf16
+AdamW states, or an optimizer offload) to get there.
+
 What it does not do: assert anything, measure a GPU, or measure more than one step (the first
 step includes no warm-up beyond the engine's own).
 """
