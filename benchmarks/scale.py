@@ -1,0 +1,371 @@
+"""One real RL step of a Qwen2.5-0.5B-shaped model on this CPU, with the peak memory of every
+process: `.venv/bin/python benchmarks/scale.py [--model PATH] [--variant NAME ...]`.
+
+The model: Qwen2.5-0.5B's shape built from its config (hidden 896, 24 layers, 14 heads, 2 KV
+heads, intermediate 4864, vocabulary 151936, tied embeddings, rope theta 1e6), randomly
+initialised, then `--prime-steps` (10) supervised steps (rl/warmstart.py) on the run's
+arithmetic tasks (a+b, a and b in 0..3), saved as a local HF folder with rlpipe's character
+tokenizer (its ~60 ids are all below the vocabulary size, so tasks/model_checks.py's pre-flight
+accepts it). Why the priming: a purely random model is never right, so every reward is 0, every
+GRPO advantage is 0 and the trainer skips the update (no gradient, no AdamW state): the step
+would measure nothing of the update. Primed, it answers a digit, right about 1 time in 5, so
+rewards differ within a group and the update trains. Or `--model PATH`: any local HF folder
+with its tokenizer (then rewards may all be 0: the printed train/grad_norm says so).
+
+Each variant is a real `rlpipe train` run through the workers (controller, engine worker,
+trainer worker, Prefect's temporary server): model.path = that folder, no warm start, 4 prompts x
+4 samples x 32 new tokens of that arithmetic domain, train.steps = 1, 4 held-out tasks. While it
+runs, /proc/PID/status of the CLI and all its descendants is polled (every 0.2 s) for VmHWM,
+the peak resident set of each process (it includes mapped /dev/shm pages: the engine worker maps
+the weight file it loads). Printed per variant: the step time (`time/step_s` of the lake's step
+metrics), the peak of each process, their sum, and the sum against 6x the fp32 weight size
+(parameters x 4 bytes). VmHWM counts file pages too: the model's safetensors file that
+from_pretrained maps (page cache, 1x the weights while loading) and the weight-sync file the
+engine worker maps (/dev/shm). So a second sum counts private memory only: the polled peak of
+each process's RssAnon plus the peak of /dev/shm's use (the sync file once); polling every 0.2 s
+can miss a short peak, so that sum is a lower bound.
+
+Variants (rows): fp32 (full fine-tuning, the defaults), gc (train.gradient_checkpointing),
+bf16 (model.dtype = bfloat16: the engine's and the trainer's weights in bf16, but the trainer
+keeps fp32 master weights, fp32 gradients and fp32 AdamW states, rl/precision.py), lora (rank 8 on
+every linear layer: only the adapter has gradients and AdamW states).
+
+Measured 2026-12-01 on the shared 2-core, 24 GiB machine (load 4-13, other runs using 10-16
+GiB; fp32 weights 1.84 GiB, 6x = 11.04 GiB; OMP_NUM_THREADS=2, nice 10):
+- lora: step 48.0 s (generate 11.9, update 35.4, sync 0.5); VmHWM trainer 4.41, engine 4.13,
+  controller 0.71, Prefect 0.22 GiB: sum 9.47 GiB = 5.15x, UNDER; private (RssAnon) 2.41 + 2.24
+  + 0.53 + 0.19 + /dev/shm 0.02 = 5.39 GiB = 2.93x. (VmHWM - RssAnon ~ 2 GiB in each worker:
+  from_pretrained's mapped model file, page cache.)
+- gc (full fp32 fine-tuning): the step ran (generate 4.9 s, update 70.6 s, sync 6.3 s,
+  grad_norm 18.7), then the trainer worker was OOM-killed (another 8-10 GiB in use) at RssAnon
+  7.8 GiB, restarted by the retried task, reached 8.7 GiB, and the run was stopped: VmHWM sum
+  13.95 GiB = 7.58x, OVER; private 13.96 GiB = 7.58x (trainer 8.72 = weights 1x + gradients 1x
+  + AdamW 2x + ~0.7x, engine 2.17 = 1.2x, the sync file on /dev/shm 1x, controller and Prefect
+  0.4x). fp32 without checkpointing: the same OOM (trainer 7.96 GiB VmHWM before the kill).
+  bf16 was not run (no memory left): its trainer keeps fp32 masters, gradients and AdamW states
+  (>= 4.5x), so it would not be under 6x either; the engine's half (0.5x) and a half-size sync
+  file (0.5x) are what it saves.
+So on this machine only LoRA is under 6x; full fine-tuning needs the sync file not to coexist
+with the engine's weights (sync in chunks), and less than 4x in the trainer (8-bit or bf16
+AdamW states, or an optimizer offload) to get there.
+
+What it does not do: assert anything, measure a GPU, or measure more than one step (the first
+step includes no warm-up beyond the engine's own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 1024**3
+MAX_OPERAND = 3  # arithmetic a+b, a and b in 0..3: answers 0..6, guessable by a barely trained model
+
+VARIANTS: dict[str, list[str]] = {
+    "fp32": [],
+    "gc": ["train.gradient_checkpointing=true"],
+    "bf16": ["model.dtype=\"bfloat16\""],
+    "lora": ["train.lora_rank=8"],
+}
+
+
+def build_qwen05b_folder(folder: Path, prime_steps: int) -> int:
+    """Qwen2.5-0.5B's shape, random init, `prime_steps` supervised steps on the run's
+    arithmetic tasks, saved with the char tokenizer; returns the parameter count."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlpipe.envs.arithmetic import ArithmeticEnv
+    from rlpipe.rl.policy import build_char_tokenizer
+    from rlpipe.rl.warmstart import warm_start
+
+    tokenizer = build_char_tokenizer()
+    config = Qwen2Config(
+        vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        intermediate_size=4864, max_position_embeddings=32768, rope_theta=1_000_000.0, tie_word_embeddings=True,
+        rms_norm_eps=1e-6, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    count = sum(p.numel() for p in model.parameters())  # tied: the embedding counted once
+    tasks = ArithmeticEnv(max_operand=MAX_OPERAND).tasks("train", 64, seed=0)
+    losses = warm_start(model, tokenizer, [(t.prompt, t.reference_answer) for t in tasks], prime_steps, batch_size=16, lr=3e-4, seed=0)
+    print(f"primed with {prime_steps} supervised steps: answer loss {losses[0]:.2f} -> {losses[-1]:.2f}" if losses else "not primed")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return count
+
+
+def parameter_count(folder: Path) -> int:
+    """Parameters of a saved model (tied weights once), built on the meta device: no memory."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    return sum(p.numel() for p in model.parameters())
+
+
+@dataclass
+class ProcessPeak:
+    pid: int
+    role: str
+    vmhwm_kib: int = 0
+    anon_kib: int = 0  # polled peak of RssAnon: private memory (no file pages, no mapped /dev/shm)
+
+
+@dataclass
+class Watch:
+    """VmHWM of a process tree, polled until stopped."""
+
+    root: int
+    peaks: dict[int, ProcessPeak] = field(default_factory=dict)
+    shm_base: int = 0
+    shm_peak: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        self.shm_base = shutil.disk_usage("/dev/shm").used
+        while not self.stop.is_set():
+            for pid in _descendants(self.root):
+                status = _status_kib(pid)
+                if "VmHWM" not in status:
+                    continue
+                peak = self.peaks.get(pid)
+                if peak is None:
+                    peak = self.peaks[pid] = ProcessPeak(pid, _role(pid, self.root))
+                elif peak.role == "cli fork":  # forked by Popen, not yet exec'd when first seen
+                    peak.role = _role(pid, self.root)
+                peak.vmhwm_kib = max(peak.vmhwm_kib, status["VmHWM"])
+                peak.anon_kib = max(peak.anon_kib, status.get("RssAnon", 0))
+            self.shm_peak = max(self.shm_peak, shutil.disk_usage("/dev/shm").used - self.shm_base)
+            self.stop.wait(0.2)
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _descendants(root: int) -> list[int]:
+    children, found, todo = _children(), [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _status_kib(pid: int) -> dict[str, int]:
+    """VmHWM, RssAnon of /proc/PID/status in KiB ({} when the process is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {key: int(rest.split()[0]) for key, _, rest in (line.partition(":") for line in lines)
+            if key in ("VmHWM", "RssAnon")}
+
+
+def _role(pid: int, root: int) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return "?"
+    text = " ".join(argv)
+    if pid == root:
+        return "cli/controller"
+    try:
+        if Path(f"/proc/{root}/cmdline").read_bytes().decode(errors="replace").split("\0") == argv:
+            return "cli fork"
+    except OSError:
+        pass
+    if "rlpipe.workers.main" in text:
+        return f"{argv[argv.index('--kind') + 1]} worker" if "--kind" in argv else "worker"
+    if "uvicorn" in text or "prefect" in text:
+        return "prefect server"
+    return " ".join(Path(argv[0]).name.split() + argv[1:3])[:40]
+
+
+def write_config(path: Path, model: Path, lake: Path) -> None:
+    path.write_text(f"""
+[model]
+path = "{model}"
+device = "cpu"
+
+[envs]
+domains = {{ arithmetic = 1.0 }}
+max_operand = {MAX_OPERAND}
+heldout_size = 4
+train_size = 64
+
+[warmstart]
+steps = 0
+
+[rollout]
+prompts_per_step = 4
+group_size = 4
+max_new_tokens = 32
+batch_size = 16
+
+[train]
+steps = 1
+micro_batch_size = 16
+
+[checkpoint]
+every_steps = 1000
+
+[storage]
+lake_uri = "{lake}"
+""")
+
+
+@dataclass(frozen=True)
+class Result:
+    variant: str
+    returncode: int
+    metrics: dict[str, float]
+    peaks: list[ProcessPeak]
+    shm_peak: int
+    wall_s: float
+    tail: str
+
+
+def mem_available_gib() -> float:
+    """MemAvailable of /proc/meminfo: a run whose processes need more is OOM-killed (a worker
+    killed so is restarted by the retried task, and killed again)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024 / GIB
+    return float("nan")
+
+
+def run_variant(name: str, overrides: list[str], model: Path, work: Path, threads: int) -> Result:
+    lake = work / f"lake-{name}"
+    config = work / f"{name}.toml"
+    write_config(config, model, lake)
+    run_id = f"scale-{name}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads),
+           "PREFECT_HOME": str(work / f"prefect-{name}")}
+    command = [sys.executable, "-m", "rlpipe.cli.main", "train", str(config), "--run-id", run_id]
+    for override in overrides:
+        command += ["--set", override]
+    started = time.perf_counter()
+    log = work / f"{name}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+        watch = Watch(process.pid)
+        thread = threading.Thread(target=watch.run, daemon=True)
+        thread.start()
+        returncode = process.wait()
+        watch.stop.set()
+        thread.join()
+    wall_s = time.perf_counter() - started
+    metrics: dict[str, float] = {}
+    for document in ("MANIFEST.json", "TRAIN.json"):
+        path = lake / "runs" / run_id / "steps" / "000001" / document
+        if path.exists():
+            metrics |= dict(json.loads(path.read_text())["metrics"])
+    shutil.rmtree(lake, ignore_errors=True)
+    tail = "\n".join(log.read_text().splitlines()[-15:])
+    return Result(name, returncode, metrics, sorted(watch.peaks.values(), key=lambda p: -p.vmhwm_kib), watch.shm_peak, wall_s, tail)
+
+
+def print_result(result: Result, weights_bytes: int) -> None:
+    bound = 6 * weights_bytes
+    counted = [p for p in result.peaks if p.vmhwm_kib > 0]
+    # a worker that died and was restarted (a retried task) is two processes of one role, one
+    # after the other: the sum takes each role's largest
+    by_role: dict[str, list[ProcessPeak]] = {}
+    for peak in counted:
+        by_role.setdefault(peak.role, []).append(peak)
+    total = sum(max(p.vmhwm_kib for p in peaks) for peaks in by_role.values()) * 1024
+    step_s = result.metrics.get("time/step_s")
+    step = f"FAILED (exit {result.returncode})" if result.returncode else f"{step_s:.1f} s" if step_s is not None else "no metric"
+    print(f"\n## {result.variant}: step {step} (generate {result.metrics.get('time/generate_s', float('nan')):.1f} s, "
+          f"update {result.metrics.get('time/update_s', float('nan')):.1f} s, sync {result.metrics.get('time/sync_s', float('nan')):.1f} s), "
+          f"run wall {result.wall_s:.0f} s; reward/mean {result.metrics.get('reward/mean', float('nan')):.3f}, "
+          f"train/grad_norm {result.metrics.get('train/grad_norm', float('nan')):.3g} (0: every advantage was 0, nothing trained)")
+    for peak in counted:
+        if peak.vmhwm_kib * 1024 >= 0.05 * GIB:
+            print(f"  {peak.role:<18} pid {peak.pid:<8} VmHWM {peak.vmhwm_kib * 1024 / GIB:6.2f} GiB "
+                  f"(RssAnon peak, polled: {peak.anon_kib * 1024 / GIB:5.2f} GiB)")
+    small = [p for p in counted if p.vmhwm_kib * 1024 < 0.05 * GIB]
+    if small:
+        print(f"  {len(small)} more processes under 0.05 GiB each: {sum(p.vmhwm_kib for p in small) / 1024**2:.2f} GiB")
+    print(f"  sum (per role) {total / GIB:.2f} GiB = {total / weights_bytes:.2f}x fp32 weights; "
+          f"6x = {bound / GIB:.2f} GiB: {'UNDER' if total <= bound else 'OVER'}")
+    restarted = [f"{role} x{len(peaks)}" for role, peaks in by_role.items() if len(peaks) > 1 and role.endswith("worker")]
+    if restarted:
+        print(f"  restarted during the run (each role's largest counted once): {', '.join(restarted)}")
+    private = sum(max(p.anon_kib for p in peaks) for peaks in by_role.values()) * 1024 + result.shm_peak
+    print(f"  private memory only (each role's RssAnon peak + the /dev/shm peak {result.shm_peak / GIB:.2f} GiB; "
+          f"no page cache of model files): {private / GIB:.2f} GiB = {private / weights_bytes:.2f}x")
+    if result.returncode:
+        print("  last lines of the run:\n    " + result.tail.replace("\n", "\n    "))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="a local HF folder with its tokenizer (default: a Qwen2.5-0.5B-shaped random model)")
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="run only these variants (default: all)")
+    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the run's processes")
+    parser.add_argument("--keep", type=Path, help="keep the work folder here (model, configs, logs)")
+    parser.add_argument("--prime-steps", type=int, default=10,
+                        help="supervised steps on the run's tasks before saving the random model, so that rewards differ "
+                             "within a group (else every advantage is 0 and the trainer skips the update)")
+    parser.add_argument("--build-only", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.build_only:
+        build_qwen05b_folder(args.build_only, args.prime_steps)
+        return
+    work = Path(args.keep or tempfile.mkdtemp(prefix="rlpipe-scale-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.model:
+            model = args.model.resolve()
+            count = parameter_count(model)
+        elif (work / "qwen05b" / "config.json").exists():
+            model, count = work / "qwen05b", parameter_count(work / "qwen05b")
+        else:
+            model = work / "qwen05b"
+            started = time.perf_counter()
+            # in a child process: the build's memory (weights, AdamW states of the priming) is
+            # returned to the system before the runs are measured
+            subprocess.run([sys.executable, __file__, "--build-only", str(model), "--prime-steps", str(args.prime_steps)],
+                           check=True, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(args.threads)})
+            count = parameter_count(model)
+            print(f"built {model} in {time.perf_counter() - started:.0f} s")
+        weights = count * 4
+        print(f"model {model}: {count:,} parameters, fp32 weights {weights / GIB:.2f} GiB, 6x = {6 * weights / GIB:.2f} GiB; "
+              f"4 prompts x 4 samples x 32 new tokens, 1 RL step, OMP_NUM_THREADS={args.threads}")
+        for name in args.variant or list(VARIANTS):
+            print(f"\n{name}: {', '.join(VARIANTS[name]) or 'defaults'}; MemAvailable before it {mem_available_gib():.1f} GiB")
+            print_result(run_variant(name, VARIANTS[name], model, work, args.threads), weights)
+            sys.stdout.flush()
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
