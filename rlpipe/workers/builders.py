@@ -17,6 +17,7 @@ from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import ConfigError
 if TYPE_CHECKING:
     from rlpipe.rl.trainer import Trainer
+from rlpipe.rl.policy import resolve_device as rl_resolve_device
 from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model, load_local_tokenizer
 from rlpipe.rl.pretrained import converted_gguf_folder
 
@@ -29,12 +30,12 @@ def config_from_bootstrap(boot: dict) -> RunConfig:
 
 
 def resolve_device(name: str) -> str:
-    """model.device: auto -> cuda when available, else cpu; cuda[:N] must exist."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"model.device={name!r} but this machine has no CUDA device", "use model.device=\"auto\" or \"cpu\"")
-    return name
+    """model.device as a device string (rl/policy.resolve_device: auto -> cuda:0 when CUDA has a
+    device, else cpu; cuda[:N] must exist); ConfigError instead of its ValueError."""
+    try:
+        return str(rl_resolve_device(name))
+    except ValueError as exc:
+        raise ConfigError(str(exc), "use model.device=\"auto\" or \"cpu\"") from exc
 
 
 def policy_alphabet(config: RunConfig) -> str:

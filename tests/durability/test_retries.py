@@ -87,14 +87,7 @@ def test_infra_error_twice_then_success_is_retried_and_the_run_finishes(tmp_path
         FIRST_CALL_OF_STEP_2 + 1: SandboxUnavailable("docker daemon gone (test)"),
     })
     config = _config(tmp_path)
-    summary = train(config.model_dump_json(), "retried")
-    lake = build_lake(config)
-    assert summary.steps_committed == 3
-    assert lake.read_status("retried").state.value == "finished"
-    # 3 steps x 4 prompts x 4 samples, no duplicates: the failed attempts left nothing behind
-    assert query_trajectories(
-        lake, "select count(*), count(distinct (run_id, step, task_id, sample_idx)) from trajectories"
-    ).rows == [(48, 48)]
+    _assert_finished_with_every_row_once(config, "retried", train(config.model_dump_json(), "retried"))
     runs = asyncio.run(_task_runs("retried-step-2"))
     assert runs["verify"] == ("Completed", 3)  # (state, attempts)
     assert runs["generate"] == ("Completed", 1)
@@ -136,15 +129,19 @@ def test_engine_worker_death_is_engine_failed_and_the_retry_starts_a_fresh_worke
     # starts a fresh engine worker (synced to the trainer's weights, no crash point armed).
     monkeypatch.setenv("RLPIPE_FAILPOINTS", "engine-generate@3")
     config = tiny_config(tmp_path)
-    summary = train(config.model_dump_json(), "engine-retried")
-    lake = build_lake(config)
-    assert summary.steps_committed == 3
-    assert lake.read_status("engine-retried").state.value == "finished"
-    assert query_trajectories(
-        lake, "select count(*), count(distinct (run_id, step, task_id, sample_idx)) from trajectories"
-    ).rows == [(48, 48)]  # 3 steps x 4 prompts x 4 samples, nothing doubled by the retry
+    _assert_finished_with_every_row_once(config, "engine-retried", train(config.model_dump_json(), "engine-retried"))
     runs = asyncio.run(_task_runs("engine-retried-step-2"))
     assert runs["generate"] == ("Completed", 2)  # (state, attempts): EngineFailed, then the retry
+
+
+def _assert_finished_with_every_row_once(config, run_id: str, summary) -> None:  # noqa: ANN001
+    lake = build_lake(config)
+    assert summary.steps_committed == 3
+    assert lake.read_status(run_id).state.value == "finished"
+    # 3 steps x 4 prompts x 4 samples, no duplicates: failed attempts and retries left nothing behind
+    assert query_trajectories(
+        lake, "select count(*), count(distinct (run_id, step, task_id, sample_idx)) from trajectories"
+    ).rows == [(48, 48)]
 
 
 async def _task_runs(flow_run_name: str) -> dict[str, tuple[str, int]]:
