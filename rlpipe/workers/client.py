@@ -8,9 +8,10 @@ run's socket folder with a fresh random authkey per process.
 Life and death:
 - `start()` spawns without waiting; the first call waits until the worker is ready (its
   model built), so the two workers and the controller's own set-up overlap.
-- A call to a worker that died before it is sent starts a fresh one first (and runs
-  `on_restart`, which brings its state back: tasks/runtime.py restores a trainer from the
-  lake and syncs an engine's weights). A worker that dies during a call (EOF on the socket)
+- A call to a worker that died before it read the request (seen by poll(), or by no
+  Accepted coming back) starts a fresh one and sends it there, after `on_restart` brought
+  its state back (tasks/runtime.py restores a trainer from the lake and syncs an engine's
+  weights). A worker that dies during a call (EOF on the socket)
   makes the call raise EngineFailed, an InfraError that Prefect retries; the retry starts a
   fresh worker.
 - A call interrupted in the controller (^C) leaves the socket mid-message: the worker is
@@ -189,8 +190,9 @@ class WorkerClient:
             if connection is not None and process is not None and process.poll() is None:
                 try:
                     connection.send(p.Stop())
-                    if connection.poll(STOP_GRACE_S):
-                        connection.recv()
+                    for _ in ("Accepted", "Ok"):
+                        if connection.poll(STOP_GRACE_S):
+                            connection.recv()
                     process.wait(timeout=STOP_GRACE_S)
                 except (OSError, EOFError, subprocess.TimeoutExpired):
                     pass
@@ -206,24 +208,35 @@ class WorkerClient:
     # ---- calls ------------------------------------------------------------------------
 
     def call(self, request: Any) -> Any:
-        """Send one request, return its value (or raise what the worker raised, see protocol.py)."""
+        """Send one request, return its value (or raise what the worker raised, see protocol.py).
+
+        A worker that dies before it has read the request (no Accepted came back: it was
+        killed between two calls and the kernel had not closed its socket yet) never acted
+        on it, so the request goes once more to a fresh worker. One that dies after it
+        makes the call raise EngineFailed."""
         name = type(request).__name__
         with self._lock:
-            self._ensure_ready()
-            try:
-                self._connection.send(request)
-                reply = self._connection.recv()
-            except (EOFError, OSError) as exc:
-                code = self._exit_code_soon()
-                self._discard()
-                raise EngineFailed(
-                    f"the {self.spec.kind} worker of run {self.spec.run_id} died during {name} "
-                    f"({type(exc).__name__}; exit code {code})",
-                    hint="the stage is retried and starts a fresh worker; if it keeps dying, check its memory and device",
-                ) from exc
-            except BaseException:
-                self._discard()  # interrupted mid-message: this worker cannot be trusted any more
-                raise
+            for attempt in (1, 2):
+                self._ensure_ready()
+                accepted = False
+                try:
+                    self._connection.send(request)
+                    accepted = isinstance(self._connection.recv(), p.Accepted)
+                    reply = self._connection.recv()
+                except (EOFError, OSError) as exc:
+                    code = self._exit_code_soon()
+                    self._discard()
+                    if not accepted and attempt == 1:
+                        continue  # never read: the next round starts a fresh worker and sends it again
+                    raise EngineFailed(
+                        f"the {self.spec.kind} worker of run {self.spec.run_id} died during {name} "
+                        f"({type(exc).__name__}; exit code {code})",
+                        hint="the stage is retried and starts a fresh worker; if it keeps dying, check its memory and device",
+                    ) from exc
+                except BaseException:
+                    self._discard()  # interrupted mid-message: this worker cannot be trusted any more
+                    raise
+                break
             if isinstance(reply, p.Failed):
                 if self._process is not None:  # a poisoned worker exits after its reply
                     try:

@@ -194,6 +194,13 @@ class Published:
 
 
 @dataclass(frozen=True)
+class Accepted:
+    """Sent by the worker as soon as it has read a request, before it acts on it. A call
+    whose connection breaks before this arrives was never acted on: the client may send it
+    again to a fresh worker (a worker killed between two calls)."""
+
+
+@dataclass(frozen=True)
 class Ok:
     value: Any = None
 

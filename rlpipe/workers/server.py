@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from rlpipe.core import failpoints
-from rlpipe.workers.protocol import Failed, Ok, Ping, Stop, failed_from
+from rlpipe.workers.protocol import Accepted, Failed, Ok, Ping, Stop, failed_from
 
 WATCH_INTERVAL_S = 0.2
 log = logging.getLogger("rlpipe.workers")
@@ -132,6 +132,10 @@ def serve(listener: Listener, service: Service) -> bool:
                 request = connection.recv()
             except (EOFError, OSError):
                 return False  # the controller is done with this worker (or gone)
+            try:
+                connection.send(Accepted())
+            except (EOFError, OSError):
+                return False
             if isinstance(request, Stop):
                 connection.send(Ok(None))
                 return True

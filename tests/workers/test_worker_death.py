@@ -38,6 +38,18 @@ def test_a_worker_killed_between_calls_is_restarted_by_the_next_call(tmp_path: P
         assert again.completions == first.completions
 
 
+def test_a_call_sent_to_a_worker_being_killed_goes_to_a_fresh_one(tmp_path: Path) -> None:
+    """No wait after the kill: the process may still exist when the request is sent, but it
+    never reads it (no Accepted comes back), so the client sends it again to a fresh worker."""
+    with worker_pair(tmp_path) as (engine, _, _):
+        first = engine.generate(PROMPTS, PARAMS)
+        old_pid = engine.pid
+        os.kill(old_pid, signal.SIGKILL)
+        again = engine.generate(PROMPTS, PARAMS)
+        assert engine.pid != old_pid and engine.starts == 2
+        assert again.completions == first.completions
+
+
 def test_a_worker_killed_during_a_call_raises_engine_failed_and_the_next_call_starts_afresh(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
