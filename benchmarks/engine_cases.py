@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from rlpipe.core.config import load_config
-from rlpipe.engines.base import RolloutEngine, SamplingParams
+from rlpipe.engines.base import RolloutEngine
+from rlpipe.engines.sampling import SamplingParams
 from rlpipe.envs.reverse import ReverseEnv
 from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model
 from rlpipe.workers.weights import digest, load_into, publish

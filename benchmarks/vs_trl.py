@@ -71,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlpipe.core.config import load_config  # noqa: E402
 from rlpipe.core.seeds import derive_seed  # noqa: E402
-from rlpipe.engines.base import SamplingParams  # noqa: E402
+from rlpipe.engines.sampling import SamplingParams  # noqa: E402
 from rlpipe.engines.hf import HFEngine  # noqa: E402
 from rlpipe.rl.advantages import group_advantages  # noqa: E402
 from rlpipe.rl.batching import TrainSample  # noqa: E402

@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rlpipe.core.config import RunConfig, load_config  # noqa: E402
 from rlpipe.core.records import Task  # noqa: E402
 from rlpipe.core.seeds import derive_seed  # noqa: E402
-from rlpipe.engines.base import SamplingParams  # noqa: E402
+from rlpipe.engines.sampling import SamplingParams  # noqa: E402
 from rlpipe.engines.hf import HFEngine  # noqa: E402
 from rlpipe.envs.mixture import Mixture  # noqa: E402
 from rlpipe.rl.advantages import group_advantages  # noqa: E402

@@ -1,9 +1,9 @@
-"""The RolloutEngine protocol and its sampling parameters.
+"""The RolloutEngine protocol (its sampling parameters and prompt encoding: engines/sampling.py).
 
 A rollout engine turns (task_id, prompt text) pairs into Completions: `n` samples per
 prompt, each with its token ids and the per-token logprobs the trainer needs for the PPO
-importance ratio. Backends today: hf (transformers, in-process). vLLM and OpenAI-compatible
-HTTP backends implement the same protocol later.
+importance ratio. Backends: hf (transformers), vllm and openai (an OpenAI-compatible server),
+each inside the engine worker (workers/engine_worker.py).
 
 Logprob convention (every backend, trajectory schema version 2): `Completion.logprobs[i]` is
 the log-probability of the sampled token `token_ids[i]` under the distribution it was
@@ -30,53 +30,12 @@ This module does not sample, hold a model or touch a device.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Protocol
 
 import torch
 
 from rlpipe.core.records import Completion
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample: `n` completions per prompt; `greedy` ignores temperature/top_p (held-out eval)."""
-
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 8
-    stop: tuple[str, ...] = ()
-    seed: int = 0
-    greedy: bool = False
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature} (use greedy=True for argmax)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if any(not stop for stop in self.stop):
-            raise ValueError("stop strings must be non-empty")
-
-
-PromptFormat = Literal["plain", "chat"]
-
-
-def encode_prompt(tokenizer: Any, text: str, prompt_format: PromptFormat = "plain") -> tuple[int, ...]:
-    """The token ids an engine feeds for a task's prompt text: the text itself without special
-    tokens (plain), or the text as one user message through the tokenizer's chat template with
-    the assistant turn opened (chat). Every engine encodes with this function, and the ids go
-    into the trajectory (`prompt_token_ids`), so the trainer scores exactly what was sampled."""
-    if prompt_format == "plain":
-        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("model.prompt_format = 'chat' needs a tokenizer with a chat template; this one has none (use 'plain')")
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
-    return tuple(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+from rlpipe.engines.sampling import SamplingParams
 
 
 class RolloutEngine(Protocol):

@@ -39,7 +39,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlpipe.core.records import Completion
-from rlpipe.engines.base import PromptFormat, SamplingParams, encode_prompt
+from rlpipe.engines.sampling import PromptFormat, SamplingParams, encode_prompt
 
 ENGINE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """The weight dtypes the engine runs in, by config name (model.dtype)."""

@@ -34,7 +34,7 @@ import torch
 
 from rlpipe.core.errors import EngineFailed
 from rlpipe.core.records import Completion
-from rlpipe.engines.base import PromptFormat, SamplingParams, encode_prompt
+from rlpipe.engines.sampling import PromptFormat, SamplingParams, encode_prompt
 from rlpipe.engines.vllm import prompt_seed
 
 TOKEN_ID_PREFIX = "token_id:"

@@ -46,7 +46,7 @@ import torch
 
 from rlpipe.core.errors import EngineFailed, ModelNotFoundError
 from rlpipe.core.records import Completion
-from rlpipe.engines.base import PromptFormat, SamplingParams, encode_prompt
+from rlpipe.engines.sampling import PromptFormat, SamplingParams, encode_prompt
 
 INSTALL_HINT = "vllm is not installed in this environment: run `make venv-vllm` and use .venv-vllm/bin/python (see README, 'vLLM on CPU')"
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

@@ -39,15 +39,17 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from rlpipe.core.errors import LakeCorrupted
+from rlpipe.rl.checkpoint_layout import (  # noqa: F401 - re-exported
+    ADAPTER_DIR,
+    ADAPTER_FILE,
+    META_FILE,
+    OPTIMIZER_FILE,
+    POLICY_DIR,
+    TRAINER_DIR,
+    WEIGHTS_FILE,
+)
 from rlpipe.rl.lora import has_lora_layers, is_lora_model, merged_copy
 
-POLICY_DIR = "policy"
-TRAINER_DIR = "trainer"
-OPTIMIZER_FILE = f"{TRAINER_DIR}/optimizer.pt"
-META_FILE = f"{TRAINER_DIR}/rlpipe_checkpoint.json"
-WEIGHTS_FILE = f"{POLICY_DIR}/model.safetensors"
-ADAPTER_DIR = f"{TRAINER_DIR}/adapter"
-ADAPTER_FILE = f"{ADAPTER_DIR}/adapter_model.safetensors"
 
 
 @dataclass(frozen=True)

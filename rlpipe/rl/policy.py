@@ -21,7 +21,6 @@ What it does not: download anything (no hub access), wrap LoRA adapters (rl/lora
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 from typing import Literal
 
@@ -29,7 +28,6 @@ DeviceSpec = str
 """A device as the config writes it: "auto", "cpu", "cuda" or "cuda:N"."""
 
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -42,15 +40,8 @@ from transformers import (
 )
 
 from rlpipe.core.errors import ModelNotFoundError
+from rlpipe.rl.char_tokenizer import BOS_TOKEN, DEFAULT_ALPHABET, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN, char_tokenizer_backend
 
-PAD_TOKEN = "<pad>"
-EOS_TOKEN = "<eos>"
-BOS_TOKEN = "<bos>"
-UNK_TOKEN = "<unk>"
-SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, UNK_TOKEN)
-
-DEFAULT_ALPHABET = string.digits + "+-*=/ \n" + string.ascii_lowercase + ".,:;?!'\"()_#<>[]{}"
-"""Digits, arithmetic operators, space and newline, lowercase letters, prompt punctuation."""
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -74,20 +65,7 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenize
     as saved for llama) give the same ids as this object. Ids are those of the previous
     character tokenizer for every character of the alphabet.
     """
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    for char in alphabet:
-        symbols = "".join(piece for piece, _ in byte_level.pre_tokenize_str(char))
-        if len(symbols) != 1:
-            raise ValueError(f"alphabet character {char!r} is not one byte in UTF-8; use ASCII characters")
-        vocab.setdefault(symbols, len(vocab))
-    backend = Tokenizer(
-        models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False,
-                   continuing_subword_prefix="", end_of_word_suffix="")
-    )
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = byte_level
-    backend.decoder = decoders.ByteLevel()
+    backend = char_tokenizer_backend(alphabet)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,

@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from rlpipe.core.errors import ConfigError, LakeCorrupted, StagedRowsMissing, StorageUnavailable
+from rlpipe.core.errors import ConfigError, LakeCorrupted, StagedRowsMissing
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.storage.filesystem import LakeLocation, open_lake_location

@@ -22,8 +22,8 @@ from rlpipe.core.config import config_changes, config_from_dict
 from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import SCHEMA_VERSION, Task
 from rlpipe.core.seeds import derive_seed
-from rlpipe.engines.base import SamplingParams
-from rlpipe.rl.checkpoint import POLICY_DIR
+from rlpipe.engines.sampling import SamplingParams
+from rlpipe.rl.checkpoint_layout import POLICY_DIR
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.runtime import Runtime, get_runtime, sync_weights
 from rlpipe.tasks.stage_options import STAGE_OPTIONS

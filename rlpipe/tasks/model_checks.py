@@ -19,19 +19,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from rlpipe.core.config import RunConfig, check_attention_shape
 from rlpipe.core.errors import ConfigError, ModelNotFoundError
 from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.envs.mixture import Mixture
-from rlpipe.rl.policy import check_model_folder, load_local_tokenizer
-from rlpipe.rl.pretrained import check_gguf_file, converted_gguf_folder
 
 TRAIN_SAMPLE = 2000  # training tasks drawn beyond the warm-start's draw to find the longest prompt
 
 
 def check_folder_model(config: RunConfig, mixture: Mixture) -> None:
     """A model folder (`model.path`): shape, vocabulary and positions from its config.json."""
+    from rlpipe.rl.policy import check_model_folder, load_local_tokenizer  # transformers: only for a model folder
+
     folder = check_model_folder(config.model.path)
     where = f"{folder / 'config.json'}"
     model_config = _read_json(folder / "config.json")
@@ -62,6 +64,8 @@ def check_gguf_model(config: RunConfig, mixture: Mixture) -> None:
     converted (rl/pretrained.py), its HF folder as `check_folder_model` checks a folder. The
     conversion happens here, once, before any worker starts: the two workers would otherwise
     both convert, and the vLLM venv's engine worker cannot read GGUF at all."""
+    from rlpipe.rl.pretrained import check_gguf_file, converted_gguf_folder
+
     check_gguf_file(config.model.gguf)
     folder = converted_gguf_folder(config.model.gguf)
     check_folder_model(config.model_copy(update={"model": config.model.model_copy(update={"path": str(folder)})}), mixture)
@@ -108,11 +112,16 @@ def _candidate_tasks(config: RunConfig, mixture: Mixture) -> list[Task]:
 
 
 def _longest(tokenizer, tasks: list[Task], text) -> tuple[int, Task]:
-    """(tokens, task) of the task whose `text(task)` encodes to the most tokens."""
+    """(tokens, task) of the task whose `text(task)` encodes to the most tokens. `tokenizer`
+    is a transformers tokenizer, or a `tokenizers.Tokenizer` (the tiny model's backend)."""
     unique = list({text(task): task for task in tasks}.items())
-    encoded = tokenizer([item for item, _ in unique], add_special_tokens=False)["input_ids"]
-    index = max(range(len(unique)), key=lambda i: len(encoded[i]))
-    return len(encoded[index]), unique[index][1]
+    texts = [item for item, _ in unique]
+    if isinstance(tokenizer, Tokenizer):
+        counts = [len(encoding.ids) for encoding in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    else:
+        counts = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    index = max(range(len(unique)), key=lambda i: counts[i])
+    return counts[index], unique[index][1]
 
 
 def _read_json(path: Path) -> dict:

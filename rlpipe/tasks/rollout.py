@@ -14,7 +14,7 @@ from prefect import task
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.sampling import SamplingParams
 from rlpipe.tasks.runtime import get_runtime, step_tasks, sync_weights
 from rlpipe.tasks.stage_options import STAGE_OPTIONS, stage_cache_key
 

@@ -35,7 +35,7 @@ from rlpipe.storage.lake import Lake
 from rlpipe.storage.tracking import Tracker
 from rlpipe.tasks.builders import build_lake, build_tracker
 from rlpipe.workers.client import EngineClient, TrainerClient, WorkerSpec
-from rlpipe.workers.weights import weights_folder
+from rlpipe.workers.shm import weights_folder
 
 _RUNTIMES: dict[str, "Runtime"] = {}
 
@@ -202,9 +202,8 @@ def preflight(config: RunConfig) -> None:
     """Check the inputs a run needs (domains, the model against them, lake reachable)
     without building the model: bad input fails here, before any flow run. The lake is
     opened last, and made if missing (only `train` creates a lake), once the input is good."""
-    from rlpipe.rl.policy import build_char_tokenizer
+    from rlpipe.rl.char_tokenizer import char_tokenizer_backend, policy_alphabet
     from rlpipe.tasks.model_checks import check_folder_model, check_gguf_model, check_positions
-    from rlpipe.workers.builders import policy_alphabet
 
     check_engine_options(config)
     mixture = build_mixture(config)
@@ -213,7 +212,7 @@ def preflight(config: RunConfig) -> None:
     elif config.model.path is not None:
         check_folder_model(config, mixture)
     else:
-        check_positions(config, mixture, build_char_tokenizer(policy_alphabet(config)),
+        check_positions(config, mixture, char_tokenizer_backend(policy_alphabet(config.envs.domains)),
                         config.model.max_position_embeddings, "model.max_position_embeddings",
                         "raise model.max_position_embeddings")
     build_lake(config, create=True)

@@ -8,7 +8,6 @@ tasks/builders.py and workers/lake_access.py.
 
 from __future__ import annotations
 
-import string
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,7 +17,8 @@ from rlpipe.core.errors import ConfigError
 if TYPE_CHECKING:
     from rlpipe.rl.trainer import Trainer
 from rlpipe.rl.policy import resolve_device as rl_resolve_device
-from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model, load_local_tokenizer
+from rlpipe.rl.char_tokenizer import policy_alphabet as domains_alphabet
+from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model, load_local_model, load_local_tokenizer
 from rlpipe.rl.pretrained import converted_gguf_folder
 
 def config_from_bootstrap(boot: dict) -> RunConfig:
@@ -39,13 +39,8 @@ def resolve_device(name: str) -> str:
 
 
 def policy_alphabet(config: RunConfig) -> str:
-    """The tiny model's characters: DEFAULT_ALPHABET, and with the code domain also the rest
-    of printable ASCII (capitals for True/None, `%`, `@`, `|`, tab...), appended so that the
-    ids of the default characters, and runs without code, do not change. Anything else
-    (HumanEval's few non-ASCII prompt characters) encodes as <unk>."""
-    if "code" not in config.envs.domains:
-        return DEFAULT_ALPHABET
-    return DEFAULT_ALPHABET + "".join(sorted(set(string.printable) - set(DEFAULT_ALPHABET)))
+    """The tiny model's characters for this run's domains (rl/char_tokenizer.py)."""
+    return domains_alphabet(config.envs.domains)
 
 
 def build_tokenizer(config: RunConfig):  # noqa: ANN201 - a transformers tokenizer

@@ -135,7 +135,7 @@ class WorkerClient:
         while not line.endswith(b"\n"):
             if time.monotonic() > deadline:
                 raise EngineFailed(f"the {self.spec.kind} worker of run {self.spec.run_id} was not ready after {READY_TIMEOUT_S:.0f} s",
-                                   hint=f"raise RLPIPE_WORKER_READY_TIMEOUT_S, or check what the worker printed")
+                                   hint="raise RLPIPE_WORKER_READY_TIMEOUT_S, or check what the worker printed")
             if select.select([process.stdout], [], [], 0.2)[0]:
                 chunk = os.read(process.stdout.fileno(), 65536)
                 if chunk:

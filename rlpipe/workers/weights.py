@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,13 +22,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-SHM = Path("/dev/shm")
-
-
-def weights_folder(run_id: str) -> Path:
-    """/dev/shm/rlpipe-<run id> (the system temp folder where there is no /dev/shm)."""
-    base = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else Path(tempfile.gettempdir())
-    return base / f"rlpipe-{re.sub(r'[^A-Za-z0-9._-]', '_', run_id)}"
 
 
 def publish(named_tensors: Iterable[tuple[str, torch.Tensor]], folder: Path, policy_version: int) -> tuple[Path, int]:

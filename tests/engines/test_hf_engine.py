@@ -8,7 +8,7 @@ of prompt + completion recomputes (engines/base.py's convention)."""
 import pytest
 import torch
 
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.sampling import SamplingParams
 from rlpipe.engines.hf import HFEngine, choose_tokens, resolve_dtype
 from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.sampling import SamplingParams
 from rlpipe.engines.hf import HFEngine
 from rlpipe.rl.batching import TrainSample, pad_samples, token_logprobs
 from rlpipe.rl.policy import build_tiny_model, load_local_model, resolve_device, resolve_dtype

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.sampling import SamplingParams
 from rlpipe.engines.hf import HFEngine, choose_tokens
 from rlpipe.rl.policy import build_tiny_model
 

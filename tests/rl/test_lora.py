@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.sampling import SamplingParams
 from rlpipe.engines.hf import HFEngine
 from rlpipe.rl.batching import TrainSample, pad_samples, token_logprobs
 from rlpipe.rl.checkpoint import ADAPTER_FILE, POLICY_DIR, CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint

@@ -6,11 +6,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 from rlpipe.core.errors import ModelNotFoundError
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.sampling import SamplingParams
 from rlpipe.engines.hf import HFEngine
 from rlpipe.envs.reverse import ReverseEnv
 from rlpipe.rl.checkpoint import POLICY_DIR, CheckpointMeta, save_checkpoint
-from rlpipe.rl.policy import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_model, load_local_model
+from rlpipe.rl.policy import DEFAULT_ALPHABET, build_tiny_model, load_local_model
 from rlpipe.rl.warmstart import warm_start
 
 TEXT = "reverse abc=cba\n37+58=95 ?!"

@@ -13,7 +13,7 @@ from gguf import GGUFWriter, TokenType
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from rlpipe.core.errors import ModelNotFoundError
-from rlpipe.engines.base import encode_prompt
+from rlpipe.engines.sampling import encode_prompt
 from rlpipe.rl.pretrained import converted_folder, load_gguf_model
 
 SMOLLM2_GGUF = Path(__file__).resolve().parents[2] / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"

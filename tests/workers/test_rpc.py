@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.core.errors import EngineFailed, ModelNotFoundError, StorageUnavailable
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.sampling import SamplingParams
 from rlpipe.workers.client import EngineClient, WorkerSpec
 from rlpipe.workers.protocol import RemoteError, UpdateResult, failed_from, raise_failed
 from tests.workers.workers_at_hand import tiny_config, worker_pair

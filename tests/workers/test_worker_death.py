@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rlpipe.core.errors import EngineFailed
-from rlpipe.engines.base import SamplingParams
+from rlpipe.engines.sampling import SamplingParams
 from rlpipe.flows.train import train
 from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
