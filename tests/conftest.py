@@ -11,6 +11,10 @@
   tests set it to 0.1 s (0.1, 0.2, ... 3.2 s instead of 1, 2, ... 32 s) unless the
   environment already sets it, so a retried stage costs the suite little. It is set here,
   before any test module imports rlpipe.tasks, and CLI subprocesses inherit it.
+- One torch thread per process (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, unless the environment
+  sets them): the suite runs two pytest workers, each starting CLI runs and their worker
+  processes, on two cores; a second OpenMP thread per process only spins and waits there.
+  Tests that need a thread count of their own set it (tests/rl/conftest.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from tests.helpers.s3_server import start_moto_server
 
 TEST_RETRY_BACKOFF_S = "0.1"
 os.environ.setdefault("RLPIPE_RETRY_BACKOFF_S", TEST_RETRY_BACKOFF_S)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,9 @@ reference's, and MLflow histories with one point per step.
 Config: 5 steps, checkpoints every 2 steps (0, 2, 4, final 5). Kills land in step 4, so the
 resume loads checkpoint 2 and replays step 3 (and step 4 where it was committed) from the lake.
 `warmstart` dies inside the very first checkpoint, so the resume redoes the warm-start.
-`corrupt-checkpoint` alters checkpoint 2 before its resume, which falls back to checkpoint 0.
+`verify` also alters checkpoint 2 before its resume (bit rot), which falls back to checkpoint 0
+and replays steps 1-3, and still takes step 4's `generate` from the stage cache; `generate`
+and `part-write` resume from checkpoint 2 itself.
 `lost-files` deletes checkpoint 2's weights file and the staged rows of step 4 (which the
 cached `generate` of step 4 points at) before its resume: the resume falls back to checkpoint
 0 and recomputes step 4's stages uncached.
@@ -67,12 +69,11 @@ SCENARIOS: dict[str, tuple[str, int, list[int]]] = {
     "part-write": ("part-write@4", 4, [1, 2, 3]),
     "checkpoint-write": ("checkpoint-write@{mid_checkpoint_4}", 4, [1, 2, 3, 4]),
     "warmstart": ("checkpoint-write@2", 0, []),
-    "corrupt-checkpoint": ("verify@4", 4, [1, 2, 3]),
     "lost-files": ("verify@4", 4, [1, 2, 3]),
 }
 # scenario -> the checkpoint whose weights file is altered in the lake before the resume: the
 # resume finds it LakeCorrupted, falls back to checkpoint 0 and replays steps 1-3 instead
-CORRUPT_BEFORE_RESUME = {"corrupt-checkpoint": 2}
+CORRUPT_BEFORE_RESUME = {"verify": 2}
 # scenario -> (checkpoint whose weights file is deleted, step whose staged rows are deleted)
 # before the resume: a lake that lost files, not one that cannot be reached
 LOST_BEFORE_RESUME = {"lost-files": (2, 4)}
@@ -215,10 +216,15 @@ def test_resumed_run_logs_one_mlflow_point_per_step(runs: dict[str, Outcome], na
 
 
 def test_resume_takes_generate_from_the_stage_cache(runs: dict[str, Outcome]) -> None:
-    """Killed in `verify` of step 4: the resumed flow run's `generate` of step 4 is a cache hit
-    (key: run id, incarnation, step, stage, config hash, policy version), not a new sample."""
+    """Killed in `verify` of step 4, checkpoint 2 bit-rotted before the resume: the resume
+    falls back to checkpoint 0, replays steps 1-3 to the same weights, and the resumed flow
+    run's `generate` of step 4 is a cache hit (key: run id, incarnation, step, stage, config
+    hash, policy version), not a new sample."""
     outcome = runs["verify"]
     assert outcome.resumed.returncode == 0, outcome.resumed.stderr[-3000:]
+    warnings = asyncio.run(_flow_run_log_messages(outcome.run_id))
+    assert any("checkpoint 2 of run kr-verify is corrupted" in message and message.endswith("falling back to checkpoint 0")
+               for message in warnings), warnings
     states = asyncio.run(_stage_states(f"{outcome.run_id}-step-4"))
     # two flow runs of step 4: the killed one (left Running: SIGKILL) and the resumed one
     assert len(states) == 2, states
