@@ -10,15 +10,15 @@
        it ends on `submit`, after `max_steps` replies, when the agent time limit passes,
        or after MAX_MALFORMED_IN_A_ROW malformed calls in a row;
     4. a snapshot of /work; the verifier's sandbox holds that state and nothing the agent
-       started (backends.verifier_sandbox); the tests are written in only now, under a
-       random folder the agent could not have guessed, and test.sh runs there with the
-       verifier's time limit;
+       started (backends.verifier_sandbox); the tests are copied in only now, to a random
+       folder under /tmp the agent could not have guessed, and test.sh runs there (cwd
+       /work) with the verifier's time limit;
     5. the reward: Harbor's /logs/verifier/reward.txt (a number) or reward.json
        ({"reward": x}); passed iff reward >= 1.
 
-Harbor runs tests from /tests and reads /logs/verifier; here /work is the only writable
-place, so in the test files (text) the paths /tests and /logs are rewritten to that random
-folder under /work before they are written: a Harbor test.sh runs unchanged.
+Harbor runs tests from /tests and reads /logs/verifier; the sandboxes have no such
+mounts, so in the test files (text) the paths /tests and /logs are rewritten to that random
+folder before they are copied in: a Harbor test.sh runs unchanged.
 
 What it does not do: retry (an infrastructure failure is recorded as such), record
 trajectories in the lake, or talk to a model (agents/agents.py).
@@ -224,8 +224,24 @@ def _tail(text: str) -> str:
 _HARBOR_PATHS = re.compile(r"(?<![\w./-])/(tests|logs)(?=/|\b)")
 
 
+_VERIFY_SCRIPT = """
+move='import shutil, sys; shutil.move(sys.argv[1], sys.argv[2])'
+copy='import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])'
+python3 -c "$move" "/work/$1" "/tmp/$1" || exit 97
+"$2" "/tmp/$1/tests/test.sh"
+status=$?
+python3 -c "$copy" "/tmp/$1/logs" "/work/$1-logs" || exit 98
+exit $status
+"""
+
+
 def _verify(backend: str, sandbox: Sandbox, final: Snapshot, task: AgentTask, limits: Limits) -> tuple[TrialVerdict | None, float | None, str]:
-    """Run tests/test.sh on the final state: (None, reward, detail) or (a verdict without reward, None, why)."""
+    """Run tests/test.sh on the final state: (None, reward, detail) or (a verdict without reward, None, why).
+
+    The tests are written under /work/<random>, moved to /tmp/<random> by the same command
+    that runs them (so /work holds only the agent's files while they run), and their logs
+    are copied back to /work/<random>-logs, where the reward is read from.
+    """
     root = f".verifier-{secrets.token_hex(8)}"
     verifier_limits = dataclasses.replace(limits, timeout_s=task.limits.verifier_timeout_s)
     checker, fresh = verifier_sandbox(backend, sandbox, final, verifier_limits, task.limits.cpus)
@@ -235,11 +251,11 @@ def _verify(backend: str, sandbox: Sandbox, final: Snapshot, task: AgentTask, li
         files[f"{root}/logs/agent/.keep"] = b""
         checker.write_files(files)
         interpreter = (shebang_interpreter(task.test_files["test.sh"]) or ("sh",))[0]
-        ran = checker.exec([interpreter, f"/work/{root}/tests/test.sh"], timeout_s=task.limits.verifier_timeout_s)
+        ran = checker.exec(["sh", "-c", _VERIFY_SCRIPT, "verify", root, interpreter], timeout_s=task.limits.verifier_timeout_s)
         output = _tail(ran.stdout + ran.stderr)
         if ran.timed_out:
             return TrialVerdict.VERIFIER_TIMEOUT, 0.0, f"tests ran past {task.limits.verifier_timeout_s:g} s: {output}"
-        reward = _read_reward(checker, root)
+        reward = _read_reward(checker, f"{root}-logs")
         if reward is None:
             return TrialVerdict.VERIFIER_ERROR, None, f"test.sh (exit {ran.exit_code}) wrote no readable reward: {output}"
         return None, reward, "" if reward >= 1.0 else f"reward {reward:g}: {output}"
@@ -253,13 +269,13 @@ def _rewrite_paths(data: bytes, root: str) -> bytes:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return data
-    return _HARBOR_PATHS.sub(lambda match: f"/work/{root}/{match.group(1)}", text).encode()
+    return _HARBOR_PATHS.sub(lambda match: f"/tmp/{root}/{match.group(1)}", text).encode()
 
 
-def _read_reward(sandbox: Sandbox, root: str) -> float | None:
+def _read_reward(sandbox: Sandbox, logs: str) -> float | None:
     for name in ("reward.txt", "reward.json"):
         try:
-            raw = sandbox.read_file(f"{root}/logs/verifier/{name}").decode("utf-8", errors="replace").strip()
+            raw = sandbox.read_file(f"{logs}/verifier/{name}").decode("utf-8", errors="replace").strip()
         except (OSError, ValueError, RuntimeError):
             continue
         try:
