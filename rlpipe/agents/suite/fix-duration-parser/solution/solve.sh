@@ -1,5 +1,5 @@
 #!/bin/sh
-cat > /work/durations.py <<'PY'
+python3 -c 'import sys; open(sys.argv[1], "w").write(sys.stdin.read())' /work/durations.py <<'PY'
 """Parse durations like 1h30m into seconds."""
 import re
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-cat > /work/service.ini <<'INI'
+python3 -c 'import sys; open(sys.argv[1], "w").write(sys.stdin.read())' /work/service.ini <<'INI'
 [server]
 host = 0.0.0.0
 port = 8000

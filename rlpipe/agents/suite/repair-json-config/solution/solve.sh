@@ -1,5 +1,5 @@
 #!/bin/sh
-cat > /work/config.json <<'JSON'
+python3 -c 'import sys; open(sys.argv[1], "w").write(sys.stdin.read())' /work/config.json <<'JSON'
 {
   "name": "billing",
   "port": 8080,
