@@ -1,0 +1,1 @@
+"""Long-horizon agents: Harbor-format terminal tasks, the trial loop in sandboxes, agents, evals."""

@@ -1,0 +1,80 @@
+"""Sandboxes for trials: one backend name -> sandboxes with a task's quotas, the verifier's
+sandbox, and which commands a backend's sandboxes have.
+
+- bwrap: every exec has fresh namespaces and nothing outlives it; a snapshot can be restored
+  in any sandbox of the same runtime root, so the verifier runs in a *new* sandbox restored
+  from the agent's final snapshot.
+- docker: snapshots are held by the sandbox that took them, so the verifier runs in the
+  agent's own container, restored from the final snapshot; the backend kills every process
+  of the sandbox user after each command (`kill -9 -1`), so nothing the agent started is
+  left running when the tests are copied in.
+
+`available_commands` asks a sandbox of the backend once per process (cached): bubblewrap
+sees the host's /usr (bash, coreutils, git, make, ... where the host has them); the docker
+image holds python3 and sh only (rlpipe/sandbox/image.py).
+
+What it does not do: pool or pre-warm sandboxes (a trial owns its sandboxes).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+from rlpipe.agents.task_format import TaskLimits
+from rlpipe.core.errors import ConfigError
+from rlpipe.sandbox.base import Limits, Sandbox, Snapshot
+
+BACKENDS = ("bwrap", "docker")
+PROBE_TIMEOUT_S = 30.0
+
+
+def sandbox_limits(limits: TaskLimits, timeout_s: float) -> Limits:
+    """The sandbox Limits for a trial's quotas; `timeout_s` caps one command."""
+    longest_s = max(limits.agent_timeout_s, limits.verifier_timeout_s)
+    return Limits(timeout_s=timeout_s, memory_mb=limits.memory_mb, cpu_time_s=int(longest_s) + 1,
+                  max_processes=256, disk_mb=limits.storage_mb, network=False)
+
+
+def open_sandbox(backend: str, limits: Limits, cpus: float = 1.0) -> Sandbox:
+    """A new sandbox; SandboxUnavailable (an InfraError) when the backend cannot start one."""
+    if backend == "docker":
+        from rlpipe.sandbox.docker_backend import DockerSandbox
+
+        return DockerSandbox(limits, cpus=cpus)
+    if backend == "bwrap":
+        from rlpipe.sandbox.bwrap import BwrapSandbox
+
+        return BwrapSandbox(limits)  # CPU share is not limited per sandbox in bwrap (see docs/SANDBOX.md)
+    raise ConfigError(f"unknown sandbox backend {backend!r}", hint=f"use one of {', '.join(BACKENDS)}")
+
+
+def verifier_sandbox(backend: str, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float) -> tuple[Sandbox, bool]:
+    """The sandbox the tests run in, holding the agent's final state; True when it is a new one
+    (the caller closes it)."""
+    if backend == "bwrap":
+        fresh = open_sandbox(backend, limits, cpus)
+        try:
+            fresh.restore(final)
+        except BaseException:
+            fresh.close()
+            raise
+        return fresh, True
+    agent_sandbox.restore(final)
+    return agent_sandbox, False
+
+
+@functools.cache
+def _probe(backend: str, names: tuple[str, ...]) -> frozenset[str]:
+    sandbox = open_sandbox(backend, Limits(timeout_s=PROBE_TIMEOUT_S))
+    try:
+        script = 'for name in "$@"; do command -v "$name" >/dev/null 2>&1 && echo "$name"; done; true'
+        result = sandbox.exec(["sh", "-c", script, "probe", *names])
+    finally:
+        sandbox.close()
+    return frozenset(result.stdout.split())
+
+
+def available_commands(backend: str, names: Iterable[str]) -> frozenset[str]:
+    """Which of `names` a sandbox of this backend can run (one probe per set of names)."""
+    return _probe(backend, tuple(sorted(set(names))))

@@ -1,0 +1,6 @@
+#include "greet.h"
+
+int main(void) {
+    greet("rlpipe");
+    return 0;
+}

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep 'listening on' /work/server.log | tail -n 1 | sed 's/.*://' > /work/answer.txt

@@ -1,0 +1,8 @@
+import sys
+
+try:
+    answer = open("/work/answer.txt").read().strip()
+except OSError:
+    sys.exit("no answer.txt")
+if answer != "req-ba955c":
+    sys.exit(f"answer.txt says {answer!r}")

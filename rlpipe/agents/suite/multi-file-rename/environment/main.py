@@ -1,0 +1,3 @@
+from shop.report import report
+
+print(report())

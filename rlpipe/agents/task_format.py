@@ -1,0 +1,275 @@
+"""Load Harbor-format task folders into typed records.
+
+A task folder (Harbor / Terminal-Bench layout):
+
+    task.toml            limits and metadata (every key optional)
+    instruction.md       what the agent is asked to do
+    environment/         initial files, copied into the sandbox's /work
+    solution/solve.sh    the reference solution (run by the `oracle` agent)
+    tests/test.sh        the verifier; writes a reward to /logs/verifier/reward.txt (or .json)
+
+What `task.toml` may set (Harbor's keys, plus rlpipe's marked +):
+
+    [agent]       timeout_sec, max_steps (+)
+    [verifier]    timeout_sec
+    [environment] cpus, memory / memory_mb, storage / storage_mb, gpus, allow_internet,
+                  requires_commands (+): commands the task needs in the sandbox,
+                  setup_script (+): a script in environment/ run once before the agent
+                  starts, then deleted (what a Dockerfile's RUN would do)
+    [metadata]    category, difficulty, tags (free-form; kept for reports)
+
+`load_task` raises DatasetError for a folder that is not a task (no instruction.md, no
+tests/test.sh, bad TOML, a value of the wrong type), naming the file and the key; it
+returns a SkippedTask with the reason for a task this harness cannot run as written:
+an `environment/Dockerfile` (images are never built or pulled: the sandbox image is fixed,
+and there is no network), `allow_internet = true`, or `gpus > 0`. `load_tasks` never
+raises for one bad folder among many: it turns it into a SkippedTask marked invalid.
+
+What it does not do: check that the required commands exist in a sandbox (the trial does
+that, per backend: agents/backends.py), or run anything.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from rlpipe.core.errors import DatasetError
+
+MAX_TASK_BYTES = 16 * 1024 * 1024  # all files of one task folder together
+DEFAULT_AGENT_TIMEOUT_S = 600.0
+DEFAULT_VERIFIER_TIMEOUT_S = 120.0
+DEFAULT_MAX_STEPS = 50
+DEFAULT_MEMORY_MB = 1024  # Harbor's default is 2 GB; trials here are many and small
+DEFAULT_STORAGE_MB = 256  # Harbor's default is 10 GB (the work dir is a tmpfs here)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+_SHEBANG_COMMANDS = ("bash", "sh", "python3")
+
+
+@dataclass(frozen=True)
+class TaskLimits:
+    """The quotas of one trial."""
+
+    cpus: float = 1.0
+    memory_mb: int = DEFAULT_MEMORY_MB
+    storage_mb: int = DEFAULT_STORAGE_MB
+    agent_timeout_s: float = DEFAULT_AGENT_TIMEOUT_S
+    verifier_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S
+    max_steps: int = DEFAULT_MAX_STEPS
+
+
+@dataclass(frozen=True)
+class AgentTask:
+    """One runnable task: everything a trial needs, read into memory (paths are relative)."""
+
+    task_id: str
+    folder: Path
+    instruction: str
+    initial_files: dict[str, bytes]
+    executable_files: tuple[str, ...]  # initial files whose mode had an execute bit
+    setup_script: str | None  # path under environment/ (also in initial_files), run then removed
+    solution_files: dict[str, bytes]  # solution/..., empty when the task has no reference
+    test_files: dict[str, bytes]  # tests/..., copied in only after the agent ends
+    limits: TaskLimits
+    requires_commands: tuple[str, ...]
+    category: str = ""
+    difficulty: str = ""
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class SkippedTask:
+    """A folder that will not be run: why (`invalid` when it is not a well-formed task)."""
+
+    task_id: str
+    folder: Path
+    reason: str
+    invalid: bool = False
+
+
+def builtin_suite_dir() -> Path:
+    """The folder of the built-in suite (package data)."""
+    return Path(str(resources.files("rlpipe.agents") / "suite"))
+
+
+def is_task_folder(path: Path) -> bool:
+    return (path / "task.toml").is_file() or (path / "instruction.md").is_file()
+
+
+def load_tasks(directory: Path) -> list[AgentTask | SkippedTask]:
+    """Every task under `directory` (itself a task folder, or a folder of them), sorted by id.
+
+    Raises DatasetError when `directory` is missing or holds no task folder at all.
+    """
+    if not directory.is_dir():
+        raise DatasetError(f"task folder {directory} does not exist or is not a directory",
+                           hint="pass a Harbor-format task folder, or a folder of them: --tasks DIR")
+    folders = [directory] if is_task_folder(directory) else sorted(p for p in directory.iterdir() if p.is_dir() and is_task_folder(p))
+    if not folders:
+        raise DatasetError(f"{directory} holds no task folder (none has a task.toml or an instruction.md)",
+                           hint="each task is a folder with task.toml, instruction.md, environment/, solution/solve.sh, tests/test.sh")
+    loaded: list[AgentTask | SkippedTask] = []
+    for folder in folders:
+        try:
+            loaded.append(load_task(folder))
+        except DatasetError as exc:
+            loaded.append(SkippedTask(folder.name, folder, f"invalid task: {exc.message}", invalid=True))
+    return loaded
+
+
+def load_task(folder: Path) -> AgentTask | SkippedTask:
+    """One task folder -> AgentTask, or SkippedTask with the reason; DatasetError if malformed."""
+    task_id = folder.name
+    config = _read_config(folder)
+    instruction_path = folder / "instruction.md"
+    if not instruction_path.is_file():
+        raise DatasetError(f"{instruction_path} is missing", hint="every task needs an instruction.md with what the agent must do")
+    instruction = _read_text(instruction_path).strip()
+    if not instruction:
+        raise DatasetError(f"{instruction_path} is empty", hint="write what the agent must do in instruction.md")
+    if not (folder / "tests" / "test.sh").is_file():
+        raise DatasetError(f"{folder / 'tests' / 'test.sh'} is missing",
+                           hint="every task needs tests/test.sh, which writes a reward to /logs/verifier/reward.txt")
+    environment = _section(config, "environment", folder)
+    agent = _section(config, "agent", folder)
+    verifier = _section(config, "verifier", folder)
+    metadata = _section(config, "metadata", folder)
+    skip_reason = _unsupported_environment(folder, environment)
+    if skip_reason:
+        return SkippedTask(task_id, folder, skip_reason)
+    limits = TaskLimits(
+        cpus=_number(environment, "cpus", 1.0, folder),
+        memory_mb=_megabytes(environment, "memory", "memory_mb", DEFAULT_MEMORY_MB, folder),
+        storage_mb=_megabytes(environment, "storage", "storage_mb", DEFAULT_STORAGE_MB, folder),
+        agent_timeout_s=_number(agent, "timeout_sec", DEFAULT_AGENT_TIMEOUT_S, folder),
+        verifier_timeout_s=_number(verifier, "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S, folder),
+        max_steps=int(_number(agent, "max_steps", DEFAULT_MAX_STEPS, folder)),
+    )
+    initial_files, executable = _read_tree(folder / "environment")
+    test_files, _ = _read_tree(folder / "tests")
+    solution_files, _ = _read_tree(folder / "solution")
+    total = sum(map(len, initial_files.values())) + sum(map(len, test_files.values())) + sum(map(len, solution_files.values()))
+    if total > MAX_TASK_BYTES:
+        raise DatasetError(f"{folder} holds {total} bytes of files; at most {MAX_TASK_BYTES} are loaded",
+                           hint="keep task folders small: generate large inputs in a setup_script")
+    setup_script = environment.get("setup_script")
+    if setup_script is not None and (not isinstance(setup_script, str) or setup_script not in initial_files):
+        raise DatasetError(f"{folder / 'task.toml'}: [environment] setup_script = {setup_script!r} is not a file in environment/",
+                           hint="name a script under environment/, e.g. setup_script = \"setup.sh\"")
+    return AgentTask(
+        task_id=task_id, folder=folder, instruction=instruction, initial_files=initial_files,
+        executable_files=executable, setup_script=setup_script, solution_files=solution_files,
+        test_files=test_files, limits=limits,
+        requires_commands=_required_commands(environment, test_files, solution_files, folder),
+        category=str(metadata.get("category", "")), difficulty=str(metadata.get("difficulty", "")),
+        tags=tuple(str(tag) for tag in metadata.get("tags", []) or []),
+    )
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / "task.toml"
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(_read_text(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise DatasetError(f"{path} is not valid TOML: {exc}", hint="fix the syntax (see docs/AGENTS.md for the keys)") from exc
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})", hint="save it as UTF-8") from exc
+
+
+def _section(config: dict, name: str, folder: Path) -> dict:
+    value = config.get(name, {})
+    if not isinstance(value, dict):
+        raise DatasetError(f"{folder / 'task.toml'}: {name} must be a table ([{name}]), not {type(value).__name__}",
+                           hint=f"write it as a [{name}] section")
+    return value
+
+
+def _number(section: dict, key: str, default: float, folder: Path) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise DatasetError(f"{folder / 'task.toml'}: {key} = {value!r} must be a positive number",
+                           hint=f"e.g. {key} = {default}")
+    return float(value)
+
+
+def _megabytes(section: dict, text_key: str, mb_key: str, default: int, folder: Path) -> int:
+    if mb_key in section:
+        return int(_number(section, mb_key, default, folder))
+    value = section.get(text_key)
+    if value is None:
+        return default
+    match = _SIZE.match(str(value))
+    if not match:
+        raise DatasetError(f"{folder / 'task.toml'}: {text_key} = {value!r} is not a size",
+                           hint=f'write it like "512M" or "2G", or set {mb_key} = 512')
+    number, unit = float(match.group(1)), match.group(2).upper()
+    factor = {"": 1 / (1024 * 1024), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
+    return max(1, int(number * factor))
+
+
+def _unsupported_environment(folder: Path, environment: dict) -> str:
+    """Why this task cannot run in rlpipe's sandboxes as written ('' when it can)."""
+    for name in ("Dockerfile", "docker-compose.yaml", "docker-compose.yml"):
+        path = folder / "environment" / name
+        if path.is_file():
+            base = next((line.split()[1] for line in path.read_text(errors="replace").splitlines()
+                         if line.strip().upper().startswith("FROM ") and len(line.split()) > 1), "?")
+            return (f"environment/{name} needs an image built by docker (base {base}); this harness never builds or "
+                    "pulls images (offline, fixed sandbox image): put the initial files in environment/ instead")
+    if environment.get("allow_internet") is True:
+        return "allow_internet = true: the sandboxes have no network"
+    gpus = environment.get("gpus", 0)
+    if isinstance(gpus, (int, float)) and not isinstance(gpus, bool) and gpus > 0:
+        return f"gpus = {gpus}: the sandboxes have no GPU"
+    return ""
+
+
+def _read_tree(root: Path) -> tuple[dict[str, bytes], tuple[str, ...]]:
+    """Every regular file under root (relative POSIX paths) and those with an execute bit."""
+    files: dict[str, bytes] = {}
+    executable = []
+    if not root.is_dir():
+        return files, ()
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            raise DatasetError(f"{path} is a symbolic link; task folders hold regular files only",
+                               hint="replace the link by a copy of the file")
+        if path.is_file():
+            relative = path.relative_to(root).as_posix()
+            files[relative] = path.read_bytes()
+            if path.stat().st_mode & 0o111:
+                executable.append(relative)
+    return files, tuple(executable)
+
+
+def _required_commands(environment: dict, test_files: dict[str, bytes], solution_files: dict[str, bytes], folder: Path) -> tuple[str, ...]:
+    """Commands the task names in requires_commands, plus the interpreters of its scripts' #! lines."""
+    declared = environment.get("requires_commands", [])
+    if not isinstance(declared, list) or not all(isinstance(name, str) and re.fullmatch(r"[\w.+-]+", name) for name in declared):
+        raise DatasetError(f"{folder / 'task.toml'}: requires_commands = {declared!r} must be a list of command names",
+                           hint='e.g. requires_commands = ["git", "make"]')
+    needed = set(declared) | {"sh"}
+    for script in (test_files.get("test.sh"), solution_files.get("solve.sh")):
+        needed |= set(shebang_interpreter(script))
+    return tuple(sorted(needed))
+
+
+def shebang_interpreter(script: bytes | None) -> tuple[str, ...]:
+    """The interpreter a script's #! line names (`bash` for `#!/usr/bin/env bash`), or ()."""
+    if not script or not script.startswith(b"#!"):
+        return ()
+    words = script.split(b"\n", 1)[0][2:].decode(errors="replace").split()
+    if not words:
+        return ()
+    name = words[1] if words[0].endswith("/env") and len(words) > 1 else words[0].rsplit("/", 1)[-1]
+    return (name,) if name in _SHEBANG_COMMANDS else ()

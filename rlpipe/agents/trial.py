@@ -1,0 +1,286 @@
+"""One trial: a task attempted once by one agent in a sandbox, judged by the task's tests.
+
+    1. skip the task when the agent cannot attempt it, or the backend's sandboxes lack a
+       command it needs (records.TrialVerdict.SKIPPED, with the reason);
+    2. a sandbox with the task's quotas (memory, storage, CPUs on docker, a command timeout,
+       no network); the initial files go to /work, execute bits restored, and the task's
+       setup script (if any) runs once, then is deleted;
+    3. the episode: the agent sees the system prompt (tools and call format), the
+       instruction, and after each reply the tool's result (or why its call was malformed);
+       it ends on `submit`, after `max_steps` replies, when the agent time limit passes,
+       or after MAX_MALFORMED_IN_A_ROW malformed calls in a row;
+    4. a snapshot of /work; the verifier's sandbox holds that state and nothing the agent
+       started (backends.verifier_sandbox); the tests are copied in only now, to a random
+       folder under /tmp the agent could not have guessed, and test.sh runs there (cwd
+       /work) with the verifier's time limit;
+    5. the reward: Harbor's /logs/verifier/reward.txt (a number) or reward.json
+       ({"reward": x}); passed iff reward >= 1.
+
+Harbor runs tests from /tests and reads /logs/verifier; the sandboxes have no such
+mounts, so in the test files (text) the paths /tests and /logs are rewritten to that random
+folder before they are copied in: a Harbor test.sh runs unchanged.
+
+What it does not do: retry (an infrastructure failure is recorded as such), record
+trajectories in the lake, or talk to a model (agents/agents.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+from rlpipe.agents.agents import Agent, AgentFactory, AgentUnavailable, Message
+from rlpipe.agents.backends import available_commands, open_sandbox, sandbox_limits, verifier_sandbox
+from rlpipe.agents.records import Ending, TrialResult, TrialStep, TrialVerdict
+from rlpipe.agents.task_format import AgentTask, SkippedTask, shebang_interpreter
+from rlpipe.agents.tools import TOOL_SCHEMAS, MalformedCall, ToolCall, parse_tool_call
+from rlpipe.core.errors import EngineFailed, InfraError
+from rlpipe.sandbox.base import ExecResult, Limits, Sandbox, Snapshot
+
+MAX_MALFORMED_IN_A_ROW = 3
+DETAIL_CHARS = 600
+SYSTEM_PROMPT = """You are an agent working in a Linux sandbox. Your working directory is /work; there is no network.
+Answer every turn with exactly one tool call, a JSON object {"name": TOOL, "arguments": {...}}, and nothing after it.
+Tools:
+""" + "\n".join(json.dumps(schema["function"]) for schema in TOOL_SCHEMAS) + """
+Example: {"name": "bash", "arguments": {"command": "ls -la"}}
+Call submit when the task is done; tests then check the files in /work."""
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    """How a trial runs beyond the task's own limits."""
+
+    command_timeout_s: float = 120.0  # one bash call, at most (and never past the agent's time limit)
+    max_observation_chars: int = 8000  # a tool result longer than this is cut in the middle
+    max_malformed_in_a_row: int = MAX_MALFORMED_IN_A_ROW
+
+
+def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: AgentFactory, backend: str,
+              options: TrialOptions = TrialOptions()) -> TrialResult:
+    """Attempt `task` once; every outcome, including infrastructure failures, is a TrialResult."""
+    started = time.monotonic()
+
+    def result(verdict: TrialVerdict, detail: str, **fields) -> TrialResult:
+        fields.setdefault("ending", Ending.NOT_STARTED)
+        return TrialResult(task.task_id, agent_name, backend, verdict, reward=fields.pop("reward", None), detail=detail,
+                           duration_s=time.monotonic() - started, **fields)
+
+    if isinstance(task, SkippedTask):
+        return result(TrialVerdict.INVALID_TASK if task.invalid else TrialVerdict.SKIPPED, task.reason)
+    try:
+        agent = agent_factory(task)
+    except AgentUnavailable as exc:
+        return result(TrialVerdict.SKIPPED, f"agent {agent_name}: {exc}")
+    try:
+        present = available_commands(backend, [*task.requires_commands, "bash", "python3"])
+    except InfraError as exc:
+        return result(TrialVerdict.SANDBOX_ERROR, f"cannot probe the {backend} sandbox: {exc.message}")
+    missing = sorted(set(task.requires_commands) - present)
+    if missing:
+        return result(TrialVerdict.SKIPPED, f"needs {', '.join(missing)}, which the {backend} sandbox lacks")
+    shell = "bash" if "bash" in present else "sh"
+    limits = sandbox_limits(task.limits, timeout_s=min(options.command_timeout_s, task.limits.agent_timeout_s))
+    sandbox: Sandbox | None = None
+    try:
+        sandbox = open_sandbox(backend, limits, task.limits.cpus)
+        setup_failure = _prepare(sandbox, task, shell)
+        if setup_failure:
+            return result(TrialVerdict.SETUP_ERROR, setup_failure)
+        agent_started = time.monotonic()
+        ending, steps, malformed, detail = _run_episode(agent, sandbox, task, shell, options)
+        agent_duration_s = time.monotonic() - agent_started
+        common = {"ending": ending, "steps": tuple(steps), "malformed_counts": malformed, "agent_duration_s": agent_duration_s}
+        if ending in (Ending.ENGINE_ERROR, Ending.SANDBOX_ERROR):
+            return result(TrialVerdict(ending.value), detail, **common)
+        verifier_started = time.monotonic()
+        final = sandbox.snapshot()
+        verdict, reward, verifier_detail = _verify(backend, sandbox, final, task, limits)
+        if verdict is None:  # a reward was read
+            verdict = _agent_verdict(reward, ending)
+        return result(verdict, "; ".join(part for part in (detail, verifier_detail) if part), reward=reward,
+                      verifier_duration_s=time.monotonic() - verifier_started, **common)
+    except InfraError as exc:
+        return result(TrialVerdict.SANDBOX_ERROR, f"{type(exc).__name__}: {exc.message}")
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+
+
+def _agent_verdict(reward: float, ending: Ending) -> TrialVerdict:
+    if reward >= 1.0:
+        return TrialVerdict.PASSED
+    if ending is Ending.SUBMITTED:
+        return TrialVerdict.FAILED
+    return TrialVerdict(ending.value)
+
+
+def _prepare(sandbox: Sandbox, task: AgentTask, shell: str) -> str:
+    """Initial files, execute bits, the setup script; '' or why the setup failed."""
+    sandbox.write_files(dict(task.initial_files))
+    if task.executable_files:
+        chmod = "import os, sys\nfor path in sys.argv[1:]: os.chmod(path, 0o755)"
+        done = sandbox.exec(["python3", "-c", chmod, *task.executable_files])
+        if done.exit_code != 0:
+            return f"could not restore execute bits: {_tail(done.stderr)}"
+    if task.setup_script is None:
+        return ""
+    ran = sandbox.exec([shell, task.setup_script], timeout_s=task.limits.verifier_timeout_s)
+    if ran.exit_code != 0:
+        return f"setup script {task.setup_script} exited {ran.exit_code} (timed out: {ran.timed_out}): {_tail(ran.stdout + ran.stderr)}"
+    sandbox.exec(["python3", "-c", "import os, sys; os.remove(sys.argv[1])", task.setup_script])
+    return ""
+
+
+def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str,
+                 options: TrialOptions) -> tuple[Ending, list[TrialStep], dict[str, int], str]:
+    """The observe -> act -> execute loop; (ending, steps, malformed counts by kind, detail)."""
+    deadline = time.monotonic() + task.limits.agent_timeout_s
+    messages = [Message("system", SYSTEM_PROMPT), Message("user", task.instruction)]
+    steps: list[TrialStep] = []
+    malformed: dict[str, int] = {}
+    in_a_row = 0
+    for index in range(int(task.limits.max_steps)):
+        if time.monotonic() >= deadline:
+            return Ending.AGENT_TIMEOUT, steps, malformed, ""
+        step_started = time.monotonic()
+        try:
+            reply = agent.act(tuple(messages))
+        except (EngineFailed, InfraError) as exc:
+            return Ending.ENGINE_ERROR, steps, malformed, f"the agent's engine failed: {exc.message}"
+        except Exception as exc:  # noqa: BLE001 - an agent's own bug ends its episode, never the eval
+            return Ending.AGENT_ERROR, steps, malformed, f"the agent raised {type(exc).__name__}: {exc}"
+        if time.monotonic() >= deadline:
+            return Ending.AGENT_TIMEOUT, steps, malformed, "the time limit passed while the agent thought"
+        messages.append(Message("assistant", reply if isinstance(reply, str) else repr(reply)))
+        call = parse_tool_call(reply)
+        if isinstance(call, MalformedCall):
+            malformed[call.kind] = malformed.get(call.kind, 0) + 1
+            in_a_row += 1
+            observation = f"error: malformed tool call ({call.kind}): {call.detail}"
+            steps.append(TrialStep(index, str(reply), None, {}, call.kind, observation, None, False, time.monotonic() - step_started))
+            messages.append(Message("tool", observation))
+            if in_a_row >= options.max_malformed_in_a_row:
+                return Ending.MALFORMED_CALLS, steps, malformed, f"{in_a_row} malformed calls in a row"
+            continue
+        in_a_row = 0
+        if call.name == "submit":
+            steps.append(TrialStep(index, reply, "submit", {}, None, "", None, False, time.monotonic() - step_started))
+            return Ending.SUBMITTED, steps, malformed, ""
+        observation, exit_code, tool_error = _execute(call, sandbox, shell, deadline, options)
+        steps.append(TrialStep(index, reply, call.name, call.arguments, None, observation, exit_code, tool_error,
+                               time.monotonic() - step_started))
+        messages.append(Message("tool", observation))
+    return Ending.MAX_STEPS, steps, malformed, f"no submit within {int(task.limits.max_steps)} steps"
+
+
+def _execute(call: ToolCall, sandbox: Sandbox, shell: str, deadline: float, options: TrialOptions) -> tuple[str, int | None, bool]:
+    """Run one well-formed call: (observation, exit code for bash, whether the tool failed)."""
+    if call.name == "bash":
+        timeout_s = max(0.1, min(options.command_timeout_s, deadline - time.monotonic()))
+        ran = sandbox.exec([shell, "-c", call.arguments["command"]], timeout_s=timeout_s)
+        return _bash_observation(ran, options.max_observation_chars), ran.exit_code, ran.exit_code != 0
+    path = _work_relative(call.arguments["path"])
+    try:
+        if call.name == "read_file":
+            content = sandbox.read_file(path).decode("utf-8", errors="replace")
+            return _cut(content, options.max_observation_chars), None, False
+        sandbox.write_files({path: call.arguments["content"].encode()})
+        return f"wrote {len(call.arguments['content'].encode())} bytes to /work/{path}", None, False
+    except (OSError, ValueError, RuntimeError) as exc:  # a missing file, a path outside /work, a link
+        return f"error: {call.name} {call.arguments['path']!r}: {exc}", None, True
+
+
+def _work_relative(path: str) -> str:
+    """`/work/a/b` or `./a/b` -> `a/b` (anything else is passed on and refused by the sandbox)."""
+    path = path.strip()
+    if path.startswith("/work/"):
+        return path[len("/work/"):]
+    return path[2:] if path.startswith("./") else path
+
+
+def _bash_observation(ran: ExecResult, max_chars: int) -> str:
+    status = "timed out (killed)" if ran.timed_out else ("killed: out of memory" if ran.oom_killed else str(ran.exit_code))
+    text = f"exit_code: {status}\nstdout:\n{ran.stdout}\nstderr:\n{ran.stderr}"
+    return _cut(text, max_chars)
+
+
+def _cut(text: str, max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    half = max_chars // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= DETAIL_CHARS else "..." + text[-DETAIL_CHARS:]
+
+
+_HARBOR_PATHS = re.compile(r"(?<![\w./-])/(tests|logs)(?=/|\b)")
+
+
+_VERIFY_SCRIPT = """
+move='import shutil, sys; shutil.move(sys.argv[1], sys.argv[2])'
+copy='import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])'
+python3 -c "$move" "/work/$1" "/tmp/$1" || exit 97
+"$2" "/tmp/$1/tests/test.sh"
+status=$?
+python3 -c "$copy" "/tmp/$1/logs" "/work/$1-logs" || exit 98
+exit $status
+"""
+
+
+def _verify(backend: str, sandbox: Sandbox, final: Snapshot, task: AgentTask, limits: Limits) -> tuple[TrialVerdict | None, float | None, str]:
+    """Run tests/test.sh on the final state: (None, reward, detail) or (a verdict without reward, None, why).
+
+    The tests are written under /work/<random>, moved to /tmp/<random> by the same command
+    that runs them (so /work holds only the agent's files while they run), and their logs
+    are copied back to /work/<random>-logs, where the reward is read from.
+    """
+    root = f".verifier-{secrets.token_hex(8)}"
+    verifier_limits = dataclasses.replace(limits, timeout_s=task.limits.verifier_timeout_s)
+    checker, fresh = verifier_sandbox(backend, sandbox, final, verifier_limits, task.limits.cpus)
+    try:
+        files = {f"{root}/tests/{path}": _rewrite_paths(data, root) for path, data in task.test_files.items()}
+        files[f"{root}/logs/verifier/.keep"] = b""
+        files[f"{root}/logs/agent/.keep"] = b""
+        checker.write_files(files)
+        interpreter = (shebang_interpreter(task.test_files["test.sh"]) or ("sh",))[0]
+        ran = checker.exec(["sh", "-c", _VERIFY_SCRIPT, "verify", root, interpreter], timeout_s=task.limits.verifier_timeout_s)
+        output = _tail(ran.stdout + ran.stderr)
+        if ran.timed_out:
+            return TrialVerdict.VERIFIER_TIMEOUT, 0.0, f"tests ran past {task.limits.verifier_timeout_s:g} s: {output}"
+        reward = _read_reward(checker, f"{root}-logs")
+        if reward is None:
+            return TrialVerdict.VERIFIER_ERROR, None, f"test.sh (exit {ran.exit_code}) wrote no readable reward: {output}"
+        return None, reward, "" if reward >= 1.0 else f"reward {reward:g}: {output}"
+    finally:
+        if fresh:
+            checker.close()
+
+
+def _rewrite_paths(data: bytes, root: str) -> bytes:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+    return _HARBOR_PATHS.sub(lambda match: f"/tmp/{root}/{match.group(1)}", text).encode()
+
+
+def _read_reward(sandbox: Sandbox, logs: str) -> float | None:
+    for name in ("reward.txt", "reward.json"):
+        try:
+            raw = sandbox.read_file(f"{logs}/verifier/{name}").decode("utf-8", errors="replace").strip()
+        except (OSError, ValueError, RuntimeError):
+            continue
+        try:
+            value = json.loads(raw)["reward"] if name.endswith(".json") else float(raw)
+            return float(value)
+        except (ValueError, KeyError, TypeError):
+            return None
+    return None
