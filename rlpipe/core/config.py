@@ -55,9 +55,50 @@ class ModelConfig(_Section):
     optimizer keeps float32 state)."""
 
 
+class ReasoningGymDomainConfig(_Section):
+    """envs.reasoning_gym.<domain>: one reasoning-gym dataset as a domain (envs/reasoning_gym_env.py)."""
+
+    dataset: str
+    """The reasoning-gym dataset's registered name, e.g. "leg_counting"."""
+    config: dict[str, Any] = {}
+    """The dataset's config keywords (not seed or size: the env sets those)."""
+    heldout_fraction: float = Field(0.2, gt=0, lt=1)
+    """Share of the question space held out (by a hash of the question text)."""
+    partial_credit: bool = False
+    """Reward = score_answer's score; False: 1 iff the score is 1 (no credit for answers that merely contain the answer)."""
+    prompt_template: str = "{question}"
+    """The prompt text; {question} is the dataset's question."""
+    prompt_format: Literal["plain", "chat"] | None = None
+    """This domain's prompt rendering; None = model.prompt_format. Must equal model.prompt_format for now."""
+    max_answer_chars: int = Field(1000, gt=0)
+    """Longer outputs score 0 (format) without being parsed."""
+
+
+class FileDomainConfig(_Section):
+    """envs.files.<domain>: tasks from a verl-format Parquet or a JSONL file (envs/file_tasks.py)."""
+
+    path: str
+    """A .parquet (verl columns) or .jsonl file."""
+    verifier: str = "exact"
+    """Verifier of rows that name none: exact, math or reasoning_gym:<dataset>."""
+    heldout_fraction: float = Field(0.2, gt=0, lt=1)
+    """Share of the distinct prompts held out."""
+    split_seed: int = 0
+    """Seed of the train/held-out assignment of the rows."""
+    prompt_template: str = "{question}"
+    """The prompt text; {question} is the row's prompt."""
+    prompt_format: Literal["plain", "chat"] | None = None
+    """This domain's prompt rendering; None = model.prompt_format. Must equal model.prompt_format for now."""
+
+
 class EnvConfig(_Section):
     domains: dict[str, float] = {"arithmetic": 1.0}
-    """Domain name -> sampling ratio (normalised). Known: arithmetic, reverse, code."""
+    """Domain name -> sampling ratio (normalised). Known: arithmetic, arithmetic_chat(_equation),
+    reverse, code, and every name defined under envs.reasoning_gym or envs.files."""
+    reasoning_gym: dict[str, ReasoningGymDomainConfig] = {}
+    """Domain name -> a reasoning-gym dataset and its settings (docs/ENVIRONMENTS.md)."""
+    files: dict[str, FileDomainConfig] = {}
+    """Domain name -> a task file and its settings (docs/ENVIRONMENTS.md)."""
     train_size: int = Field(4000, gt=0)
     """Training tasks the warm-start's supervised examples come from, drawn by domain ratio
     (seeded; a domain whose train split is smaller repeats its tasks). It does not bound
@@ -70,6 +111,12 @@ class EnvConfig(_Section):
     """arithmetic: operands are drawn from [0, max_operand]."""
     max_word_len: int = Field(6, gt=0)
     """reverse: words have 3..max_word_len letters."""
+
+    def domain_tables(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """envs.reasoning_gym and envs.files as build_env's keyword arguments (prompt_format,
+        which the engine applies, left out)."""
+        return {table: {name: spec.model_dump(exclude={"prompt_format"}) for name, spec in getattr(self, table).items()}
+                for table in ("reasoning_gym", "files")}
 
 
 class RolloutConfig(_Section):
@@ -279,6 +326,12 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(*_explain(exc)) from exc
+    for table in ("reasoning_gym", "files"):  # engines render every prompt with model.prompt_format
+        for name, spec in getattr(config.envs, table).items():
+            if spec.prompt_format not in (None, config.model.prompt_format):
+                raise ConfigError(
+                    f"envs.{table}.{name}.prompt_format = {spec.prompt_format!r}, but model.prompt_format = {config.model.prompt_format!r}",
+                    "one run renders all prompts one way for now: make them equal (or drop the domain's prompt_format)")
     if config.model.path is None:  # a model folder's own config.json: tasks/model_checks.py, before a run
         model = config.model
         check_attention_shape(model.hidden_size, model.num_heads, model.num_heads, None,

@@ -5,7 +5,9 @@ What it does:
   may pass the whole `envs` config section: parameters a domain does not take are ignored).
   An unknown name raises ConfigError listing the known domains. Registered: arithmetic,
   arithmetic_chat(_equation), reverse, code (HumanEval in a sandbox; it takes `timeout_s`, the sandbox's wall-clock
-  limit). `register_env` adds a domain without editing this file's callers.
+  limit). `register_env` adds a domain without editing this file's callers. Domains named
+  in the `reasoning_gym` or `files` parameter (name -> that domain's keyword arguments, from
+  envs.reasoning_gym.<name> / envs.files.<name>) are built as ReasoningGymEnv / FileTasksEnv.
 - `Mixture(envs, ratios)` draws training tasks: each of `count` slots picks a domain with
   probability proportional to its ratio (seeded), then each domain contributes that many
   tasks from its train split. `heldout` gives a fixed per-domain evaluation set.
@@ -27,6 +29,8 @@ from rlpipe.envs.arithmetic import ArithmeticEnv
 from rlpipe.envs.arithmetic_chat import ArithmeticChatEnv, ArithmeticChatEquationEnv
 from rlpipe.envs.base import Env
 from rlpipe.envs.code import CodeEnv
+from rlpipe.envs.file_tasks import FileTasksEnv
+from rlpipe.envs.reasoning_gym_env import ReasoningGymEnv
 from rlpipe.envs.reverse import ReverseEnv
 
 _REGISTRY: dict[str, Callable[..., Env]] = {"arithmetic": ArithmeticEnv, "code": CodeEnv, "reverse": ReverseEnv}
@@ -45,8 +49,16 @@ def known_domains() -> list[str]:
 
 def build_env(name: str, **params: object) -> Env:
     """Build domain `name`, passing the parameters its factory accepts."""
+    for table, factory_of_table in (("reasoning_gym", ReasoningGymEnv), ("files", FileTasksEnv)):
+        specs = params.get(table) or {}
+        if isinstance(specs, dict) and name in specs:
+            try:
+                return factory_of_table(name=name, **dict(specs[name]))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"bad parameters for domain {name!r} (envs.{table}.{name}): {exc}",
+                                  f"fix envs.{table}.{name} in the config; see docs/ENVIRONMENTS.md") from exc
     if name not in _REGISTRY:
-        raise ConfigError(f"unknown domain {name!r} in envs.domains", f"known domains: {', '.join(known_domains())}")
+        raise ConfigError(f"unknown domain {name!r} in envs.domains", f"known domains: {', '.join(known_domains())}; or define it under envs.reasoning_gym.{name} or envs.files.{name}")
     factory = _REGISTRY[name]
     accepted = inspect.signature(factory).parameters
     try:

@@ -35,6 +35,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -136,33 +137,14 @@ class ReasoningGymEnv:
         if question_digest(entry["question"]) != item["question_sha"]:
             raise RuntimeError(f"task {task.task_id}: reasoning-gym {reasoning_gym_version()} regenerates another question for "
                                f"{item}; verify with the version that made the run, or rescore with a new verifier_version")
-        reward, reason, detail = self._judge(completion_text, entry)
+        reward, reason, detail = judge_with_score_answer(self.score_answer, completion_text, entry, self.max_answer_chars,
+                                                         self.partial_credit)
         return Verdict(reward=reward, passed=reason is VerdictReason.OK, reason=reason, detail=detail[:DETAIL_CHARS],
                        duration_s=time.perf_counter() - started, verifier_version=self.verifier_version)
 
     def score_answer(self, answer: str, entry: dict[str, Any]) -> object:
         """The dataset's own score_answer (raw: may raise or return anything)."""
         return self._instance(0).score_answer(answer, entry)
-
-    def _judge(self, completion_text: str, entry: dict[str, Any]) -> tuple[float, VerdictReason, str]:
-        text = completion_text if isinstance(completion_text, str) else str(completion_text)
-        if len(text) > 4 * self.max_answer_chars:
-            return 0.0, VerdictReason.FORMAT, f"output too long: {len(text)} chars"
-        answer = text.strip()
-        if not answer:
-            return 0.0, VerdictReason.FORMAT, "empty output"
-        if len(answer) > self.max_answer_chars:
-            return 0.0, VerdictReason.FORMAT, f"output too long: {len(answer)} chars"
-        try:
-            score = self.score_answer(answer, entry)
-        except Exception as exc:  # the dataset's code on hostile output: a verdict, not a crash
-            return 0.0, VerdictReason.FORMAT, f"score_answer raised {type(exc).__name__}: {str(exc)[:80]} on {answer[:60]!r}"
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score) or not 0 <= score <= 1:
-            return 0.0, VerdictReason.FORMAT, f"score_answer returned {score!r:.60} (not a number in [0, 1]) on {answer[:60]!r}"
-        if score >= 1:
-            return 1.0, VerdictReason.OK, "ok"
-        reward = float(score) if self.partial_credit else 0.0
-        return reward, VerdictReason.WRONG, f"score {float(score):.3f}: expected {str(entry['answer'])[:60]!r}, got {answer[:60]!r}"
 
     def _instance(self, seed: int) -> Any:
         return _dataset_instance(self.dataset, json.dumps(self.config, sort_keys=True, default=repr), seed)
@@ -182,6 +164,37 @@ class ReasoningGymEnv:
             reference_answer=answer,
             metadata=(("split", split), ("dataset", self.dataset)),
         )
+
+
+def judge_with_score_answer(score_answer: Callable[[str, dict[str, Any]], object], completion_text: str,
+                            entry: dict[str, Any], max_answer_chars: int = MAX_ANSWER_CHARS,
+                            partial_credit: bool = False) -> tuple[float, VerdictReason, str]:
+    """(reward, reason, detail) of `score_answer` on the stripped completion; never raises."""
+    text = completion_text if isinstance(completion_text, str) else str(completion_text)
+    if len(text) > 4 * max_answer_chars:  # never strip or parse a huge output
+        return 0.0, VerdictReason.FORMAT, f"output too long: {len(text)} chars"
+    answer = text.strip()
+    if not answer:
+        return 0.0, VerdictReason.FORMAT, "empty output"
+    if len(answer) > max_answer_chars:
+        return 0.0, VerdictReason.FORMAT, f"output too long: {len(answer)} chars"
+    try:
+        score = score_answer(answer, entry)
+    except Exception as exc:  # the dataset's code on hostile output: a verdict, not a crash
+        return 0.0, VerdictReason.FORMAT, f"score_answer raised {type(exc).__name__}: {str(exc)[:80]} on {answer[:60]!r}"
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score) or not 0 <= score <= 1:
+        return 0.0, VerdictReason.FORMAT, f"score_answer returned {repr(score)[:60]} (not a number in [0, 1]) on {answer[:60]!r}"
+    if score >= 1:
+        return 1.0, VerdictReason.OK, "ok"
+    reward = float(score) if partial_credit else 0.0
+    return reward, VerdictReason.WRONG, f"score {float(score):.3f}: expected {str(entry.get('answer'))[:60]!r}, got {answer[:60]!r}"
+
+
+def default_score_answer(dataset: str) -> Callable[[str, dict[str, Any]], object]:
+    """The score_answer of `dataset` built with its default config (ValueError if unknown)."""
+    if dataset not in _reasoning_gym().factory.DATASETS:
+        raise ValueError(f"unknown reasoning-gym dataset {dataset!r}")
+    return _dataset_instance(dataset, "{}", 0).score_answer
 
 
 @lru_cache(maxsize=64)

@@ -95,7 +95,7 @@ def build_mixture(config: RunConfig) -> Mixture:
     envs_config = config.envs
     envs = {
         name: build_env(name, max_operand=envs_config.max_operand, max_word_len=envs_config.max_word_len,
-                        timeout_s=config.sandbox.timeout_s)
+                        timeout_s=config.sandbox.timeout_s, **envs_config.domain_tables())
         for name in envs_config.domains
     }
     return Mixture(envs, dict(envs_config.domains))
