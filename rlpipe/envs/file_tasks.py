@@ -46,8 +46,8 @@ from rlpipe.envs.exact import DETAIL_CHARS, check_split, in_heldout, source_vers
 
 VERIFIERS = ("exact", "math", "reasoning_gym:<dataset>")
 MAX_MATH_CHARS = 200
-_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))")
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?", re.ASCII)  # ASCII digits only
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))", re.ASCII)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
