@@ -11,7 +11,7 @@ sandbox, and which commands a backend's sandboxes have.
 
 `available_commands` asks a sandbox of the backend once per process (cached): bubblewrap
 sees the host's /usr (bash, coreutils, git, make, ... where the host has them); the docker
-image holds python3 and sh only (rlpipe/sandbox/image.py).
+image holds python3, sh and the shell tools of its TOOL_PACKAGES (rlpipe/sandbox/image.py).
 
 `TrialBackend` is what a trial needs of a backend (open, verifier, available_commands);
 `trial_backend(name)` gives the real one for bwrap or docker, and a test may pass its own
