@@ -11,7 +11,11 @@ sandbox, and which commands a backend's sandboxes have.
 
 `available_commands` asks a sandbox of the backend once per process (cached): bubblewrap
 sees the host's /usr (bash, coreutils, git, make, ... where the host has them); the docker
-image holds python3 and sh only (rlpipe/sandbox/image.py).
+image holds python3, sh and the shell tools of its TOOL_PACKAGES (rlpipe/sandbox/image.py).
+
+`TrialBackend` is what a trial needs of a backend (open, verifier, available_commands);
+`trial_backend(name)` gives the real one for bwrap or docker, and a test may pass its own
+(e.g. one whose sandboxes die mid-trial) to run_trial.
 
 What it does not do: pool or pre-warm sandboxes (a trial owns its sandboxes).
 """
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 from rlpipe.agents.task_format import TaskLimits
 from rlpipe.core.errors import ConfigError
@@ -78,3 +84,36 @@ def _probe(backend: str, names: tuple[str, ...]) -> frozenset[str]:
 def available_commands(backend: str, names: Iterable[str]) -> frozenset[str]:
     """Which of `names` a sandbox of this backend can run (one probe per set of names)."""
     return _probe(backend, tuple(sorted(set(names))))
+
+
+class TrialBackend(Protocol):
+    """What a trial needs of a sandbox backend."""
+
+    name: str
+
+    def open(self, limits: Limits, cpus: float) -> Sandbox: ...
+
+    def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float) -> tuple[Sandbox, bool]: ...
+
+    def available_commands(self, names: Iterable[str]) -> frozenset[str]: ...
+
+
+@dataclass(frozen=True)
+class NamedBackend:
+    """The real backend `name` (bwrap or docker), through this module's functions."""
+
+    name: str
+
+    def open(self, limits: Limits, cpus: float) -> Sandbox:
+        return open_sandbox(self.name, limits, cpus)
+
+    def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float) -> tuple[Sandbox, bool]:
+        return verifier_sandbox(self.name, agent_sandbox, final, limits, cpus)
+
+    def available_commands(self, names: Iterable[str]) -> frozenset[str]:
+        return available_commands(self.name, names)
+
+
+def trial_backend(backend: str | TrialBackend) -> TrialBackend:
+    """A backend name -> the real backend; a TrialBackend is returned as it is."""
+    return NamedBackend(backend) if isinstance(backend, str) else backend

@@ -1,40 +1,50 @@
-"""An eval: every task of a suite attempted once by one agent, in parallel trials, and its metrics.
+"""An eval: every task of a suite attempted by one agent, in parallel trials, recorded and resumable.
 
-Metrics (EvalReport.metrics, what `rlpipe eval --json` prints):
+`run_eval` runs one trial per task, `workers` at a time. A trial that ends in an
+infrastructure failure (sandbox_error, engine_error, setup_error, verifier_error) is
+retried from the task's initial state (a new trial: new sandbox, the initial files, the
+setup script) up to `max_attempts` attempts in one session; it is never scored as the
+agent's failure, and the last attempt's verdict is the task's. With a recorder
+(agents/recording.py) every attempt is committed to the lake as soon as it ends.
 
-    success_rate          passed / scored, where scored = trials with an agent verdict
-                          (infrastructure failures and tasks not run are left out, and
-                          counted apart); 0.0 when nothing was scored
-    trials, scored, passed, infrastructure_failures, not_run
-    verdicts              {verdict: count} for every verdict that occurred
-    steps_mean            mean number of agent replies per scored trial
-    tool_calls, malformed_calls, well_formed_rate (well-formed / all replies), tool_errors
-    duration_s_mean       mean wall-clock seconds of a scored trial
+Resume (`resume_eval`): the eval's EVAL.json names the agent, backend, task folder and
+options; the tasks are loaded again and each task whose last committed attempt has an
+agent or not-run verdict is done and not rerun; a task with no committed attempt, or whose
+last attempt failed on infrastructure, is run again (up to `max_attempts` more attempts).
+The final table is built from the committed attempts, so it equals what an uninterrupted
+eval gives for the same trials.
 
-What it does not do: retry infrastructure failures, resume, or store anything (the CLI
-and, later, the rl-eval flow do that).
+Metrics: agents/metrics.py. What it does not do: report to MLflow or Prefect.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from rlpipe.agents.agents import AGENTS, AgentFactory
-from rlpipe.agents.records import TrialResult, TrialVerdict
-from rlpipe.agents.task_format import AgentTask, SkippedTask
+from rlpipe.agents.backends import TrialBackend, trial_backend
+from rlpipe.agents.metrics import eval_metrics
+from rlpipe.agents.recording import EvalRecorder, RecordedAttempt, TrialStore, now_ms
+from rlpipe.agents.records import TrialResult
+from rlpipe.agents.task_format import AgentTask, SkippedTask, builtin_suite_dir, load_tasks
 from rlpipe.agents.trial import TrialOptions, run_trial
-from rlpipe.core.errors import ConfigError
+from rlpipe.core.errors import ConfigError, RunNotFoundError
+from rlpipe.storage.eval_records import EvalInfo, check_eval_id
+
+DEFAULT_MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
 class EvalReport:
     agent: str
     backend: str
-    trials: tuple[TrialResult, ...]
+    trials: tuple[TrialResult, ...]  # the last attempt of each task, in the order of the tasks
     metrics: dict[str, object]
+    eval_id: str | None = None
+    attempts: dict[str, tuple[RecordedAttempt, ...]] = field(default_factory=dict)  # task id -> every attempt
 
 
 def agent_factory(name: str) -> AgentFactory:
@@ -44,33 +54,67 @@ def agent_factory(name: str) -> AgentFactory:
         raise ConfigError(f"unknown agent {name!r}", hint=f"use one of {', '.join(sorted(AGENTS))}") from None
 
 
-def run_eval(tasks: Sequence[AgentTask | SkippedTask], agent: str, backend: str, workers: int = 2,
-             options: TrialOptions = TrialOptions()) -> EvalReport:
-    """One trial per task, `workers` at a time; results in the order of `tasks`."""
-    factory = agent_factory(agent)
+def run_eval(tasks: Sequence[AgentTask | SkippedTask], agent: str, backend: str | TrialBackend, workers: int = 2,
+             options: TrialOptions = TrialOptions(), max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+             recorder: EvalRecorder | None = None, factory: AgentFactory | None = None) -> EvalReport:
+    """Each task until it has a verdict that is not an infrastructure failure (at most
+    `max_attempts` new attempts); attempts committed by `recorder` earlier count as made."""
+    if max_attempts < 1:
+        raise ConfigError(f"max attempts {max_attempts} must be at least 1", hint="e.g. --max-attempts 3")
+    factory = factory or agent_factory(agent)
+    sandboxes = trial_backend(backend)
+    recorded = recorder.attempts() if recorder is not None else {}
+    session = recorder.session if recorder is not None else 0
+
+    def attempt(task: AgentTask | SkippedTask) -> tuple[RecordedAttempt, ...]:
+        history = list(recorded.get(task.task_id, []))
+        for _ in range(max_attempts):
+            if history and history[-1].trial.verdict.family != "infrastructure":
+                break
+            number = history[-1].attempt + 1 if history else 1
+            result = run_trial(task, agent, factory, sandboxes, options)
+            if recorder is not None:
+                recorder.record(number, result, task.instruction if isinstance(task, AgentTask) else "")
+            history.append(RecordedAttempt(number, session, result))
+        return tuple(history)
+
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        trials = tuple(pool.map(lambda task: run_trial(task, agent, factory, backend, options), tasks))
-    return EvalReport(agent, backend, trials, eval_metrics(trials))
+        histories = list(pool.map(attempt, tasks))
+    trials = tuple(history[-1].trial for history in histories)
+    metrics = eval_metrics(trials, attempts=sum(map(len, histories)))
+    return EvalReport(agent, sandboxes.name, trials, metrics, recorder.info.eval_id if recorder is not None else None,
+                      {task.task_id: history for task, history in zip(tasks, histories)})
 
 
-def eval_metrics(trials: Sequence[TrialResult]) -> dict[str, object]:
-    scored = [trial for trial in trials if trial.verdict.family == "agent"]
-    passed = sum(trial.passed for trial in scored)
-    replies = [step for trial in scored for step in trial.steps]
-    malformed = sum(step.tool is None for step in replies)
-    counts = Counter(trial.verdict.value for trial in trials)
-    return {
-        "success_rate": passed / len(scored) if scored else 0.0,
-        "trials": len(trials),
-        "scored": len(scored),
-        "passed": passed,
-        "infrastructure_failures": sum(trial.verdict.family == "infrastructure" for trial in trials),
-        "not_run": sum(trial.verdict.family == "not_run" for trial in trials),
-        "verdicts": {verdict.value: counts[verdict.value] for verdict in TrialVerdict if counts[verdict.value]},
-        "steps_mean": sum(len(trial.steps) for trial in scored) / len(scored) if scored else 0.0,
-        "tool_calls": len(replies) - malformed,
-        "malformed_calls": malformed,
-        "well_formed_rate": (len(replies) - malformed) / len(replies) if replies else 1.0,
-        "tool_errors": sum(step.tool_error for step in replies),
-        "duration_s_mean": sum(trial.duration_s for trial in scored) / len(scored) if scored else 0.0,
-    }
+def start_eval(store: TrialStore, eval_id: str, agent: str, backend: str, tasks_dir: Path | None,
+               tasks: Sequence[AgentTask | SkippedTask], options: TrialOptions, max_attempts: int) -> EvalRecorder:
+    """Write EVAL.json of a new eval; ConfigError when the id is taken."""
+    if store.read_info(check_eval_id(eval_id)) is not None:
+        raise ConfigError(f"eval {eval_id!r} already exists in {store.uri}",
+                          hint=f"resume it with `rlpipe eval --resume {eval_id}`, or pick another --eval-id")
+    ids = [task.task_id for task in tasks]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("two tasks have the same id: " + ", ".join(sorted({i for i in ids if ids.count(i) > 1})),
+                          hint="task ids are folder names; rename one of the folders")
+    info = EvalInfo(eval_id=eval_id, agent=agent, backend=backend,
+                    tasks_dir="" if tasks_dir is None else str(tasks_dir.resolve()), task_ids=tuple(ids),
+                    max_attempts=max_attempts, command_timeout_s=options.command_timeout_s, created_at_ms=now_ms())
+    return EvalRecorder.start(store, info)
+
+
+def resume_eval(store: TrialStore, eval_id: str) -> tuple[EvalRecorder, list[AgentTask | SkippedTask], TrialOptions]:
+    """The recorder (next session), the eval's tasks loaded again, and its options."""
+    info = store.read_info(check_eval_id(eval_id))
+    if info is None:
+        known = ", ".join(store.list_evals()[-5:]) or "none"
+        raise RunNotFoundError(f"the lake {store.uri} holds no eval {eval_id!r}", hint=f"evals there: {known}; "
+                               "query them with `rlpipe query \"select * from evals\"`")
+    tasks = load_tasks(Path(info.tasks_dir) if info.tasks_dir else builtin_suite_dir())
+    by_id = {task.task_id: task for task in tasks}
+    missing = [task_id for task_id in info.task_ids if task_id not in by_id]
+    if missing:
+        raise ConfigError(f"eval {eval_id!r} ran tasks that {info.tasks_dir or 'the built-in suite'} no longer holds: "
+                          f"{', '.join(missing)}", hint="restore those task folders, or start a new eval")
+    recorder = EvalRecorder(store, info, session=0)
+    recorder = EvalRecorder(store, info, session=recorder.next_session())
+    return recorder, [by_id[task_id] for task_id in info.task_ids], TrialOptions(command_timeout_s=info.command_timeout_s)

@@ -79,6 +79,7 @@ class TrialStep:
     exit_code: int | None  # bash only
     tool_error: bool  # the call was well formed but the tool failed (missing file, timeout, ...)
     duration_s: float
+    started_s: float = 0.0  # seconds after the episode started
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class TrialResult:
     verifier_duration_s: float = 0.0
     duration_s: float = 0.0
     malformed_counts: dict[str, int] = field(default_factory=dict)
+    started_at_ms: int = 0  # unix time the trial started (0: unknown)
 
     @property
     def passed(self) -> bool:

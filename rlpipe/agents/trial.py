@@ -20,8 +20,10 @@ Harbor runs tests from /tests and reads /logs/verifier; the sandboxes have no su
 mounts, so in the test files (text) the paths /tests and /logs are rewritten to that random
 folder before they are copied in: a Harbor test.sh runs unchanged.
 
-What it does not do: retry (an infrastructure failure is recorded as such), record
-trajectories in the lake, or talk to a model (agents/agents.py).
+What it does not do: retry (an infrastructure failure is returned as such; agents/evaluation.py
+retries it), record trajectories in the lake (agents/recording.py), or talk to a model
+(agents/agents.py). The sandboxes come from a TrialBackend (agents/backends.py): a name
+gives the real bwrap or docker backend.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import time
 from dataclasses import dataclass
 
 from rlpipe.agents.agents import Agent, AgentFactory, AgentUnavailable, Message
-from rlpipe.agents.backends import available_commands, open_sandbox, sandbox_limits, verifier_sandbox
+from rlpipe.agents.backends import TrialBackend, sandbox_limits, trial_backend
 from rlpipe.agents.records import Ending, TrialResult, TrialStep, TrialVerdict
 from rlpipe.agents.task_format import AgentTask, SkippedTask, shebang_interpreter
 from rlpipe.agents.tools import TOOL_SCHEMAS, MalformedCall, ToolCall, parse_tool_call
@@ -60,15 +62,18 @@ class TrialOptions:
     max_malformed_in_a_row: int = MAX_MALFORMED_IN_A_ROW
 
 
-def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: AgentFactory, backend: str,
+def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: AgentFactory, backend: str | TrialBackend,
               options: TrialOptions = TrialOptions()) -> TrialResult:
     """Attempt `task` once; every outcome, including infrastructure failures, is a TrialResult."""
+    sandboxes = trial_backend(backend)
+    backend = sandboxes.name
     started = time.monotonic()
+    started_at_ms = int(time.time() * 1000)
 
     def result(verdict: TrialVerdict, detail: str, **fields) -> TrialResult:
         fields.setdefault("ending", Ending.NOT_STARTED)
         return TrialResult(task.task_id, agent_name, backend, verdict, reward=fields.pop("reward", None), detail=detail,
-                           duration_s=time.monotonic() - started, **fields)
+                           duration_s=time.monotonic() - started, started_at_ms=started_at_ms, **fields)
 
     if isinstance(task, SkippedTask):
         return result(TrialVerdict.INVALID_TASK if task.invalid else TrialVerdict.SKIPPED, task.reason)
@@ -77,7 +82,7 @@ def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: Age
     except AgentUnavailable as exc:
         return result(TrialVerdict.SKIPPED, f"agent {agent_name}: {exc}")
     try:
-        present = available_commands(backend, [*task.requires_commands, "bash", "python3"])
+        present = sandboxes.available_commands([*task.requires_commands, "bash", "python3"])
     except InfraError as exc:
         return result(TrialVerdict.SANDBOX_ERROR, f"cannot probe the {backend} sandbox: {exc.message}")
     missing = sorted(set(task.requires_commands) - present)
@@ -87,7 +92,7 @@ def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: Age
     limits = sandbox_limits(task.limits, timeout_s=min(options.command_timeout_s, task.limits.agent_timeout_s))
     sandbox: Sandbox | None = None
     try:
-        sandbox = open_sandbox(backend, limits, task.limits.cpus)
+        sandbox = sandboxes.open(limits, task.limits.cpus)
         setup_failure = _prepare(sandbox, task, shell)
         if setup_failure:
             return result(TrialVerdict.SETUP_ERROR, setup_failure)
@@ -99,7 +104,7 @@ def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: Age
             return result(TrialVerdict(ending.value), detail, **common)
         verifier_started = time.monotonic()
         final = sandbox.snapshot()
-        verdict, reward, verifier_detail = _verify(backend, sandbox, final, task, limits)
+        verdict, reward, verifier_detail = _verify(sandboxes, sandbox, final, task, limits)
         if verdict is None:  # a reward was read
             verdict = _agent_verdict(reward, ending)
         return result(verdict, "; ".join(part for part in (detail, verifier_detail) if part), reward=reward,
@@ -139,7 +144,8 @@ def _prepare(sandbox: Sandbox, task: AgentTask, shell: str) -> str:
 def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str,
                  options: TrialOptions) -> tuple[Ending, list[TrialStep], dict[str, int], str]:
     """The observe -> act -> execute loop; (ending, steps, malformed counts by kind, detail)."""
-    deadline = time.monotonic() + task.limits.agent_timeout_s
+    episode_started = time.monotonic()
+    deadline = episode_started + task.limits.agent_timeout_s
     messages = [Message("system", SYSTEM_PROMPT), Message("user", task.instruction)]
     steps: list[TrialStep] = []
     malformed: dict[str, int] = {}
@@ -162,20 +168,23 @@ def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str,
             malformed[call.kind] = malformed.get(call.kind, 0) + 1
             in_a_row += 1
             observation = f"error: malformed tool call ({call.kind}): {call.detail}"
-            steps.append(TrialStep(index, str(reply), None, {}, call.kind, observation, None, False, time.monotonic() - step_started))
+            steps.append(TrialStep(index, str(reply), None, {}, call.kind, observation, None, False, **_timing(episode_started, step_started)))
             messages.append(Message("tool", observation))
             if in_a_row >= options.max_malformed_in_a_row:
                 return Ending.MALFORMED_CALLS, steps, malformed, f"{in_a_row} malformed calls in a row"
             continue
         in_a_row = 0
         if call.name == "submit":
-            steps.append(TrialStep(index, reply, "submit", {}, None, "", None, False, time.monotonic() - step_started))
+            steps.append(TrialStep(index, reply, "submit", {}, None, "", None, False, **_timing(episode_started, step_started)))
             return Ending.SUBMITTED, steps, malformed, ""
         observation, exit_code, tool_error = _execute(call, sandbox, shell, deadline, options)
-        steps.append(TrialStep(index, reply, call.name, call.arguments, None, observation, exit_code, tool_error,
-                               time.monotonic() - step_started))
+        steps.append(TrialStep(index, reply, call.name, call.arguments, None, observation, exit_code, tool_error, **_timing(episode_started, step_started)))
         messages.append(Message("tool", observation))
     return Ending.MAX_STEPS, steps, malformed, f"no submit within {int(task.limits.max_steps)} steps"
+
+
+def _timing(episode_started: float, step_started: float) -> dict[str, float]:
+    return {"duration_s": time.monotonic() - step_started, "started_s": step_started - episode_started}
 
 
 def _execute(call: ToolCall, sandbox: Sandbox, shell: str, deadline: float, options: TrialOptions) -> tuple[str, int | None, bool]:
@@ -235,7 +244,7 @@ exit $status
 """
 
 
-def _verify(backend: str, sandbox: Sandbox, final: Snapshot, task: AgentTask, limits: Limits) -> tuple[TrialVerdict | None, float | None, str]:
+def _verify(sandboxes: TrialBackend, sandbox: Sandbox, final: Snapshot, task: AgentTask, limits: Limits) -> tuple[TrialVerdict | None, float | None, str]:
     """Run tests/test.sh on the final state: (None, reward, detail) or (a verdict without reward, None, why).
 
     The tests are written under /work/<random>, moved to /tmp/<random> by the same command
@@ -244,7 +253,7 @@ def _verify(backend: str, sandbox: Sandbox, final: Snapshot, task: AgentTask, li
     """
     root = f".verifier-{secrets.token_hex(8)}"
     verifier_limits = dataclasses.replace(limits, timeout_s=task.limits.verifier_timeout_s)
-    checker, fresh = verifier_sandbox(backend, sandbox, final, verifier_limits, task.limits.cpus)
+    checker, fresh = sandboxes.verifier(sandbox, final, verifier_limits, task.limits.cpus)
     try:
         files = {f"{root}/tests/{path}": _rewrite_paths(data, root) for path, data in task.test_files.items()}
         files[f"{root}/logs/verifier/.keep"] = b""

@@ -6,7 +6,9 @@ makes the process SIGKILL itself the 2nd time it reaches `failpoint("verify")`, 
 1st time it reaches `failpoint("part-write")`. Without the variable a failpoint is one
 dict lookup. Points in the code: generate, verify, update (weights changed in memory,
 policy version not yet advanced), part-write (half a Parquet part written), checkpoint-write
-(some checkpoint files uploaded, CHECKPOINT.json and LATEST not).
+(some checkpoint files uploaded, CHECKPOINT.json and LATEST not), eval-trial-committed (an
+agent eval's trial attempt just committed: agents/recording.py), eval-part-write (half a
+Parquet part of an eval trial written).
 
 A worker process of the run (rlpipe/workers/) calls `die_with(owner_pid)` at start: a crash
 point hit in a worker then SIGKILLs the owner (the controller) first, so the whole run dies

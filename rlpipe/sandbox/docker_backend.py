@@ -195,7 +195,7 @@ class DockerSandbox:
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 nano_cpus=int(self.cpus * 1e9), pids_limit=limits.max_processes + 4,
                 network_mode="bridge" if limits.network else "none", read_only=True,
-                tmpfs={"/work": f"{tmpfs_options},uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700",
+                tmpfs={"/work": f"{tmpfs_options},exec,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700",
                        "/tmp": f"{tmpfs_options},mode=1777"},
                 shm_size=f"{limits.disk_mb}m", working_dir="/work", environment={}, hostname="sandbox",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], log_config=LogConfig(type="none"),

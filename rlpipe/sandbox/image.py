@@ -2,9 +2,14 @@
 
 The image is a minimal root filesystem assembled from host files: the distribution's
 python3.N interpreter (the newest /usr/bin/python3.N with /usr/lib/python3.N; 3.11 on
-Debian 12) and its standard library (without tests, tkinter, idle, ensurepip), the shared
-libraries they link against (found with `ldd`), `dash` as /bin/sh, an /etc/passwd with a
-non-root `sandbox` user (uid 1000), and empty mount points /work and /tmp. The tar stream
+Debian 12) and its standard library (without tests, tkinter, idle, ensurepip), `dash` as
+/bin/sh, the shell tools agent tasks use (TOOL_PACKAGES: bash, coreutils, grep, sed, awk,
+find, diff, git, jq, make, gcc with binutils and the C library headers), copied from the
+file lists dpkg keeps for those host packages (docs, man pages and locales left out; a
+package the host lacks is left out too, and its commands are then missing, which agent
+tasks report as skipped), the shared libraries all of these link against (found with
+`ldd`), an /etc/passwd with a non-root `sandbox` user (uid 1000), and empty mount points
+/work and /tmp. Set-uid bits are dropped. The tar stream
 is built in memory, entries sorted, mtimes and owners zeroed, so the same host files always
 give the same image; it is loaded with `docker import`.
 
@@ -13,8 +18,8 @@ size, mode and mtime of every source file, so `ensure_image` costs a few hundred
 and one `docker inspect` when the image already exists, and a host upgrade of python
 builds a new image. Within one process the answer is cached per client.
 
-What it does not do: it ships no package manager, no compiler, no coreutils and no
-site-packages; code in the sandbox gets the standard library and nothing else.
+What it does not do: it ships no package manager, no network tools and no site-packages;
+Python code in the sandbox gets the standard library and nothing else.
 """
 
 from __future__ import annotations
@@ -31,9 +36,21 @@ from pathlib import Path
 from rlpipe.core.errors import SandboxUnavailable
 
 IMAGE_REPOSITORY = "rlpipe-sandbox"
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 SANDBOX_UID = 1000
 SHELL_BINARY = Path("/usr/bin/dash")
+DPKG_INFO = Path("/var/lib/dpkg/info")
+TOOL_PACKAGES = ("bash", "coreutils", "grep", "sed", "mawk", "findutils", "diffutils", "git", "jq", "libjq1", "libonig5",
+                 "make", "gcc", "gcc-12", "cpp", "cpp-12", "binutils", "binutils-common", "binutils-x86-64-linux-gnu",
+                 "libbinutils", "libc6-dev", "libgcc-12-dev", "libgcc-s1", "linux-libc-dev", "libcrypt-dev")
+TOOL_LINKS = {"/usr/bin/awk": "mawk", "/usr/bin/cc": "gcc"}  # what Debian's alternatives point at
+_PACKAGE_SKIP = ("/usr/share/doc", "/usr/share/man", "/usr/share/info", "/usr/share/locale", "/usr/share/lintian",
+                 "/usr/share/bash-completion", "/usr/share/perl5", "/usr/share/gitweb", "/usr/share/gitk", "/usr/share/git-gui",
+                 "/usr/share/bug", "/usr/share/menu")
+_PACKAGE_SKIP_NAMES = ("lto1", "lto-dump-12", "x86_64-linux-gnu-lto-dump-12", "x86_64-linux-gnu-ld.gold",
+                       "x86_64-linux-gnu-gprofng", "libgprofng.so.0.0.0")
+_STATIC_KEEP = ("libc_nonshared.a", "libgcc.a", "libgcc_eh.a", "libpthread.a", "libdl.a", "librt.a")  # other .a: static
+# linking and sanitizers, left out (tens of MB)
 STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages",
                "dist-packages", "lib2to3", "EXTERNALLY-MANAGED"}
 
@@ -68,14 +85,19 @@ class _Entry:
     data: bytes | None = None
 
 
-def _shared_libraries(binary: Path) -> list[Path]:
-    """The absolute paths `ldd` resolves for `binary` (empty if ldd fails)."""
-    try:
-        output = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
+def _shared_libraries(*binaries: Path) -> list[Path]:
+    """The absolute paths `ldd` resolves for `binaries` (what it cannot read adds nothing)."""
+    output = ""
+    for start in range(0, len(binaries), 200):
+        try:
+            output += subprocess.run(["ldd", *map(str, binaries[start:start + 200])], capture_output=True, text=True,
+                                     timeout=120).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
     libraries = []
     for line in output.splitlines():
+        if not line.startswith(("\t", " ")):
+            continue  # "path:" headers of several files
         parts = line.split()
         if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
             libraries.append(Path(parts[2]))
@@ -99,6 +121,40 @@ def _stdlib_entries() -> list[_Entry]:
     return entries
 
 
+def _package_paths(package: str) -> list[Path]:
+    """The paths dpkg lists for an installed host package (empty when it is not installed)."""
+    for name in (f"{package}.list", f"{package}:amd64.list", f"{package}:arm64.list"):
+        listing = DPKG_INFO / name
+        if listing.is_file():
+            return [Path(line) for line in listing.read_text(errors="replace").splitlines() if line.startswith("/")]
+    return []
+
+
+def _tool_entries() -> tuple[list[_Entry], list[Path]]:
+    """The files and links of TOOL_PACKAGES, and the ELF candidates among them (for ldd)."""
+    entries, binaries = [], []
+    for package in TOOL_PACKAGES:
+        for path in _package_paths(package):
+            text = str(path)
+            if text.startswith(_PACKAGE_SKIP) or path.name in _PACKAGE_SKIP_NAMES or (
+                    path.suffix == ".a" and path.name not in _STATIC_KEEP):
+                continue
+            if path.is_symlink():
+                target = os.readlink(path)
+                if target.startswith("/etc/alternatives/"):
+                    target = str(path.resolve())
+                entries.append(_Entry(arcname=text, link_target=target))
+            elif path.is_file():
+                mode = path.stat().st_mode & 0o755
+                entries.append(_Entry(arcname=text, source=path, mode=mode))
+                if mode & 0o111 or ".so" in path.name:
+                    binaries.append(path)
+    for link, target in TOOL_LINKS.items():
+        if (Path(link).parent / target).exists():
+            entries.append(_Entry(arcname=link, link_target=target))
+    return entries, binaries
+
+
 def image_entries() -> list[_Entry]:
     """Every member of the image, sorted by path (a pure function of the host files)."""
     if not PYTHON_BINARY.exists() or not STDLIB_DIR.is_dir():
@@ -106,9 +162,10 @@ def image_entries() -> list[_Entry]:
             f"cannot build the docker sandbox image: {PYTHON_BINARY} or {STDLIB_DIR} is missing",
             hint="install the distribution's interpreter: apt-get install -y python3-minimal",
         )
-    binaries = [PYTHON_BINARY, SHELL_BINARY]
+    tools, tool_binaries = _tool_entries()
+    binaries = [PYTHON_BINARY, SHELL_BINARY, *tool_binaries]
     binaries += sorted((STDLIB_DIR / "lib-dynload").glob("*.so"))
-    libraries = sorted({lib for binary in binaries for lib in _shared_libraries(binary)})
+    libraries = sorted(set(_shared_libraries(*binaries)))
     entries = [
         _Entry(arcname=str(PYTHON_BINARY), source=PYTHON_BINARY),
         _Entry(arcname="/usr/bin/python3", link_target=PYTHON_BINARY.name),
@@ -118,13 +175,16 @@ def image_entries() -> list[_Entry]:
         _Entry(arcname="/etc/passwd", data=_PASSWD, mode=0o644),
         _Entry(arcname="/etc/group", data=_GROUP, mode=0o644),
     ]
+    entries += tools
     entries += [_Entry(arcname=str(lib), source=lib.resolve()) for lib in libraries]
     entries += _stdlib_entries()
     directories = {"/work": 0o755, "/tmp": 0o1777, "/proc": 0o555, "/sys": 0o555, "/dev": 0o755,
                    "/root": 0o700}
     entries += [_Entry(arcname=path, mode=mode) for path, mode in directories.items()]
     unique = {entry.arcname: entry for entry in entries}
-    return [unique[name] for name in sorted(unique)]
+    # a link that is also a folder of other entries (/bin -> usr/bin on a merged-/usr host) stays a folder
+    folders = {str(parent) for name in unique for parent in Path(name).parents}
+    return [unique[name] for name in sorted(unique) if not (unique[name].link_target is not None and name in folders)]
 
 
 def image_tag(entries: list[_Entry]) -> str:

@@ -12,8 +12,15 @@ DuckDB connection that has these views:
                         committed step, null where a step lacks a metric
     step_metric_values  run_id, step, name, value: the same metrics, one row each, by full name
 
+    evals               eval_id, agent, backend, tasks_dir, tasks, max_attempts, created_at_ms
+                        (one per `rlpipe eval`, storage/evals.py)
+    eval_trials         every committed trial attempt (EVAL_TRIAL_SCHEMA) plus `final`: true
+                        for the last attempt of each (eval_id, task_id), the one that counts
+    eval_steps          every step of every committed attempt (EVAL_STEP_SCHEMA)
+
 So `select step, reward_mean, loss from step_metrics` joins the update's loss to the
-step's reward in one query.
+step's reward in one query, and `select verdict, count(*) from eval_trials where final
+group by 1` counts an eval's verdicts.
 
 Parts are reached only through manifests, so a part orphaned by a crash is never counted.
 The parts are scanned through a pyarrow dataset on the lake's own filesystem (local or S3),
@@ -36,6 +43,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from rlpipe.core.errors import RunNotFoundError, StorageUnavailable, UserError
+from rlpipe.storage.eval_records import EVAL_STEP_SCHEMA, EVAL_TRIAL_SCHEMA
+from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import StepManifest
 from rlpipe.storage.schema import PARTITION_COLUMNS, TRAJECTORY_SCHEMA
@@ -142,6 +151,30 @@ def _step_metrics_table(manifests: list[StepManifest], points: list[tuple[str, i
     )
 
 
+def _parquet_dataset(lake: Lake, paths: list[str], schema: pa.Schema) -> pads.Dataset:
+    if not paths:
+        return pads.dataset(schema.empty_table())
+    return pads.dataset(paths, schema=schema, format="parquet", filesystem=lake.location.filesystem)
+
+
+def _eval_tables(lake: Lake) -> dict[str, pads.Dataset | pa.Table]:
+    """The registered sources of the evals, eval_trials and eval_steps views."""
+    store = EvalStore(lake)
+    infos = [info for info in map(store.read_info, store.list_evals()) if info is not None]
+    commits = store.commits()
+    evals = pa.table({
+        "eval_id": pa.array([i.eval_id for i in infos], pa.string()),
+        "agent": pa.array([i.agent for i in infos], pa.string()),
+        "backend": pa.array([i.backend for i in infos], pa.string()),
+        "tasks_dir": pa.array([i.tasks_dir for i in infos], pa.string()),
+        "tasks": pa.array([len(i.task_ids) for i in infos], pa.int64()),
+        "max_attempts": pa.array([i.max_attempts for i in infos], pa.int64()),
+        "created_at_ms": pa.array([i.created_at_ms for i in infos], pa.int64()),
+    })
+    return {"_evals": evals, "_eval_trials": _parquet_dataset(lake, store.part_paths(commits, "trial"), EVAL_TRIAL_SCHEMA),
+            "_eval_steps": _parquet_dataset(lake, store.part_paths(commits, "steps"), EVAL_STEP_SCHEMA)}
+
+
 def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> QueryResult:
     """Run `sql` over the committed lake (one run when `run_id` is given).
 
@@ -156,6 +189,7 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
     points = _step_metric_points(lake, manifests)
     try:
         dataset = _trajectory_dataset(lake, manifests)
+        eval_tables = _eval_tables(lake)
     except (OSError, pa.ArrowException) as exc:  # FileNotFoundError included: a lost part
         raise StorageUnavailable(
             f"the query could not open the committed parts of {lake.uri}: {exc}",
@@ -171,6 +205,12 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
         connection.execute("CREATE VIEW steps AS SELECT * FROM _steps")
         connection.execute("CREATE VIEW step_metrics AS SELECT * FROM _step_metrics")
         connection.execute("CREATE VIEW step_metric_values AS SELECT * FROM _step_metric_values")
+        for name, source in eval_tables.items():
+            connection.register(name, source)
+        connection.execute("CREATE VIEW evals AS SELECT * FROM _evals")
+        connection.execute("CREATE VIEW eval_trials AS SELECT *, attempt = max(attempt) OVER (PARTITION BY eval_id, task_id) "
+                           "AS final FROM _eval_trials")
+        connection.execute("CREATE VIEW eval_steps AS SELECT * FROM _eval_steps")
         try:
             cursor = connection.execute(sql)
             if cursor.description is None:
@@ -184,7 +224,7 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
                     hint="check that the lake is reachable; a missing part means a committed file was lost",
                 ) from exc
             raise UserError(
-                f"the query failed: {exc}", hint="views: trajectories, steps, step_metrics, step_metric_values"
+                f"the query failed: {exc}", hint="views: trajectories, steps, step_metrics, step_metric_values, evals, eval_trials, eval_steps"
             ) from exc
         except duckdb.Error as exc:
             raise StorageUnavailable(

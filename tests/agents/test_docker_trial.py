@@ -1,4 +1,4 @@
-"""One trial on docker: the oracle's fix passes and doing nothing fails, on a task that needs only sh and python3."""
+"""Trials on docker: the oracle passes and doing nothing fails; the image has the shell tools tasks use."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from rlpipe.agents.agents import noop_agent, oracle_agent
 from rlpipe.agents.records import TrialVerdict
 from rlpipe.agents.task_format import builtin_suite_dir, load_task
 from rlpipe.agents.trial import run_trial
+from tests.agents.helpers import copy_task
 
 pytestmark = pytest.mark.docker
 
@@ -21,9 +22,17 @@ def test_the_oracle_passes_and_noop_fails_a_task_in_docker():
     assert run_trial(task, "noop", noop_agent, "docker").verdict is TrialVerdict.FAILED
 
 
-def test_a_task_needing_tools_the_image_lacks_is_skipped_in_docker():
-    task = load_task(builtin_suite_dir() / "git-find-author")
+@pytest.mark.parametrize("name", ["git-find-author", "build-c-program", "jsonl-to-csv"])
+def test_tasks_needing_git_gcc_make_and_jq_pass_in_docker(name):
+    result = run_trial(load_task(builtin_suite_dir() / name), "oracle", oracle_agent, "docker")
+    if result.verdict is TrialVerdict.SANDBOX_ERROR:
+        pytest.skip(f"no docker engine: {result.detail}")
+    assert (result.verdict, result.reward) == (TrialVerdict.PASSED, 1.0), result.detail
+
+
+def test_a_task_needing_a_command_the_image_lacks_is_skipped_in_docker(tmp_path):
+    task = load_task(copy_task(tmp_path, toml='[environment]\nrequires_commands = ["no-such-tool"]\n'))
     result = run_trial(task, "oracle", oracle_agent, "docker")
     if result.verdict is TrialVerdict.SANDBOX_ERROR:
         pytest.skip(f"no docker engine: {result.detail}")
-    assert result.verdict is TrialVerdict.SKIPPED and "git" in result.detail and "docker sandbox lacks" in result.detail
+    assert result.verdict is TrialVerdict.SKIPPED and "no-such-tool" in result.detail and "docker sandbox lacks" in result.detail
