@@ -44,71 +44,21 @@ import json
 import random
 import secrets
 import time
+from importlib import resources
 
 from rlpipe.core.errors import DatasetError, InfraError
 from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
+from rlpipe.envs.code_harness import HEADER_BYTES
 from rlpipe.envs.exact import check_split, in_heldout
 from rlpipe.sandbox.base import ExecResult, Sandbox
 from rlpipe.sandbox.warm_python import SERVER_SOURCE as WARM_SERVER_SOURCE
 
 CODE_KIND = "humaneval"
 DETAIL_CHARS = 300
-SOLUTION_FILE = "solution.py"
 MAX_SOLUTION_BYTES = 1_000_000
 
-HARNESS = r'''
-import builtins, os, sys
+HARNESS = resources.files("rlpipe.envs").joinpath("code_harness.py").read_text(encoding="utf-8")
 
-def describe(exc):
-    where, tb = [], exc.__traceback__
-    while tb is not None:
-        where.append(tb.tb_frame.f_code.co_filename + ":" + str(tb.tb_lineno))
-        tb = tb.tb_next
-    return type(exc).__name__ + ": " + str(exc)[:500] + " (at " + " <- ".join(reversed(where[-3:])) + ")"
-
-def main():
-    # Everything used after the solution runs is bound here first: the solution may patch
-    # the builtins module and `os` (e.g. builtins.exec, os.write, os._exit), not these locals.
-    run_code, compile_code, copy, write, exit_now = exec, compile, dict, os.write, os._exit
-    assertion_error, memory_error, base_exception = AssertionError, MemoryError, BaseException
-    nonce, entry_point, test = sys.stdin.buffer.read().decode().split("\n", 2)
-    report = os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    clean_builtins = copy(builtins.__dict__)
-
-    def finish(status, detail=""):
-        if detail:
-            write(2, detail[-2000:].encode(errors="replace") + b"\n")
-        write(report, (nonce + " " + status + "\n").encode())
-        exit_now(0 if status == "ok" else 1)
-
-    try:
-        with open("/work/solution.py", "rb") as source_file:
-            code = compile_code(source_file.read(), "solution.py", "exec")
-    except (SyntaxError, ValueError) as exc:
-        finish("format", "solution does not compile: " + describe(exc))
-    namespace = {"__name__": "solution", "__builtins__": copy(clean_builtins)}
-    stage = "loading the solution"
-    try:
-        run_code(code, namespace)
-        stage = "running the tests"
-        if entry_point not in namespace:
-            finish("format", "solution defines no " + entry_point)
-        tests = copy(namespace)
-        tests["__builtins__"] = copy(clean_builtins)
-        run_code(compile_code(test, "tests.py", "exec"), tests)
-        tests["check"](namespace[entry_point])
-    except assertion_error as exc:
-        finish("wrong", describe(exc))
-    except memory_error:
-        finish("oom", "MemoryError while " + stage)
-    except base_exception as exc:
-        finish("crash", "exception while " + stage + ": " + describe(exc))
-    finish("ok")
-
-main()
-'''
 
 _REASONS = {reason.value: reason for reason in VerdictReason}
 
@@ -193,10 +143,11 @@ class CodeEnv:
         solution = (spec["prompt"] + str(completion_text)).encode("utf-8", errors="replace")
         if len(solution) > MAX_SOLUTION_BYTES:
             return self._verdict(0.0, VerdictReason.FORMAT, f"solution too long: {len(solution)} bytes", started)
-        request = f"{nonce}\n{spec['entry_point']}\n{spec['test']}"
+        public = json.dumps({"entry_point": spec["entry_point"], "prompt": spec["prompt"],
+                             "solution": solution.decode("utf-8")}).encode()
+        request = f"{len(public):<{HEADER_BYTES - 1}}\n".encode() + public + f"{nonce}\n{spec['test']}".encode()
         try:
-            sandbox.write_files({SOLUTION_FILE: solution})
-            result = sandbox.exec_python(HARNESS, stdin=request.encode(), timeout_s=self.timeout_s)
+            result = sandbox.exec_python(HARNESS, stdin=request, timeout_s=self.timeout_s)
         except (InfraError, OSError) as exc:
             return self._verdict(None, VerdictReason.SANDBOX_ERROR, f"{type(exc).__name__}: {exc}", started)
         reason, detail = verdict_from(result, nonce)
