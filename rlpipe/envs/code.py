@@ -6,34 +6,25 @@ verifier payload holds the tests and the entry point. Each problem goes to the t
 held-out split by a hash of its task_id (disjoint for every seed); `tasks()` draws seeded
 samples from a split.
 
-How a completion is verified (`verify`), in order:
-1. the solution (prompt + completion) is written to /work/solution.py in the sandbox;
-2. only then the harness runs, `python3 -I -S -c HARNESS` by `Sandbox.exec_python` (in
-   bubblewrap a child forked from the sandbox's warm interpreter, sandbox/warm_server.py;
-   elsewhere a plain exec), and the tests arrive on its stdin
-   after a fresh random nonce and the entry point (one line each): the tests never touch the disk, so nothing the solution does
-   to files changes them, and `-I` keeps /work off sys.path (no shadowing of `math.py`);
-3. the harness points fd 1 at /dev/null before the solution runs (its prints go nowhere),
-   executes it, executes the tests in a copy of its namespace with a copy of the builtins
-   taken before the solution ran, calls `check(entry_point)`, and only after `check`
-   returns writes the nonce and "ok" to a saved copy of the original stdout;
-4. the verdict comes from the exit status and that nonce line, never from what the solution
-   printed: ok needs exit 0 AND the nonce; `os._exit(0)`/`sys.exit(0)` before the tests, or
-   printing "PASSED", give exit 0 without the nonce (wrong) or a crash.
+How a completion is verified (`verify`): one `Sandbox.exec_python` of HARNESS, the text of
+envs/code_harness.py (in bubblewrap and docker a child forked from the sandbox's warm
+interpreter), whose stdin carries a public part (the entry point, the prompt, the solution:
+prompt + completion) and then a secret part (a fresh random nonce and the tests). The
+harness (trusted) forks the solution into its own process before it reads the secret part,
+runs the tests in its own process with `candidate` a stub that sends each call's arguments
+to the solution's process and gets the return value back as plain data (exact built-in
+types, rebuilt on the trusted side), and only it writes "<nonce> <status>". The solution's
+process has /dev/null on fds 0-2 and two pipes; the harness is non-dumpable (the solution
+cannot ptrace it or read its memory or fds). code_harness.py's docstring has the details,
+docs/SANDBOX.md ("Code verification") what this guarantees and what it does not.
 
-Reasons: ok (1.0); wrong (a test assertion failed, or the program ended early with status
-0); format (the solution does not compile, lacks the entry point, or is over 1 MB); crash (any other
-exception, a signal, an early non-zero exit); timeout; oom (the sandbox's OOM kill, or a
-MemoryError); sandbox_error (reward None: the sandbox itself failed, or none was given).
-
-What it does not guarantee: the solution runs in the same process as the tests, so code
-that deliberately inspects the harness's frames or memory (to find the nonce), installs a
-trace function that skips the tests' asserts, or patches modules the tests import
-(`math.isclose = ...`) could fool them. Protected: the tests' builtins (a copy taken before
-the solution ran) and the functions the harness itself calls afterwards (bound to locals
-first, so patching `builtins.exec` or `os.write`/`os._exit` changes nothing). Process
-separation cannot close the rest: `check` must call the solution in its own process. The
-sandbox, not this module, protects the host.
+The verdict comes from the exit status and the nonce line, never from what the solution
+printed: ok needs exit 0 AND the nonce. Reasons: ok (1.0); wrong (a test assertion failed,
+or the solution's process exited with status 0 before the tests finished); format (the
+solution does not compile, lacks the entry point, or is over 1 MB); crash (any other
+exception, a return value that is not plain data, a signal, a broken protocol); timeout;
+oom (the sandbox's OOM kill, or a MemoryError); sandbox_error (reward None: the sandbox
+itself failed, or none was given). The sandbox, not this module, protects the host.
 """
 
 from __future__ import annotations
