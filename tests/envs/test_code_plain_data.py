@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from rlpipe.envs.code_harness import MAX_FRAME_BYTES, decode, dumps, encode, read_frame, write_frame
+from rlpipe.envs.code_harness import MAX_FRAME_BYTES, decode, dumps, encode, literal_calls, read_frame, write_frame
 
 
 def roundtrip(value):
@@ -96,3 +96,18 @@ def test_frames_carry_bytes_exactly_and_refuse_oversized_announcements():
         os.close(read_fd)
         if write_fd >= 0:
             os.close(write_fd)
+
+
+def test_literal_calls_are_the_distinct_literal_calls_of_the_tests_in_source_order():
+    source = (
+        "def check(candidate):\n"
+        "    assert candidate([1.0, -2], 0.5) == True\n"
+        "    assert f(3) == candidate(x)\n"  # computed argument: not prefetched; f is not the candidate
+        "    assert candidate('a', key={'k': (1,)}) == 1\n"
+        "    assert candidate([1.0, -2], 0.5)\n"  # the same call again: prefetched once
+        "    assert name(-1.5) == candidate(*rest)\n"
+    )
+    tree = compile(source, "tests.py", "exec", 0x400)
+    calls = [decode(dumps(call)) for _, call in literal_calls(tree, ("candidate", "name"))]
+    assert calls == [[[[1.0, -2], 0.5], {}], [["a"], {"key": {"k": (1,)}}], [[-1.5], {}]]
+    assert all(key == dumps(call) for key, call in literal_calls(tree, ("candidate",)))
