@@ -42,6 +42,7 @@ import struct
 import sys
 
 HEADER_BYTES = 16  # the stdin starts with the public part's length, in decimal, padded to 16 bytes
+PREFETCH_BYTES = 60_000  # the first message fits in an empty pipe (64 KiB), so writing it never blocks
 MAX_FRAME_BYTES = 16 << 20  # a reply larger than this is a crash, not a memory bomb for the harness
 _PR_SET_DUMPABLE = 4
 _FRAME = struct.Struct(">I")
@@ -178,13 +179,11 @@ def serve_solution(source, entry_point, calls_fd, answers_fd):
         if not callable(namespace.get(entry_point)):
             write_frame(answers_fd, dumps(["format", "solution defines no function " + entry_point]))
             return
-        write_frame(answers_fd, dumps(["ready"]))
+        first = read_frame(calls_fd)  # the prefetched calls, sent while the solution loaded
+        if first is None:
+            return
+        message, batch = decode(first), True
         while True:
-            call = read_frame(calls_fd)
-            if call is None:
-                return
-            message = decode(call)
-            batch = message[0] == "batch"
             answers = []
             for args, kwargs in (message[1] if batch else [message]):
                 try:
@@ -196,10 +195,15 @@ def serve_solution(source, entry_point, calls_fd, answers_fd):
                     answer = ["e", type(exc).__name__, describe(exc)]
                 answers.append(answer)
             try:
-                payload = dumps(["batch", answers] if batch else answers[0])
+                payload = dumps(["ready", answers] if batch else answers[0])
             except (ValueError, TypeError, RecursionError) as exc:  # e.g. an int of more than 4,300 digits
-                payload = dumps(["e", type(exc).__name__, "the return value cannot be sent: " + str(exc)[:200]])
+                error = ["e", type(exc).__name__, "the return value cannot be sent: " + str(exc)[:200]]
+                payload = dumps(["ready", [error] * len(answers)] if batch else error)
             write_frame(answers_fd, payload)
+            call = read_frame(calls_fd)
+            if call is None:
+                return
+            message, batch = decode(call), False
     except BaseException:
         status = 1
     finally:
@@ -219,10 +223,11 @@ class SolutionGone(Exception):
 class RemoteFunction:
     """The solution's entry point as the tests see it: a call sends plain data and waits for plain data.
 
-    `prefetch` sends, in one message, the calls with literal arguments that the tests' source
-    makes (`literal_calls`); the first call with the same encoded arguments is then answered
-    from that reply, the others cross one by one. One round trip instead of one per assert
-    (each costs two wake-ups, which a loaded host makes slow).
+    `prefetch` sends, as the first message, the calls with literal arguments that the tests'
+    source makes (`literal_calls`), while the solution still loads; the solution answers them
+    with its "ready" (one wake-up of each process, not two per assert: on a loaded host each
+    wake-up costs milliseconds). The first call with the same encoded arguments is answered
+    from that reply; the others cross one by one.
     """
 
     def __init__(self, calls_fd, answers_fd):
@@ -230,14 +235,25 @@ class RemoteFunction:
         self.prefetched = {}
 
     def prefetch(self, calls):
-        if not calls:
-            return
-        self.send(dumps(["batch", [call for _, call in calls]]))
-        answer = receive(self.answers_fd)
-        if len(answer) == 2 and answer[0] == "batch" and type(answer[1]) is list and len(answer[1]) == len(calls):
-            self.prefetched = {key: item for (key, _), item in zip(calls, answer[1])}
-        else:
-            self.prefetched = {key: answer for key, _ in calls}  # an error for all of them, or a broken protocol
+        """Send the first message: the literal calls that fit in an empty pipe (the write cannot block,
+        even if the solution never reads it); returns those sent."""
+        sent, size = [], 0
+        for key, call in calls:
+            size += len(key) + 1
+            if size > PREFETCH_BYTES:
+                break
+            sent.append((key, call))
+        try:
+            write_frame(self.calls_fd, dumps(["batch", [call for _, call in sent]]))
+        except OSError:  # the solution's process has already ended: its last message, or none, tells why
+            return []
+        return sent
+
+    def accept(self, sent, answers):
+        """The solution's answers to the prefetched calls, in order."""
+        if type(answers) is not list or len(answers) != len(sent):
+            raise SolutionGone("the solution's process broke the protocol")
+        self.prefetched = {key: answer for (key, _), answer in zip(sent, answers)}
 
     def send(self, payload):
         try:
@@ -383,18 +399,18 @@ def main():
     stage = "loading the solution"
     try:
         tree = compile(test, "tests.py", "exec", _ONLY_AST)
-        prefetch = literal_calls(tree, ("candidate", entry_point))
+        candidate = RemoteFunction(calls_w, answers_r)
+        sent = candidate.prefetch(literal_calls(tree, ("candidate", entry_point)))
         test_code = compile(tree, "tests.py", "exec")
         loaded = receive(answers_r)
-        if loaded != ["ready"]:
-            if len(loaded) == 2 and loaded[0] in ("format", "crash", "oom") and type(loaded[1]) is str:
-                finish(loaded[0], loaded[1])
+        if len(loaded) == 2 and loaded[0] in ("format", "crash", "oom") and type(loaded[1]) is str:
+            finish(loaded[0], loaded[1])
+        if len(loaded) != 2 or loaded[0] != "ready":
             finish("crash", "the solution's process broke the protocol")
         stage = "running the tests"
-        candidate = RemoteFunction(calls_w, answers_r)
+        candidate.accept(sent, loaded[1])
         tests[entry_point] = candidate  # a test that calls the entry point by name (HumanEval/33) calls it too
         exec(test_code, tests)
-        candidate.prefetch(prefetch)
         tests["check"](candidate)
     except AssertionError as exc:
         finish("wrong", describe(exc))

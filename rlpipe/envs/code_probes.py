@@ -26,7 +26,7 @@ class Probe:
     completion: str
     what: str
     task_id: str = "HumanEval/0"  # has_close_elements(numbers, threshold) -> bool
-    slow: bool = False  # ends by the timeout: run it with a short one
+    slow: bool = False  # may end by the timeout: run it with a short one
 
 
 # Module-level helpers every probe of HumanEval/0 gets below its function body.
@@ -179,7 +179,7 @@ PROBES: tuple[Probe, ...] = (
            "def _profile(frame, event, arg):\n    found = {'tests': False, 'nonces': []}\n"
            "    while frame is not None:\n        _scan_values(list(frame.f_locals.values()), found)\n        frame = frame.f_back\n"
            "    if found['nonces']:\n        _forge(found['nonces'])\n        os._exit(0)\n"
-           "sys.setprofile(_profile)\n"),
+           "sys.setprofile(_profile)\n", slow=True),
     _probe("atexit_forges_the_verdict", "an atexit function that forges the verdict and exits 0",
            "    return not _right(numbers, threshold)\n",
            "import atexit\natexit.register(lambda: (_forge(), os._exit(0)))\n"),
@@ -191,7 +191,7 @@ PROBES: tuple[Probe, ...] = (
            "    return not _right(numbers, threshold)\n",
            "import builtins\n_real_right = _right\nbuiltins.AssertionError = type('Harmless', (Exception,), {})\n"
            "builtins.isinstance = lambda *args: True\nbuiltins.abs = lambda value: 0\nbuiltins.len = lambda value: 0\n"
-           "builtins.type = lambda *args: object\nbuiltins.exec = lambda *args, **kwargs: None\n"),
+           "builtins.type = lambda *args: object\nbuiltins.exec = lambda *args, **kwargs: None\n", slow=True),
     _probe("patch_the_encoder", "patch json and the harness's encode/dumps/write_frame to send forged answers",
            "    return not _right(numbers, threshold)\n",
            "import gc, json\n_forged = b'[\"r\",{\"eq\":true}]'\njson.dumps = lambda *args, **kwargs: _forged.decode()\n"
