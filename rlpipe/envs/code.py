@@ -7,8 +7,8 @@ held-out split by a hash of its task_id (disjoint for every seed); `tasks()` dra
 samples from a split.
 
 How a completion is verified (`verify`): one `Sandbox.exec_python` of HARNESS, the text of
-envs/code_harness.py (in bubblewrap and docker a child forked from the sandbox's warm
-interpreter), whose stdin carries a public part (the entry point, the prompt, the solution:
+envs/code_wire.py and envs/code_harness.py (in bubblewrap and docker a child forked from
+the sandbox's warm interpreter), whose stdin carries a public part (the entry point, the prompt, the solution:
 prompt + completion) and then a secret part (a fresh random nonce and the tests). The
 harness (trusted) forks the solution into its own process before it reads the secret part,
 runs the tests in its own process with `candidate` a stub that sends each call's arguments
@@ -39,7 +39,7 @@ from importlib import resources
 
 from rlpipe.core.errors import DatasetError, InfraError
 from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
-from rlpipe.envs.code_harness import HEADER_BYTES
+from rlpipe.envs.code_wire import HEADER_BYTES
 from rlpipe.envs.exact import check_split, in_heldout
 from rlpipe.sandbox.base import ExecResult, Sandbox
 from rlpipe.sandbox.warm_python import SERVER_SOURCE as WARM_SERVER_SOURCE
@@ -48,7 +48,8 @@ CODE_KIND = "humaneval"
 DETAIL_CHARS = 300
 MAX_SOLUTION_BYTES = 1_000_000
 
-HARNESS = resources.files("rlpipe.envs").joinpath("code_harness.py").read_text(encoding="utf-8")
+HARNESS = "\n".join(resources.files("rlpipe.envs").joinpath(name).read_text(encoding="utf-8")
+                    for name in ("code_wire.py", "code_harness.py"))  # code_harness.py's main() runs
 
 
 _REASONS = {reason.value: reason for reason in VerdictReason}

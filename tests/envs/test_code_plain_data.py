@@ -1,6 +1,6 @@
 """The plain-data encoding and framing between the code harness and the solution's process.
 
-No sandbox: rlpipe/envs/code_harness.py is imported as a module. What crosses must come back
+No sandbox: rlpipe/envs/code_wire.py is imported as a module. What crosses must come back
 with the exact built-in types (bool is not int, 1.0 is not 1, a tuple is not a list), and
 anything else, from either side, is refused.
 """
@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from rlpipe.envs.code_harness import MAX_FRAME_BYTES, decode, dumps, encode, literal_calls, read_frame, write_frame
+from rlpipe.envs.code_wire import MAX_FRAME_BYTES, decode, dumps, encode, literal_calls, read_frame, write_frame
 
 
 def roundtrip(value):
