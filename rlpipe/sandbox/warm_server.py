@@ -139,14 +139,18 @@ def send(fd, header, *payloads):
             views[0] = views[0][written:]
 
 
-def child(program, code, args, stdin_r, stdout_w, stderr_w, libc):
+def child(program, code, args, stdin, stdin_r, stdout_w, stderr_w, libc):
     """In the forked child: become a fresh `python3 -c CODE` on the request's pipes; never returns.
 
     `program` is CODE compiled by the server, or None when compiling it warned (the child
-    compiles it then, so the warnings reach the request's stderr as they would).
+    compiles it then, so the warnings reach the request's stderr as they would). `stdin`,
+    the server's buffer of the request's input, is zeroed in the child's copy first: a
+    fresh interpreter holds its stdin only in the pipe, so the code may read it from fd 0
+    once (the code env's harness forks its untrusted half before it reads its secrets).
     """
     status = 1
     try:
+        wipe(stdin)
         os.dup2(stdin_r, 0)
         os.dup2(stdout_w, 1)
         os.dup2(stderr_w, 2)
@@ -345,7 +349,7 @@ def run(request, code, stdin, compiled, libc, baseline, buffers):
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        child(program, code, [str(arg) for arg in request.get("args", [])], stdin_r, stdout_w, stderr_w, libc)
+        child(program, code, [str(arg) for arg in request.get("args", [])], stdin, stdin_r, stdout_w, stderr_w, libc)
     for fd in (stdin_r, stdout_w, stderr_w):
         os.close(fd)
     deadline = started + float(request["timeout_s"])

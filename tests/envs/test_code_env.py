@@ -149,6 +149,19 @@ def test_huge_output_does_not_hide_a_correct_solution(pool, env, first_task):
     assert verdict.passed, verdict.detail
 
 
+@pytest.mark.parametrize(("task_id", "completion"), [
+    ("HumanEval/111", "    from collections import Counter\n    counts = Counter(w for w in test.split(' ') if w)\n"
+                      "    top = max(counts.values(), default=0)\n    return Counter({w: c for w, c in counts.items() if c == top})\n"),
+    ("HumanEval/8", "    import collections, math\n    return collections.namedtuple('Pair', 'total product')"
+                    "(sum(numbers), math.prod(numbers))\n"),
+    ("HumanEval/2", "    print('thinking...'); import sys; sys.stderr.write('debug\\n')\n    return number - int(number)\n"),
+])
+def test_correct_solutions_in_other_shapes_pass(pool, env, task_id, completion):
+    """A Counter or a namedtuple crosses as its base type's contents; prints go nowhere."""
+    verdict = verify_one(pool, env, env.task(task_id), completion)
+    assert verdict.passed, verdict.detail
+
+
 def test_a_syntax_error_is_a_format_verdict(pool, env, first_task):
     verdict = verify_one(pool, env, first_task, "    return (\n")
     assert verdict.reason is VerdictReason.FORMAT and verdict.reward == 0.0
