@@ -1,10 +1,14 @@
 """Time per stage of an RL step, and Prefect's overhead measured side by side.
 
-Runs the same RL steps twice in one process, from the same warm-started policy:
-  1. plain: each stage's function called directly (`task.fn`), no Prefect;
-  2. flow:  the `rl-step` flow (a nested flow run, each stage a Prefect task).
-Prints seconds per stage (plain) and the ratio flow/plain per step, i.e. what
-orchestration costs. Uses configs/quickstart.toml with fewer steps by default.
+Runs RL steps three ways, interleaved (plain, tasks, nested, plain, ...) in one process
+from the same warm-started policy, so that a machine's changing load hits all three alike:
+  1. plain:  each stage's function called directly (`task.fn`), no Prefect;
+  2. tasks:  `rl_step` as the train flow runs it: each stage a Prefect task run of the
+             run's flow run;
+  3. nested: the same wrapped in a nested flow run per step (how rlpipe ran until
+             2026-12-01), for comparison.
+Prints seconds per stage (plain) and the ratios tasks/plain and nested/plain per step,
+i.e. what orchestration costs. Uses configs/quickstart.toml with fewer steps by default.
 Then the peak resident memory (VmHWM) of the controller (this process) and of the run's
 engine and trainer workers, each over the whole benchmark (warm-start included).
 
@@ -38,7 +42,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as lake:
         overrides = [f'storage.lake_uri="{lake}/lake"', f'tracking.mlflow_uri="sqlite:///{lake}/mlflow.db"']
-        config = load_config(args.config, overrides + [f"train.steps={2 * args.steps}", "checkpoint.every_steps=100000"])
+        config = load_config(args.config, overrides + [f"train.steps={3 * args.steps}", "checkpoint.every_steps=100000"])
+        nested_step = flow(name="rl-step", flow_run_name="{run_id}-step-{step}")(rl_step)
 
         @flow(name="step-breakdown")
         def bench() -> dict[str, list[float]]:
@@ -55,23 +60,28 @@ def main() -> None:
             lifecycle.open_run(run_id)
             lifecycle.warm_start(run_id)
             stage_s: dict[str, list[float]] = defaultdict(list)
-            plain_step_s, flow_step_s = [], []
-            for step in range(1, args.steps + 1):
+            step_s: dict[str, list[float]] = defaultdict(list)
+            for step in range(1, 3 * args.steps + 1):
+                mode = ("plain", "tasks", "nested")[(step - 1) % 3]
                 started = time.perf_counter()
-                task_ids = _timed(stage_s, "sample", rollout.sample.fn, run_id, step)
-                uri = _timed(stage_s, "generate", rollout.generate.fn, run_id, step, task_ids)
-                uri = _timed(stage_s, "verify", verify.verify.fn, run_id, step, uri)
-                uri = _timed(stage_s, "advantages", advantage.advantages.fn, run_id, step, uri)
-                _timed(stage_s, "persist", persist.persist.fn, run_id, step, uri)
-                metrics = _timed(stage_s, "update", update.update.fn, run_id, step)
-                _timed(stage_s, "sync", update.sync.fn, run_id, step)
-                _timed(stage_s, "track", track.track.fn, run_id, step, metrics)
-                plain_step_s.append(time.perf_counter() - started)
-            for step in range(args.steps + 1, 2 * args.steps + 1):
-                started = time.perf_counter()
-                rl_step(run_id, step)
-                flow_step_s.append(time.perf_counter() - started)
-            return {**stage_s, "plain_step": plain_step_s, "flow_step": flow_step_s}
+                if mode == "tasks":
+                    rl_step(run_id, step)
+                elif mode == "nested":
+                    nested_step(run_id, step)
+                else:
+                    _plain_step(run_id, step, stage_s)
+                step_s[mode].append(time.perf_counter() - started)
+            return {**stage_s, **{f"{mode}_step": values for mode, values in step_s.items()}}
+
+        def _plain_step(run_id: str, step: int, stage_s: dict[str, list[float]]) -> None:
+            task_ids = _timed(stage_s, "sample", rollout.sample.fn, run_id, step)
+            uri = _timed(stage_s, "generate", rollout.generate.fn, run_id, step, task_ids)
+            uri = _timed(stage_s, "verify", verify.verify.fn, run_id, step, uri)
+            uri = _timed(stage_s, "advantages", advantage.advantages.fn, run_id, step, uri)
+            _timed(stage_s, "persist", persist.persist.fn, run_id, step, uri)
+            metrics = _timed(stage_s, "update", update.update.fn, run_id, step)
+            _timed(stage_s, "sync", update.sync.fn, run_id, step)
+            _timed(stage_s, "track", track.track.fn, run_id, step, metrics)
 
         peaks: dict[str, float] = {}
         result = bench()
@@ -82,11 +92,11 @@ def main() -> None:
         values = result[stage]
         print(f"  {stage:<11} {statistics.median(values):8.4f} s   (max {max(values):.4f})")
     plain = statistics.median(result["plain_step"])
-    flowed = statistics.median(result["flow_step"])
-    print(f"\nstep as plain calls : {plain:.3f} s (median)")
-    print(f"step as Prefect flow: {flowed:.3f} s (median)")
-    print(f"orchestration overhead: {flowed - plain:+.3f} s per step = {(flowed - plain) / plain:.1%} of a plain step")
-    print(f"ratio flow/plain: {flowed / plain:.3f}")
+    print(f"\nstep as plain calls      : {plain:.3f} s (median of {len(result['plain_step'])})")
+    for mode, label in (("tasks", "tasks of the run's flow"), ("nested", "a nested flow per step")):
+        flowed = statistics.median(result[f"{mode}_step"])
+        print(f"step as {label}: {flowed:.3f} s; overhead {flowed - plain:+.3f} s = {(flowed - plain) / plain:.1%}; "
+              f"ratio {mode}/plain {flowed / plain:.3f}")
     print("\npeak resident memory (VmHWM), MB:")
     for name, megabytes in peaks.items():
         print(f"  {name:<15} {megabytes:8.1f}")

@@ -1,9 +1,15 @@
-"""The `train` flow: one flow run per RL run, one nested flow run per RL step.
+"""The `train` flow: one flow run per RL run; every stage of every step is a task of it.
 
     train:  open-run -> [restore] -> [warm-start -> checkpoint(0)] -> evaluate(before_rl)
             -> rl-step(s) ... -> evaluate(after_rl) -> checkpoint(final) -> finish
     rl-step: sample -> generate -> verify -> advantages -> persist -> update -> sync -> track
              [-> checkpoint every N steps]
+
+An rl-step is a plain function, not a nested flow: its stages are task runs of the run's flow
+run, named by step (`generate-step-4`). A nested flow run per step cost more than the
+step's stages on small steps (benchmarks/step_breakdown.py), and added nothing the lake
+does not already know: which steps are done is the lake's manifests, what a stage returned
+is its cache.
 
 The flow-run process is the controller: the model, the optimizer and the engine live in the
 run's two worker processes (an engine worker and a trainer worker), started with the run's
@@ -61,7 +67,6 @@ class _StageClock:
         self.stage, self._started = stage, now
 
 
-@flow(name="rl-step", flow_run_name="{run_id}-step-{step}")
 def rl_step(run_id: str, step: int) -> None:
     """One RL step, top to bottom. The train flow calls it only for uncommitted steps."""
     runtime = get_runtime(run_id)

@@ -13,7 +13,7 @@ from rlpipe.tasks.runtime import get_runtime
 from rlpipe.tasks.stage_options import STAGE_OPTIONS, stage_cache_key
 
 
-@task(name="advantages", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
+@task(name="advantages", task_run_name="advantages-step-{step}", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
 def advantages(run_id: str, step: int, staged_uri: str) -> str:
     runtime = get_runtime(run_id)
     rows = runtime.lake.read_staged(staged_uri)

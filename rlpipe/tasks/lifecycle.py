@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
@@ -26,14 +27,14 @@ from rlpipe.engines.sampling import SamplingParams
 from rlpipe.rl.checkpoint_layout import POLICY_DIR
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.runtime import Runtime, get_runtime, sync_weights
-from rlpipe.tasks.stage_options import STAGE_OPTIONS
+from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 from rlpipe.tasks.status import WarmStartProgress
 from rlpipe.tasks.track import artifact_key, log_step
 from rlpipe.tasks.verify import verify_all
 from rlpipe.workers.protocol import WarmStartBegin
 
 
-@task(name="open-run", **STAGE_OPTIONS)
+@task(name="open-run", **UNCACHED_STAGE_OPTIONS)
 def open_run(run_id: str) -> bool:
     """Write run.json and start the MLflow run for a new run, or reopen both for an
     existing one. Returns True when the run already existed (a resume)."""
@@ -83,7 +84,7 @@ def _resumable_changes(info: RunInfo, runtime: Runtime) -> list[tuple[str, str |
 
 # No retries: a retry would go on from half-trained weights. The run fails instead, and a
 # resume warm-starts the freshly built policy again, deterministically.
-@task(name="warm-start", retries=0)
+@task(name="warm-start", retries=0, cache_policy=NO_CACHE)
 def warm_start(run_id: str) -> float:
     """Supervised steps on reference answers in the trainer worker (at most
     `warmstart.steps`, fewer when `warmstart.target_accuracy` is reached on training tasks);
@@ -145,7 +146,7 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
 FINAL_EVAL = "after_rl"
 
 
-@task(name="evaluate", **STAGE_OPTIONS)
+@task(name="evaluate", task_run_name="evaluate-{name}", **UNCACHED_STAGE_OPTIONS)
 def evaluate(run_id: str, name: str) -> dict[str, float]:
     """Greedy pass@1 on the held-out tasks, overall and per domain; stored in the lake
     under `name` (e.g. before_rl, after_rl) and logged to MLflow.
@@ -170,7 +171,7 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
     return result
 
 
-@task(name="checkpoint", **STAGE_OPTIONS)
+@task(name="checkpoint", task_run_name="checkpoint-step-{step}", **UNCACHED_STAGE_OPTIONS)
 def checkpoint(run_id: str, step: int) -> None:
     """The trainer worker saves policy/ (an HF model folder) and trainer/ (optimizer state,
     meta) for `step` into the lake, which writes CHECKPOINT.json and then LATEST last."""
@@ -197,7 +198,7 @@ def _refuse_old_schema(runtime: Runtime, run_id: str, step: int) -> None:
         )
 
 
-@task(name="restore", **STAGE_OPTIONS)
+@task(name="restore", **UNCACHED_STAGE_OPTIONS)
 def restore(run_id: str) -> int:
     """Bring the trainer worker to the last committed step: it loads the newest intact
     checkpoint at or before it and replays the updates of the committed steps after it from
@@ -220,7 +221,7 @@ def restore(run_id: str) -> int:
     return result.last_committed
 
 
-@task(name="finish", **STAGE_OPTIONS)
+@task(name="finish", **UNCACHED_STAGE_OPTIONS)
 def finish(run_id: str, before: float, after: float) -> dict[str, object]:
     """Reward curve and end of the MLflow run, the Prefect summary; returns the summary."""
     runtime = get_runtime(run_id)

@@ -11,10 +11,10 @@ from prefect import task
 from rlpipe.rl.rollout_metrics import rollout_metrics
 from rlpipe.storage.lake_records import StepManifest
 from rlpipe.tasks.runtime import get_runtime
-from rlpipe.tasks.stage_options import STAGE_OPTIONS
+from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 
 
-@task(name="persist", **STAGE_OPTIONS)
+@task(name="persist", task_run_name="persist-step-{step}", **UNCACHED_STAGE_OPTIONS)
 def persist(run_id: str, step: int, staged_uri: str) -> int:
     """Commit the step; return its row count."""
     runtime = get_runtime(run_id)

@@ -16,16 +16,16 @@ from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.tasks.runtime import get_runtime, step_tasks, sync_weights
-from rlpipe.tasks.stage_options import STAGE_OPTIONS, stage_cache_key
+from rlpipe.tasks.stage_options import STAGE_OPTIONS, UNCACHED_STAGE_OPTIONS, stage_cache_key
 
 
-@task(name="sample", **STAGE_OPTIONS)
+@task(name="sample", task_run_name="sample-step-{step}", **UNCACHED_STAGE_OPTIONS)
 def sample(run_id: str, step: int) -> tuple[str, ...]:
     """The task ids of this step, drawn by domain ratio with a seed of (run seed, step)."""
     return tuple(task.task_id for task in step_tasks(get_runtime(run_id), step))
 
 
-@task(name="generate", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
+@task(name="generate", task_run_name="generate-step-{step}", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
 def generate(run_id: str, step: int, task_ids: tuple[str, ...]) -> str:
     """Sample group_size completions per task; stage them in the lake; return their URI."""
     runtime = get_runtime(run_id)

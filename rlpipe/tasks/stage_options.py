@@ -5,6 +5,8 @@
   The first delay is $RLPIPE_RETRY_BACKOFF_S (default 1 s: 1, 2, 4, 8, 16, 32 s, enough to
   outlast a minute's outage), read once at import; the tests set it small so that a retried
   stage does not cost them a minute. Not a user setting: it is not part of the run config.
+- Task run names say the step ("generate-step-4"): a run's stages are tasks of its one flow
+  run, so the Prefect UI and API tell steps apart by name (and by the `step-N` tag).
 - Cache keys: (run id, run incarnation, step, stage, config hash, policy version), never
   the Prefect run id, so a UI retry of a crashed flow run and a new flow run started with
   --resume both skip a stage that already finished. What a cached stage returns is a
@@ -19,6 +21,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from rlpipe.core.errors import ConfigError, InfraError
@@ -84,3 +87,8 @@ STAGE_OPTIONS: dict[str, Any] = dict(
     retry_jitter_factor=STAGE_RETRY_JITTER,
     retry_condition_fn=retry_infra_errors_only,
 )
+"""Retries, for the stages with a cache key of their own (`cache_key_fn=stage_cache_key`)."""
+
+UNCACHED_STAGE_OPTIONS: dict[str, Any] = dict(STAGE_OPTIONS, cache_policy=NO_CACHE)
+"""Retries, and no cache: the stages that are never skipped. Prefect's default policy would
+hash every call's inputs and the task's source for a cache no result is ever stored for."""

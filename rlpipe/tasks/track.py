@@ -12,7 +12,7 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 
 from rlpipe.tasks.runtime import Runtime, get_runtime
-from rlpipe.tasks.stage_options import STAGE_OPTIONS
+from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 
 SHOWN = ("step", "reward/mean", "train/loss", "train/kl", "train/grad_norm", "time/step_s")
 
@@ -29,7 +29,7 @@ def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, 
     return metrics
 
 
-@task(name="track", **STAGE_OPTIONS)
+@task(name="track", task_run_name="track-step-{step}", **UNCACHED_STAGE_OPTIONS)
 def track(run_id: str, step: int, extra: dict[str, float]) -> None:
     runtime = get_runtime(run_id)
     metrics = log_step(runtime, step, extra)

@@ -14,7 +14,7 @@ from prefect import task
 
 from rlpipe.core.seeds import derive_seed
 from rlpipe.tasks.runtime import Runtime, get_runtime, sync_weights
-from rlpipe.tasks.stage_options import STAGE_OPTIONS
+from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 
 
 def apply_committed_update(runtime: Runtime, step: int) -> dict[str, float]:
@@ -32,12 +32,12 @@ def apply_committed_update(runtime: Runtime, step: int) -> dict[str, float]:
     return result.metrics
 
 
-@task(name="update", **STAGE_OPTIONS)
+@task(name="update", task_run_name="update-step-{step}", **UNCACHED_STAGE_OPTIONS)
 def update(run_id: str, step: int) -> dict[str, float]:
     return apply_committed_update(get_runtime(run_id), step)
 
 
-@task(name="sync", **STAGE_OPTIONS)
+@task(name="sync", task_run_name="sync-step-{step}", **UNCACHED_STAGE_OPTIONS)
 def sync(run_id: str, step: int) -> dict[str, float]:
     """Load the trainer's weights into the engine (unless it serves them already); returns
     `sync/seconds` (publish + load, 0 when nothing was to do) and the engine's version."""

@@ -53,7 +53,7 @@ def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]
     return verdicts  # type: ignore[return-value] - every slot is filled above
 
 
-@task(name="verify", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
+@task(name="verify", task_run_name="verify-step-{step}", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
 def verify(run_id: str, step: int, staged_uri: str) -> str:
     runtime = get_runtime(run_id)
     rows = runtime.lake.read_staged(staged_uri)

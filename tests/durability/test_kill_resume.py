@@ -37,7 +37,6 @@ from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     FlowRunFilter,
-    FlowRunFilterId,
     FlowRunFilterName,
     LogFilter,
     LogFilterFlowRunId,
@@ -57,6 +56,7 @@ from tests.durability.cli_runs import (
     rows_by_key,
     run_cli,
 )
+from tests.helpers.prefect_runs import step_stage_runs
 
 pytestmark = pytest.mark.slow
 
@@ -225,8 +225,8 @@ def test_resume_takes_generate_from_the_stage_cache(runs: dict[str, Outcome]) ->
     warnings = asyncio.run(_flow_run_log_messages(outcome.run_id))
     assert any("checkpoint 2 of run kr-verify is corrupted" in message and message.endswith("falling back to checkpoint 0")
                for message in warnings), warnings
-    states = asyncio.run(_stage_states(f"{outcome.run_id}-step-4"))
-    # two flow runs of step 4: the killed one (left Running: SIGKILL) and the resumed one
+    states = asyncio.run(_stage_states(outcome.run_id, 4))
+    # two flow runs of the run: the killed one (left Running: SIGKILL) and the resumed one
     assert len(states) == 2, states
     killed, resumed = states
     # the killed process finished generate, but task runs reach the API in the background,
@@ -248,7 +248,7 @@ def test_lost_files_fall_back_to_an_intact_checkpoint_and_recompute_staged_rows(
     warnings = asyncio.run(_flow_run_log_messages(outcome.run_id))
     assert any("checkpoint 2 of run kr-lost-files is corrupted" in message and "lacks policy/model.safetensors" in message
                and message.endswith("falling back to checkpoint 0") for message in warnings), warnings
-    killed, resumed = asyncio.run(_stage_states(f"{outcome.run_id}-step-4"))
+    killed, resumed = asyncio.run(_stage_states(outcome.run_id, 4))
     assert sorted(resumed["generate"]) == ["Cached", "Completed"], resumed  # the cache hit, then the rerun
     assert sorted(resumed["verify"]) == ["Completed", "Failed"], resumed  # StagedRowsMissing, once, not retried
     assert resumed["persist"] == ["Completed"], resumed
@@ -264,22 +264,10 @@ async def _flow_run_log_messages(flow_run_name: str) -> list[str]:
         return [log.message for log in logs]
 
 
-async def _stage_states(flow_run_name: str) -> list[dict[str, list[str]]]:
-    """Per flow run of that name (oldest first): task name -> state names of its task runs."""
-    async with get_client() as client:
-        flow_runs = await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name]))
-        )
-        result = []
-        for flow_run in sorted(flow_runs, key=lambda run: run.created):
-            task_runs = await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
-            )
-            states: dict[str, list[str]] = {}
-            for task_run in task_runs:
-                states.setdefault(task_run.name.rsplit("-", 1)[0], []).append(task_run.state.name)
-            result.append(states)
-        return result
+async def _stage_states(run_id: str, step: int) -> list[dict[str, list[str]]]:
+    """Per flow run of the run (oldest first): stage -> state names of `step`'s task runs."""
+    return [{stage: [state for state, _ in runs] for stage, runs in stages.items()}
+            for stages in await step_stage_runs(run_id, step)]
 
 
 def _mlflow_histories(outcome: Outcome) -> dict[str, list[tuple[int, float]]]:

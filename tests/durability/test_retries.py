@@ -33,6 +33,7 @@ from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
 from rlpipe.tasks.stage_options import STAGE_OPTIONS, first_retry_delay_s
 from tests.flows.runs import tiny_config
+from tests.helpers.prefect_runs import step_stage_runs
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +89,7 @@ def test_infra_error_twice_then_success_is_retried_and_the_run_finishes(tmp_path
     })
     config = _config(tmp_path)
     _assert_finished_with_every_row_once(config, "retried", train(config.model_dump_json(), "retried"))
-    runs = asyncio.run(_task_runs("retried-step-2"))
+    runs = asyncio.run(_task_runs("retried", 2))
     assert runs["verify"] == ("Completed", 3)  # (state, attempts)
     assert runs["generate"] == ("Completed", 1)
 
@@ -99,11 +100,11 @@ def test_bad_data_fails_once_and_shows_in_prefect_and_runs_show(tmp_path: Path) 
     with pytest.raises(DatasetError, match="has no answer"):
         train(config.model_dump_json(), "bad-data")
     assert FlakyEnv.calls == FIRST_CALL_OF_STEP_2  # one attempt: no retry after the bad row
-    runs = asyncio.run(_task_runs("bad-data-step-2"))
+    runs = asyncio.run(_task_runs("bad-data", 2))
     assert runs["verify"] == ("Failed", 1)
-    # the Prefect UI: the step's flow run and the run's flow run are Failed, with the error
-    step_run, train_run = asyncio.run(_flow_run_states(["bad-data-step-2", "bad-data"]))
-    assert step_run[0] == "FAILED" and "has no answer" in step_run[1]
+    # the Prefect UI: the step's verify task run and the run's flow run are Failed, with the error
+    assert "has no answer" in asyncio.run(_task_run_message("bad-data", "verify-step-2"))
+    (train_run,) = asyncio.run(_flow_run_states(["bad-data"]))
     assert train_run[0] == "FAILED"
     # the lake: step 1 committed, step 2 not; `rlpipe runs show --json` names step, stage, error
     lake = build_lake(config)
@@ -130,7 +131,7 @@ def test_engine_worker_death_is_engine_failed_and_the_retry_starts_a_fresh_worke
     monkeypatch.setenv("RLPIPE_FAILPOINTS", "engine-generate@3")
     config = tiny_config(tmp_path)
     _assert_finished_with_every_row_once(config, "engine-retried", train(config.model_dump_json(), "engine-retried"))
-    runs = asyncio.run(_task_runs("engine-retried-step-2"))
+    runs = asyncio.run(_task_runs("engine-retried", 2))
     assert runs["generate"] == ("Completed", 2)  # (state, attempts): EngineFailed, then the retry
 
 
@@ -144,13 +145,20 @@ def _assert_finished_with_every_row_once(config, run_id: str, summary) -> None: 
     ).rows == [(48, 48)]
 
 
-async def _task_runs(flow_run_name: str) -> dict[str, tuple[str, int]]:
-    """task name -> (state name, attempts) in the one flow run of that name."""
+async def _task_runs(flow_run_name: str, step: int) -> dict[str, tuple[str, int]]:
+    """stage -> (state name, attempts) of `step`'s task runs in the one flow run of that name."""
+    (stages,) = await step_stage_runs(flow_run_name, step)
+    assert all(len(runs) == 1 for runs in stages.values()), stages
+    return {stage: runs[0] for stage, runs in stages.items()}
+
+
+async def _task_run_message(flow_run_name: str, task_run_name: str) -> str:
+    """The state message of the one task run of that name in the one flow run of that name."""
     async with get_client() as client:
-        flow_runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
-        assert len(flow_runs) == 1, flow_runs
-        task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_runs[0].id])))
-        return {run.name.rsplit("-", 1)[0]: (run.state.name, run.run_count) for run in task_runs}
+        (flow_run,) = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+        task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+        (task_run,) = [run for run in task_runs if run.name == task_run_name]
+        return task_run.state.message or ""
 
 
 async def _flow_run_states(names: list[str]) -> list[tuple[str, str]]:

@@ -20,6 +20,7 @@ from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
 from tests.flows.runs import tiny_config
+from tests.helpers.prefect_runs import step_stage_runs
 from tests.helpers.s3_server import unique_bucket
 
 
@@ -77,10 +78,15 @@ def test_metrics_reach_mlflow_once_per_step(tiny_run: FinishedRun) -> None:
     assert "plots/reward.png" in artifacts
 
 
-def test_each_step_is_a_nested_flow_run(tiny_run: FinishedRun) -> None:
+def test_each_stage_of_each_step_is_a_task_run_of_the_runs_flow_run(tiny_run: FinishedRun) -> None:
     names = asyncio.run(_flow_run_names())
-    assert "tiny" in names
-    assert {"tiny-step-1", "tiny-step-2", "tiny-step-3"} <= set(names)
+    assert "tiny" in names and not any("-step-" in name for name in names)  # no nested flow run per step
+    for step in (1, 2, 3):
+        (stages,) = asyncio.run(step_stage_runs("tiny", step))
+        stage_names = ("sample", "generate", "verify", "advantages", "persist", "update", "sync", "track")
+        assert {stage: [state for state, _ in stages.get(stage, [])] for stage in stage_names} == {
+            stage: ["Completed"] for stage in stage_names
+        }, (step, stages)
 
 
 def test_same_run_on_s3_writes_the_same_rows(
