@@ -30,16 +30,19 @@ console = stdout_console()
 
 
 def _build(env_name: str, config: Optional[Path], timeout_s: Optional[float]):
+    """(the env, the config's model.prompt_format or None)."""
     params: dict[str, object] = {}
+    prompt_format = None
     if config is not None:
         from rlpipe.core.config import load_config
 
         run_config = load_config(config, [])
         params = dict(max_operand=run_config.envs.max_operand, max_word_len=run_config.envs.max_word_len,
                       timeout_s=run_config.sandbox.timeout_s, **run_config.envs.domain_tables())
+        prompt_format = run_config.model.prompt_format
     if timeout_s is not None:
         params["timeout_s"] = timeout_s
-    return build_env(env_name, **params)
+    return build_env(env_name, **params), prompt_format
 
 
 def _check_options(samples: int, repeats: int, k: int, policy_samples: int, policy: Optional[Path]) -> None:
@@ -74,16 +77,17 @@ def qa(
     policy_samples: int = typer.Option(8, "--policy-samples", help="Completions sampled per task (with --policy)."),
     max_new_tokens: int = typer.Option(16, "--max-new-tokens", help="Tokens per completion (with --policy)."),
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (with --policy)."),
-    prompt_format: str = typer.Option("plain", "--prompt-format", help="plain or chat (with --policy)."),
+    prompt_format: Optional[str] = typer.Option(None, "--prompt-format", help="plain or chat (with --policy; default: --config's model.prompt_format, else plain)."),
 ) -> None:
     """Gate an environment: solvability, verifier consistency, reward-hack probes, difficulty."""
     from rlpipe.qa.gate import PolicyOptions, guarded_verify, run_gate
     from rlpipe.qa.report import write_report
 
     _check_options(samples, repeats, k, policy_samples, policy)
-    if prompt_format not in ("plain", "chat"):
+    if prompt_format not in (None, "plain", "chat"):
         raise ConfigError(f"--prompt-format must be plain or chat, got {prompt_format!r}", "e.g. --prompt-format chat for instruct models")
-    environment = _build(env, config, timeout_s)
+    environment, config_prompt_format = _build(env, config, timeout_s)
+    prompt_format = prompt_format or config_prompt_format or "plain"
     policy_options = None if policy is None else PolicyOptions(str(policy), k=k, samples=policy_samples, max_new_tokens=max_new_tokens,
                                                                 temperature=temperature, prompt_format=prompt_format)
     with ExitStack() as stack:

@@ -26,7 +26,7 @@ class PolicyOptions:
     path: str
     k: int = 4
     samples: int = 8
-    max_new_tokens: int = 16
+    max_new_tokens: int = 16  # a one-line answer; raise it for code (--max-new-tokens)
     temperature: float = 1.0
     prompt_format: str = "plain"
 
@@ -60,11 +60,15 @@ def run_gate(env: object, verify_many: VerifyMany, *, samples: int, seed: int = 
     checks = run_checks(env, tasks, verify_many, repeats)
     difficulty, skipped = None, "no --policy given: pass --policy CHECKPOINT (an HF model folder) to measure pass@k"
     if policy is not None:
+        from rlpipe.qa.answers import answer_style
         from rlpipe.qa.difficulty import measure_difficulty
+
+        code = any(answer_style(env, task) == "code" for task in tasks)  # a function body spans lines
 
         difficulty = measure_difficulty(policy.path, tasks, verify_many, k=policy.k, samples=policy.samples,
                                         max_new_tokens=policy.max_new_tokens, temperature=policy.temperature,
-                                        prompt_format=policy.prompt_format, seed=seed)
+                                        prompt_format=policy.prompt_format, seed=seed,
+                                        stop=() if code else ("\n",))
         skipped = None
     return QaReport(env=getattr(env, "name", "?"), verifier_version=getattr(env, "verifier_version", ""),
                     task_ids=tuple(task.task_id for task in tasks), checks=checks, difficulty=difficulty,
