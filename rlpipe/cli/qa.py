@@ -1,0 +1,135 @@
+"""`rlpipe qa ENV`: the environment quality gate (rlpipe/qa/ does the checks).
+
+Builds the env (a registered domain, or one defined in a config's envs.reasoning_gym /
+envs.files tables with --config FILE), a sandbox pool when the env needs one, runs the gate,
+writes report.md / report.json (/ difficulty.png) into --out, and prints a summary (or, with
+--json, the report as JSON). Exit status: 0 when every check passes, 1 when the gate finds
+a problem, 2 for bad input (unknown env, bad options, a missing config or policy folder).
+
+What it does not: train, write to the lake, or log to MLflow/Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rlpipe.cli.consoles import literal, stdout_console
+from rlpipe.cli.sandbox import Backend, reap_leaked, sandbox_factory
+from rlpipe.core.errors import ConfigError
+from rlpipe.core.records import Task, Verdict
+from rlpipe.envs.mixture import build_env
+from rlpipe.sandbox.base import Limits
+
+GATE_FAILED_EXIT_CODE = 1
+console = stdout_console()
+
+
+def _build(env_name: str, config: Optional[Path], timeout_s: Optional[float]):
+    """(the env, the config's model.prompt_format or None)."""
+    params: dict[str, object] = {}
+    prompt_format = None
+    if config is not None:
+        from rlpipe.core.config import load_config
+
+        run_config = load_config(config, [])
+        params = dict(max_operand=run_config.envs.max_operand, max_word_len=run_config.envs.max_word_len,
+                      timeout_s=run_config.sandbox.timeout_s, **run_config.envs.domain_tables())
+        prompt_format = run_config.model.prompt_format
+    if timeout_s is not None:
+        params["timeout_s"] = timeout_s
+    return build_env(env_name, **params), prompt_format
+
+
+def _check_options(samples: int, repeats: int, k: int, policy_samples: int, policy: Optional[Path]) -> None:
+    if samples < 1:
+        raise ConfigError(f"--samples must be >= 1, got {samples}", "e.g. --samples 10 (tasks per split)")
+    if repeats < 2:
+        raise ConfigError(f"--repeats must be >= 2, got {repeats}", "the consistency check compares repeated verdicts: e.g. --repeats 3")
+    if not 1 <= k <= policy_samples:
+        raise ConfigError(f"--k must be between 1 and --policy-samples ({policy_samples}), got {k}", "e.g. --k 4 --policy-samples 8")
+    if policy is not None:
+        from rlpipe.rl.checkpoint_layout import POLICY_DIR
+
+        if not policy.is_dir():
+            raise ConfigError(f"--policy {policy} is not a folder", f"pass a policy folder saved by rlpipe (a checkpoint's {POLICY_DIR}/)")
+        if not (policy / "config.json").is_file() and (policy / POLICY_DIR / "config.json").is_file():
+            raise ConfigError(f"--policy {policy} is a checkpoint folder, not its policy", f"pass {policy / POLICY_DIR}")
+
+
+def qa(
+    env: str = typer.Argument(..., help="The domain to check: a registered one (arithmetic, reverse, code, ...) or one defined in --config."),
+    samples: int = typer.Option(10, "--samples", help="Tasks drawn from EACH split (train and held-out)."),
+    policy: Optional[Path] = typer.Option(None, "--policy", help="A policy folder saved by rlpipe (HF layout): measure pass@k per task."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A run config whose envs.* tables define ENV (e.g. configs/reasoning_gym.toml)."),
+    out: Path = typer.Option(Path("qa-report"), "--out", help="Folder for report.md, report.json and difficulty.png."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report (findings included) as JSON."),
+    repeats: int = typer.Option(3, "--repeats", help="Times each reference and known-wrong answer is verified."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the task sample and the policy's sampling."),
+    backend: Backend = typer.Option(Backend.bwrap, "--backend", help="Sandbox backend for envs that need one."),
+    timeout_s: Optional[float] = typer.Option(None, "--timeout-s", help="The env's verification time limit (envs that take timeout_s)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Sandboxes in the pool (default: by cores and memory, at most 4)."),
+    k: int = typer.Option(4, "--k", help="pass@k's k (with --policy)."),
+    policy_samples: int = typer.Option(8, "--policy-samples", help="Completions sampled per task (with --policy)."),
+    max_new_tokens: int = typer.Option(16, "--max-new-tokens", help="Tokens per completion (with --policy)."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (with --policy)."),
+    prompt_format: Optional[str] = typer.Option(None, "--prompt-format", help="plain or chat (with --policy; default: --config's model.prompt_format, else plain)."),
+) -> None:
+    """Gate an environment: solvability, verifier consistency, reward-hack probes, difficulty."""
+    from rlpipe.qa.gate import PolicyOptions, guarded_verify, run_gate
+    from rlpipe.qa.report import write_report
+
+    _check_options(samples, repeats, k, policy_samples, policy)
+    if prompt_format not in (None, "plain", "chat"):
+        raise ConfigError(f"--prompt-format must be plain or chat, got {prompt_format!r}", "e.g. --prompt-format chat for instruct models")
+    environment, config_prompt_format = _build(env, config, timeout_s)
+    prompt_format = prompt_format or config_prompt_format or "plain"
+    policy_options = None if policy is None else PolicyOptions(str(policy), k=k, samples=policy_samples, max_new_tokens=max_new_tokens,
+                                                                temperature=temperature, prompt_format=prompt_format)
+    with ExitStack() as stack:
+        if getattr(environment, "needs_sandbox", False):
+            from rlpipe.sandbox.pool import SandboxPool, default_pool_size
+
+            limits = Limits(timeout_s=float(getattr(environment, "timeout_s", 10.0)))
+            make = sandbox_factory(backend)
+            size = workers or min(4, default_pool_size(limits.memory_mb))
+            pool = stack.enter_context(SandboxPool(lambda: make(limits), size, memory_mb_per_sandbox=limits.memory_mb,
+                                                   reap_leaked=lambda: reap_leaked(backend)))
+
+            def verify_many(pairs: list[tuple[Task, str]]) -> list[Verdict]:
+                return pool.map(lambda sandbox, pair: guarded_verify(environment, pair[0], pair[1], sandbox), pairs)
+        else:
+            def verify_many(pairs: list[tuple[Task, str]]) -> list[Verdict]:
+                return [guarded_verify(environment, task, text) for task, text in pairs]
+
+        report = run_gate(environment, verify_many, samples=samples, seed=seed, repeats=repeats, policy=policy_options)
+    written = write_report(report, out)
+    if json_out:
+        typer.echo(json.dumps(report.to_dict()))
+    else:
+        _print_summary(report, written)
+    if not report.passed:
+        raise typer.Exit(GATE_FAILED_EXIT_CODE)
+
+
+def _print_summary(report, written: list[Path]) -> None:
+    for check in report.checks:
+        mark = "[green]pass[/]" if check.passed else "[bold red]FAIL[/]"
+        console.print(f"{mark} {check.name}: {check.verifications} verifications, {len(check.findings)} findings")
+        for finding in check.findings[:5]:
+            console.print(f"    {literal(finding.task_id)} {literal(finding.answer)}: {literal(finding.problem)} "
+                          f"(reward {finding.reward}, {finding.reason})")
+        if len(check.findings) > 5:
+            console.print(f"    ... {len(check.findings) - 5} more in the report")
+    if report.difficulty is None:
+        console.print(f"difficulty: skipped ({literal(report.difficulty_skipped)})")
+    else:
+        difficulty = report.difficulty
+        console.print(f"difficulty: mean pass@1 {difficulty.mean_pass_at_1:.3f}, mean pass@{difficulty.k} "
+                      f"{difficulty.mean_pass_at_k:.3f} over {len(difficulty.tasks)} tasks")
+    verdict = "[green]PASSED[/]" if report.passed else f"[bold red]FAILED[/] ({len(report.findings)} findings)"
+    console.print(f"env {literal(report.env)} (verifier {report.verifier_version}): {verdict}; report: {literal(written[0])}")
