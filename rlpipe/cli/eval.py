@@ -59,6 +59,9 @@ def eval_command(
     resume: Optional[str] = typer.Option(None, "--resume", help="Go on with this eval: rerun only unfinished trials and "
                                          "trials that failed on infrastructure."),
     json_out: bool = typer.Option(False, "--json", help="Print the metrics and trials as one JSON object."),
+    mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI (default: the MLflow of "
+                                             "`rlpipe up` if it runs, else sqlite ./mlruns.db)."),
+    experiment: str = typer.Option("rlpipe-eval", "--experiment", help="MLflow experiment of the eval's run."),
 ) -> None:
     """Run an agent on every task; commit each trial to the lake; print each verdict and the success rate."""
     if workers < 1:
@@ -66,7 +69,7 @@ def eval_command(
     if max_attempts < 1:
         raise ConfigError(f"--max-attempts {max_attempts} must be at least 1", hint="e.g. --max-attempts 3")
     if resume is not None:
-        report, lake_uri = _resume(resume, lake, tasks, agent, backend, eval_id, workers, max_attempts)
+        report, lake_uri, recorder, loaded = _resume(resume, lake, tasks, agent, backend, eval_id, workers, max_attempts)
     else:
         if agent is None:
             raise ConfigError("--agent is required for a new eval", hint="e.g. --agent oracle (or --resume EVAL_ID)")
@@ -78,11 +81,16 @@ def eval_command(
         eval_id = eval_id or f"eval-{agent}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         recorder = start_eval(EvalStore(opened), eval_id, agent, backend_name, tasks, loaded, options, max_attempts)
         report, lake_uri = run_eval(loaded, agent, backend_name, workers, options, max_attempts, recorder), opened.uri
-    _print_report(report, lake_uri, json_out)
+    from rlpipe.tasks.eval_tracking import build_eval_tracker, track_eval
+
+    kinds = {task.task_id: getattr(task, "category", "") for task in loaded}
+    tracked = track_eval(build_eval_tracker(mlflow_uri, experiment), recorder.info, report, recorder.session, kinds,
+                         lake_uri, workers)
+    _print_report(report, lake_uri, json_out, tracked)
 
 
 def _resume(eval_id: str, lake: str, tasks: Optional[Path], agent: Optional[str], backend: Optional[Backend],
-            new_id: Optional[str], workers: int, max_attempts: int) -> tuple[EvalReport, str]:
+            new_id: Optional[str], workers: int, max_attempts: int):
     try:
         opened = Lake(open_lake_location(lake, create=False))
     except LakeNotFoundError as exc:
@@ -97,16 +105,18 @@ def _resume(eval_id: str, lake: str, tasks: Optional[Path], agent: Optional[str]
     if clashes:
         raise ConfigError(f"--resume {eval_id} goes on with the eval's own settings, not {'; '.join(clashes)}",
                           hint=f"drop those options (`rlpipe eval --resume {eval_id} --lake {opened.uri}`), or start a new eval")
-    return run_eval(loaded, info.agent, info.backend, workers, options, max_attempts, recorder), opened.uri
+    return run_eval(loaded, info.agent, info.backend, workers, options, max_attempts, recorder), opened.uri, recorder, loaded
 
 
-def _print_report(report: EvalReport, lake_uri: str, json_out: bool) -> None:
+def _print_report(report: EvalReport, lake_uri: str, json_out: bool, tracked) -> None:
     attempts = {task_id: len(history) for task_id, history in report.attempts.items()}
     if json_out:
         trials = [{"task_id": t.task_id, "verdict": t.verdict.value, "family": t.verdict.family, "ending": t.ending.value,
                    "reward": t.reward, "steps": len(t.steps), "attempts": attempts.get(t.task_id, 1),
                    "duration_s": round(t.duration_s, 3), "detail": t.detail} for t in report.trials]
         typer.echo(json.dumps({"eval_id": report.eval_id, "lake": lake_uri, "agent": report.agent, "backend": report.backend,
+                               "mlflow": {"tracking_uri": tracked.tracking_uri, "run_id": tracked.mlflow_run_id,
+                                          "run_url": tracked.mlflow_run_url, "report": tracked.report_uri},
                                "metrics": report.metrics, "trials": trials}))
         return
     table = Table(title=f"{len(report.trials)} tasks, agent {report.agent}, backend {report.backend}")
@@ -128,3 +138,5 @@ def _print_report(report: EvalReport, lake_uri: str, json_out: bool) -> None:
                   f"bash exit 0 {metrics['bash_exit_zero_rate']:.3f}")
     console.print(f"eval {literal(report.eval_id or '')}  lake {literal(lake_uri)}  "
                   f"(rlpipe query \"select * from eval_trials where eval_id = '{report.eval_id}' and final\")", soft_wrap=True)
+    console.print(f"mlflow  {literal(tracked.mlflow_run_url or tracked.tracking_uri)}  run {literal(tracked.mlflow_run_id)}", soft_wrap=True)
+    console.print(f"report  {literal(tracked.report_uri)}", soft_wrap=True)
