@@ -14,7 +14,9 @@ last attempt failed on infrastructure, is run again (up to `max_attempts` more a
 The final table is built from the committed attempts, so it equals what an uninterrupted
 eval gives for the same trials.
 
-Metrics: agents/metrics.py. What it does not do: report to MLflow or Prefect.
+`needs_attempt`, `attempt_task` and `build_report` are the pieces `run_eval` is made of; the
+rl-eval Prefect flow (rlpipe/flows/eval.py, tasks/eval_trials.py) runs the same pieces, one
+task run per trial. Metrics: agents/metrics.py. What it does not do: report to MLflow or Prefect.
 """
 
 from __future__ import annotations
@@ -54,6 +56,32 @@ def agent_factory(name: str) -> AgentFactory:
         raise ConfigError(f"unknown agent {name!r}", hint=f"use one of {', '.join(sorted(AGENTS))}") from None
 
 
+def needs_attempt(history: Sequence[RecordedAttempt]) -> bool:
+    """Whether a task with these committed attempts is run again: none yet, or the last
+    one failed on infrastructure."""
+    return not history or history[-1].trial.verdict.family == "infrastructure"
+
+
+def attempt_task(task: AgentTask | SkippedTask, agent: str, factory: AgentFactory, sandboxes: TrialBackend,
+                 options: TrialOptions, history: Sequence[RecordedAttempt], session: int,
+                 recorder: EvalRecorder | None) -> RecordedAttempt:
+    """One new attempt of `task` (numbered after `history`), committed by `recorder` if any."""
+    number = history[-1].attempt + 1 if history else 1
+    result = run_trial(task, agent, factory, sandboxes, options)
+    if recorder is not None:
+        recorder.record(number, result, task.instruction if isinstance(task, AgentTask) else "")
+    return RecordedAttempt(number, session, result)
+
+
+def build_report(tasks: Sequence[AgentTask | SkippedTask], agent: str, backend: str,
+                 histories: Sequence[Sequence[RecordedAttempt]], eval_id: str | None) -> EvalReport:
+    """The report of tasks whose attempts are `histories` (same order; each non-empty)."""
+    trials = tuple(history[-1].trial for history in histories)
+    metrics = eval_metrics(trials, attempts=sum(map(len, histories)))
+    return EvalReport(agent, backend, trials, metrics, eval_id,
+                      {task.task_id: tuple(history) for task, history in zip(tasks, histories)})
+
+
 def run_eval(tasks: Sequence[AgentTask | SkippedTask], agent: str, backend: str | TrialBackend, workers: int = 2,
              options: TrialOptions = TrialOptions(), max_attempts: int = DEFAULT_MAX_ATTEMPTS,
              recorder: EvalRecorder | None = None, factory: AgentFactory | None = None) -> EvalReport:
@@ -69,21 +97,14 @@ def run_eval(tasks: Sequence[AgentTask | SkippedTask], agent: str, backend: str 
     def attempt(task: AgentTask | SkippedTask) -> tuple[RecordedAttempt, ...]:
         history = list(recorded.get(task.task_id, []))
         for _ in range(max_attempts):
-            if history and history[-1].trial.verdict.family != "infrastructure":
+            if not needs_attempt(history):
                 break
-            number = history[-1].attempt + 1 if history else 1
-            result = run_trial(task, agent, factory, sandboxes, options)
-            if recorder is not None:
-                recorder.record(number, result, task.instruction if isinstance(task, AgentTask) else "")
-            history.append(RecordedAttempt(number, session, result))
+            history.append(attempt_task(task, agent, factory, sandboxes, options, history, session, recorder))
         return tuple(history)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         histories = list(pool.map(attempt, tasks))
-    trials = tuple(history[-1].trial for history in histories)
-    metrics = eval_metrics(trials, attempts=sum(map(len, histories)))
-    return EvalReport(agent, sandboxes.name, trials, metrics, recorder.info.eval_id if recorder is not None else None,
-                      {task.task_id: history for task, history in zip(tasks, histories)})
+    return build_report(tasks, agent, sandboxes.name, histories, recorder.info.eval_id if recorder is not None else None)
 
 
 def start_eval(store: TrialStore, eval_id: str, agent: str, backend: str, tasks_dir: Path | None,

@@ -14,12 +14,18 @@ empty task folder, an unknown agent or backend, a taken eval id, an unknown eval
 options that contradict the resumed eval). An unavailable sandbox backend is not bad input:
 its trials are recorded as sandbox_error (infrastructure) and the eval exits 0.
 
-What it does not do: report to MLflow or Prefect (see docs/AGENTS.md).
+The trials run in the Prefect flow `rl-eval` (rlpipe/flows/eval.py: one task run per trial,
+`--workers` at a time, infrastructure failures as Prefect retries) on Prefect's temporary
+server unless PREFECT_API_URL or `rlpipe up` gives one; the eval is one MLflow run
+(`--mlflow-uri`, `--experiment`) with its metrics and a report (markdown + PNG plots), whose
+run id and report URI are printed. ^C or SIGTERM: the trials in flight finish and are
+committed, one line says how to resume, exit 130 / 143.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from pathlib import Path
@@ -28,7 +34,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from rlpipe.agents.evaluation import DEFAULT_MAX_ATTEMPTS, EvalReport, agent_factory, resume_eval, run_eval, start_eval
+from rlpipe.agents.evaluation import DEFAULT_MAX_ATTEMPTS, EvalReport, agent_factory, resume_eval, start_eval
 from rlpipe.agents.task_format import builtin_suite_dir, load_tasks
 from rlpipe.agents.trial import TrialOptions
 from rlpipe.cli.consoles import literal, stdout_console
@@ -59,6 +65,10 @@ def eval_command(
     resume: Optional[str] = typer.Option(None, "--resume", help="Go on with this eval: rerun only unfinished trials and "
                                          "trials that failed on infrastructure."),
     json_out: bool = typer.Option(False, "--json", help="Print the metrics and trials as one JSON object."),
+    mlflow_uri: Optional[str] = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI (default: the MLflow of "
+                                             "`rlpipe up` if it runs, else sqlite ./mlruns.db)."),
+    experiment: str = typer.Option("rlpipe-eval", "--experiment", help="MLflow experiment of the eval's run."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
 ) -> None:
     """Run an agent on every task; commit each trial to the lake; print each verdict and the success rate."""
     if workers < 1:
@@ -66,7 +76,7 @@ def eval_command(
     if max_attempts < 1:
         raise ConfigError(f"--max-attempts {max_attempts} must be at least 1", hint="e.g. --max-attempts 3")
     if resume is not None:
-        report, lake_uri = _resume(resume, lake, tasks, agent, backend, eval_id, workers, max_attempts)
+        eval_id, lake_uri = _resume(resume, lake, tasks, agent, backend, eval_id)
     else:
         if agent is None:
             raise ConfigError("--agent is required for a new eval", hint="e.g. --agent oracle (or --resume EVAL_ID)")
@@ -76,18 +86,55 @@ def eval_command(
         options = TrialOptions(command_timeout_s=command_timeout_s)
         opened = Lake.open(lake)
         eval_id = eval_id or f"eval-{agent}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        recorder = start_eval(EvalStore(opened), eval_id, agent, backend_name, tasks, loaded, options, max_attempts)
-        report, lake_uri = run_eval(loaded, agent, backend_name, workers, options, max_attempts, recorder), opened.uri
-    _print_report(report, lake_uri, json_out)
+        start_eval(EvalStore(opened), eval_id, agent, backend_name, tasks, loaded, options, max_attempts)
+        lake_uri = opened.uri
+    summary = _run_flow(eval_id, lake_uri, workers, max_attempts, mlflow_uri, experiment, verbose)
+    _print_report(summary.report, lake_uri, json_out, summary.tracking, summary.prefect_flow_run_id)
+
+
+def _run_flow(eval_id: str, lake_uri: str, workers: int, max_attempts: int, mlflow_uri: Optional[str], experiment: str,
+              verbose: bool):
+    """The rl-eval flow on Prefect's temporary server (or `rlpipe up`'s); on ^C or SIGTERM:
+    trials in flight finish and are committed, one line with the resume command, exit 130/143."""
+    from rlpipe.cli import services as services_cli
+    from rlpipe.cli.signals import exit_code, hold_signals, sigterm_raises
+
+    services_cli.export_service_env(verbose)
+    if not verbose:
+        for name in ("mlflow", "alembic", "httpx"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    from rlpipe.flows.eval import run_eval_flow
+    from rlpipe.tasks.prefect_server import temporary_prefect_server
+    from rlpipe.tasks.status import interruption
+
+    signal_name = None
+    with sigterm_raises():
+        try:
+            with temporary_prefect_server():  # stopped last, after the flow run has recorded its end
+                try:
+                    return run_eval_flow(eval_id, lake_uri, workers, max_attempts, mlflow_uri, experiment)
+                except BaseException as exc:
+                    if interruption(exc):
+                        hold_signals()  # the trials in flight, the server's stop: bounded waits
+                    raise
+        except BaseException as exc:
+            signal_name = interruption(exc)
+            if signal_name is None:
+                raise
+    console.print(f"[yellow]interrupted ({signal_name})[/]; trials in flight were committed; resume with: "
+                  f"rlpipe eval --resume {eval_id} --lake {lake_uri}", soft_wrap=True)
+    raise typer.Exit(exit_code(signal_name))
 
 
 def _resume(eval_id: str, lake: str, tasks: Optional[Path], agent: Optional[str], backend: Optional[Backend],
-            new_id: Optional[str], workers: int, max_attempts: int) -> tuple[EvalReport, str]:
+            new_id: Optional[str]) -> tuple[str, str]:
+    """Check that the eval exists and that the options given agree with it: (eval id, lake URI)."""
     try:
         opened = Lake(open_lake_location(lake, create=False))
     except LakeNotFoundError as exc:
         raise LakeNotFoundError(exc.message, hint="point --lake at the lake the eval was committed to") from None
-    recorder, loaded, options = resume_eval(EvalStore(opened), eval_id)
+    recorder, _, _ = resume_eval(EvalStore(opened), eval_id)
     info = recorder.info
     given = {"--agent": (agent, info.agent), "--backend": (backend.value if backend else None, info.backend),
              "--tasks": (str(tasks.resolve()) if tasks else None, info.tasks_dir or None),
@@ -97,16 +144,19 @@ def _resume(eval_id: str, lake: str, tasks: Optional[Path], agent: Optional[str]
     if clashes:
         raise ConfigError(f"--resume {eval_id} goes on with the eval's own settings, not {'; '.join(clashes)}",
                           hint=f"drop those options (`rlpipe eval --resume {eval_id} --lake {opened.uri}`), or start a new eval")
-    return run_eval(loaded, info.agent, info.backend, workers, options, max_attempts, recorder), opened.uri
+    return eval_id, opened.uri
 
 
-def _print_report(report: EvalReport, lake_uri: str, json_out: bool) -> None:
+def _print_report(report: EvalReport, lake_uri: str, json_out: bool, tracked, flow_run_id: str) -> None:
     attempts = {task_id: len(history) for task_id, history in report.attempts.items()}
     if json_out:
         trials = [{"task_id": t.task_id, "verdict": t.verdict.value, "family": t.verdict.family, "ending": t.ending.value,
                    "reward": t.reward, "steps": len(t.steps), "attempts": attempts.get(t.task_id, 1),
                    "duration_s": round(t.duration_s, 3), "detail": t.detail} for t in report.trials]
         typer.echo(json.dumps({"eval_id": report.eval_id, "lake": lake_uri, "agent": report.agent, "backend": report.backend,
+                               "mlflow": {"tracking_uri": tracked.tracking_uri, "run_id": tracked.mlflow_run_id,
+                                          "run_url": tracked.mlflow_run_url, "report": tracked.report_uri},
+                               "prefect_flow_run_id": flow_run_id,
                                "metrics": report.metrics, "trials": trials}))
         return
     table = Table(title=f"{len(report.trials)} tasks, agent {report.agent}, backend {report.backend}")
@@ -128,3 +178,6 @@ def _print_report(report: EvalReport, lake_uri: str, json_out: bool) -> None:
                   f"bash exit 0 {metrics['bash_exit_zero_rate']:.3f}")
     console.print(f"eval {literal(report.eval_id or '')}  lake {literal(lake_uri)}  "
                   f"(rlpipe query \"select * from eval_trials where eval_id = '{report.eval_id}' and final\")", soft_wrap=True)
+    console.print(f"mlflow  {literal(tracked.mlflow_run_url or tracked.tracking_uri)}  run {literal(tracked.mlflow_run_id)}", soft_wrap=True)
+    console.print(f"report  {literal(tracked.report_uri)}", soft_wrap=True)
+    console.print(f"prefect flow run rl-eval/{literal(report.eval_id or '')}  {literal(flow_run_id)}", soft_wrap=True)

@@ -237,6 +237,29 @@ class Tracker:
         with _tracking_errors(self.uri, f"reading run {mlflow_run_id}"):
             return str(self._client.get_run(mlflow_run_id).info.status)
 
+    def find_run(self, tag: str, value: str) -> str | None:
+        """The newest run of this experiment whose tag `tag` is `value`, else None (an eval
+        resumed in a new process finds its MLflow run by its eval id)."""
+        with _tracking_errors(self.uri, f"searching runs with {tag}={value}"):
+            quoted = value.replace("'", "\\'")
+            runs = self._client.search_runs([self.experiment_id], filter_string=f"tags.`{tag}` = '{quoted}'",
+                                            order_by=["attributes.start_time DESC"], max_results=1)
+        return str(runs[0].info.run_id) if runs else None
+
+    def artifact_uri(self, mlflow_run_id: str, artifact_path: str = "") -> str:
+        """Where the run's artifact `artifact_path` is stored (a file:// path for a local store)."""
+        with _tracking_errors(self.uri, f"reading run {mlflow_run_id}"):
+            root = str(self._client.get_run(mlflow_run_id).info.artifact_uri)
+        return f"{root.rstrip('/')}/{artifact_path}" if artifact_path else root
+
+    def log_bytes(self, mlflow_run_id: str, data: bytes, artifact_file: str) -> None:
+        """Upload `data` as the run's artifact `artifact_file` (e.g. plots/x.png)."""
+        with tempfile.TemporaryDirectory() as folder:
+            target = Path(folder) / Path(artifact_file).name
+            target.write_bytes(data)
+            parent = str(Path(artifact_file).parent)
+            self.log_artifact(mlflow_run_id, target, None if parent == "." else parent)
+
     def run_url(self, mlflow_run_id: str) -> str | None:
         """The run's page in the MLflow UI for an http(s) server, else None."""
         if urlsplit(self.uri).scheme not in ("http", "https"):

@@ -33,7 +33,7 @@ def uninterrupted_eval(tmp_path, tasks, eval_id: str, agent: str) -> None:
     run_eval(loaded, agent, "bwrap", workers=2, recorder=recorder)
 
 
-def test_kill_9_mid_eval_then_resume_reruns_only_unfinished_trials(tmp_path):
+def test_kill_9_mid_eval_then_resume_reruns_only_unfinished_trials(tmp_path, prefect_api_url):
     require_bwrap()
     tasks = tmp_path / "tasks"
     for name in ("fix-median-bug", "order-totals", "log-count-errors", "repair-json-config"):
@@ -41,12 +41,14 @@ def test_kill_9_mid_eval_then_resume_reruns_only_unfinished_trials(tmp_path):
     copy_task(tasks, name="dedupe-emails", **{"solution__solve.sh": "#!/bin/sh\ntrue\n"})  # an oracle that fails
     uninterrupted_eval(tmp_path, tasks, "whole", "oracle")
     common = ["eval", "--tasks", str(tasks), "--agent", "oracle", "--lake", "lake", "--workers", "2", "--json"]
-    killed = run_rlpipe([*common, "--eval-id", "cut"], cwd=tmp_path, timeout_s=120, RLPIPE_FAILPOINTS="eval-trial-committed@2")
+    killed = run_rlpipe([*common, "--eval-id", "cut"], cwd=tmp_path, timeout_s=120, RLPIPE_FAILPOINTS="eval-trial-committed@2",
+                        PREFECT_API_URL=prefect_api_url)
     assert killed.returncode == -9  # SIGKILL right after the 2nd commit, another trial in flight
     before = query(tmp_path, "select task_id, attempt, started_at_ms from eval_trials where eval_id = 'cut'")
     assert len(before) == 2
 
-    resumed = run_rlpipe(["eval", "--resume", "cut", "--lake", "lake", "--json"], cwd=tmp_path, timeout_s=120)
+    resumed = run_rlpipe(["eval", "--resume", "cut", "--lake", "lake", "--json"], cwd=tmp_path, timeout_s=120,
+                         PREFECT_API_URL=prefect_api_url)
     assert resumed.returncode == 0, resumed.stderr
     # 5 tasks, 4 passed (dedupe-emails' solution does nothing); each task has exactly one attempt
     assert json.loads(resumed.stdout)["metrics"]["success_rate"] == 4 / 5

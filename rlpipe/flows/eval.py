@@ -1,0 +1,58 @@
+"""The `rl-eval` flow: one flow run per eval session, one task run per trial.
+
+    rl-eval: open-eval -> trial(task 1) | trial(task 2) | ... (fanned out, `workers` at a time)
+             -> summarize-eval (report from the lake, MLflow run, Prefect artifacts)
+
+The eval must exist in the lake (EVAL.json, written by `rlpipe eval` through
+agents.evaluation.start_eval); the same flow starts it and resumes it: open-eval returns
+only the tasks with no committed attempt or whose last attempt failed on infrastructure.
+The concurrency limit is the task runner's: `run_eval_flow` runs the flow with a
+ThreadPoolTaskRunner of `workers` threads, so at most `workers` trials (sandboxes) run at
+once. A trial's infrastructure failures are Prefect retries of its task run
+(`max_attempts - 1` retries; see tasks/eval_trials.py); a trial that fails on
+infrastructure every time leaves its task run Failed and the flow goes on: the summary
+scores it as infrastructure, never as the agent's.
+
+On ^C the task runner cancels the trials not started yet and waits for those in flight
+(each bounded by its task's time limits), which are committed; `--resume` runs the rest.
+
+Flows import only tasks/ and core/ (an import-linter contract).
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.futures import wait
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from rlpipe.core.errors import ConfigError
+from rlpipe.tasks import eval_trials
+from rlpipe.tasks.eval_tracking import DEFAULT_EVAL_EXPERIMENT
+from rlpipe.tasks.eval_trials import EvalSummary
+
+
+@flow(name="rl-eval", flow_run_name="{eval_id}")
+def rl_eval(eval_id: str, lake_uri: str, workers: int = 2, max_attempts: int = 3, mlflow_uri: str | None = None,
+            experiment: str = DEFAULT_EVAL_EXPERIMENT, track: bool = True) -> EvalSummary:
+    """Run every unfinished trial of a stored eval; record, report and track it."""
+    if workers < 1 or max_attempts < 1:
+        raise ConfigError(f"workers {workers} and max_attempts {max_attempts} must be at least 1",
+                          hint="e.g. --workers 2 --max-attempts 3")
+    try:
+        # 1. The eval's runtime, and the tasks that still need a trial.
+        pending = eval_trials.open_eval(eval_id, lake_uri)
+        # 2. One task run per trial, `workers` at a time (the task runner's threads).
+        trial = eval_trials.trial.with_options(retries=max_attempts - 1)
+        futures = [trial.submit(eval_id, task_id) for task_id in pending]
+        wait(futures)  # a Failed trial (infrastructure every time) is in the lake; the summary counts it
+        # 3. The report from the lake, the MLflow run, the Prefect artifacts.
+        return eval_trials.summarize_eval(eval_id, workers, mlflow_uri, experiment, track)
+    finally:
+        eval_trials.release_eval_runtime(eval_id)
+
+
+def run_eval_flow(eval_id: str, lake_uri: str, workers: int = 2, max_attempts: int = 3, mlflow_uri: str | None = None,
+                  experiment: str = DEFAULT_EVAL_EXPERIMENT, track: bool = True) -> EvalSummary:
+    """rl-eval with `workers` threads in its task runner (the concurrency limit)."""
+    runner = ThreadPoolTaskRunner(max_workers=max(1, workers))
+    return rl_eval.with_options(task_runner=runner)(eval_id, lake_uri, workers, max_attempts, mlflow_uri, experiment, track)

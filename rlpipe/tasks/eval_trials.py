@@ -1,0 +1,178 @@
+"""The tasks of the rl-eval flow: open an eval, one task run per trial, the summary.
+
+    open-eval  (eval id, lake) -> the ids of the tasks that need a trial; builds the eval's
+               runtime in this process (recorder, tasks, agent, backend) from EVAL.json
+    trial      (eval id, task id) -> the final verdict; one attempt per Prefect run
+    summarize-eval (eval id, ...) -> EvalSummary; the report (from the lake), the MLflow
+               run (tasks/eval_tracking.py) and the Prefect artifacts (markdown + table)
+
+Retries of a trial are Prefect retries. A trial whose attempt ends in an infrastructure
+verdict (sandbox_error, engine_error, setup_error, verifier_error) has already been
+committed to the lake as that attempt; the task then raises TrialInfrastructureFailure (an
+InfraError), and Prefect retries it (`retries = max_attempts - 1`, the stage back-off,
+retry_infra_errors_only): the retry is a new attempt from the task's initial state. So a
+retried trial shows in the UI as one task run with its retries and their logs, the back-off
+gives a dying sandbox daemon time, and the lake keeps every attempt. A trial that fails on
+infrastructure every time ends Failed; the flow goes on, and the summary counts it as an
+infrastructure failure, never as the agent's. Agent verdicts (passed, failed, timeouts,
+...) are data: the task completes.
+
+Tasks pass references (eval id, task id); the runtime (a process-level registry, like
+tasks/runtime.py's) holds the loaded tasks and the recorder. A test or a benchmark may put
+its own TrialBackend (our protocol) under a backend name with `register_trial_backend`.
+
+What it does not do: decide the fan-out or the concurrency (flows/eval.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+
+from rlpipe.agents.backends import TrialBackend, trial_backend
+from rlpipe.agents.evaluation import EvalReport, agent_factory, attempt_task, build_report, needs_attempt, resume_eval
+from rlpipe.agents.recording import EvalRecorder, RecordedAttempt
+from rlpipe.agents.task_format import AgentTask, SkippedTask
+from rlpipe.agents.trial import TrialOptions
+from rlpipe.core.errors import ConfigError, InfraError
+from rlpipe.storage.evals import EvalStore
+from rlpipe.storage.filesystem import open_lake_location
+from rlpipe.storage.lake import Lake
+from rlpipe.tasks.eval_tracking import EvalTracking, build_eval_tracker, track_eval
+from rlpipe.tasks.stage_options import STAGE_OPTIONS, STAGE_RETRY_DELAYS, STAGE_RETRY_JITTER, retry_infra_errors_only
+from rlpipe.tasks.track import artifact_key
+
+TABLE_COLUMNS = ("task", "kind", "verdict", "reward", "steps", "attempts", "duration_s")
+
+
+class TrialInfrastructureFailure(InfraError):
+    """The trial's attempt failed on infrastructure (committed as such): retry the trial."""
+
+
+@dataclass
+class EvalRuntime:
+    """What the tasks of one eval share in this process."""
+
+    recorder: EvalRecorder
+    tasks: dict[str, AgentTask | SkippedTask]
+    backend: TrialBackend
+    options: TrialOptions
+    lake_uri: str
+    histories: dict[str, list[RecordedAttempt]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    """What the flow returns: where the eval is recorded and its metrics."""
+
+    eval_id: str
+    lake_uri: str
+    session: int
+    metrics: dict[str, object]
+    tracking: EvalTracking | None
+    prefect_flow_run_id: str
+    report: EvalReport  # the final attempt of each task (kept in this process; not a Prefect result)
+
+
+_RUNTIMES: dict[str, EvalRuntime] = {}
+_BACKENDS: dict[str, TrialBackend] = {}
+_LOCK = threading.Lock()
+
+
+def register_trial_backend(name: str, backend: TrialBackend | None) -> None:
+    """Trials of evals whose backend is `name` use `backend` (tests, benchmarks); None removes it."""
+    if backend is None:
+        _BACKENDS.pop(name, None)
+    else:
+        _BACKENDS[name] = backend
+
+
+def get_eval_runtime(eval_id: str) -> EvalRuntime:
+    try:
+        return _RUNTIMES[eval_id]
+    except KeyError:
+        raise ConfigError(f"eval {eval_id!r} is not open in this process", hint="run the rl-eval flow") from None
+
+
+def release_eval_runtime(eval_id: str) -> EvalRuntime | None:
+    return _RUNTIMES.pop(eval_id, None)
+
+
+@task(name="open-eval", cache_policy=NO_CACHE, **STAGE_OPTIONS)
+def open_eval(eval_id: str, lake_uri: str) -> list[str]:
+    """Build the eval's runtime from its EVAL.json and the lake; the ids of the tasks to run."""
+    lake = Lake(open_lake_location(lake_uri, create=False))
+    recorder, tasks, options = resume_eval(EvalStore(lake), eval_id)
+    agent_factory(recorder.info.agent)  # an unknown agent fails here, before any trial
+    backend = _BACKENDS.get(recorder.info.backend) or trial_backend(recorder.info.backend)
+    runtime = EvalRuntime(recorder, {t.task_id: t for t in tasks}, backend, options, lake.uri,
+                          histories={k: list(v) for k, v in recorder.attempts().items()})
+    with _LOCK:
+        _RUNTIMES[eval_id] = runtime
+    return [task_id for task_id in runtime.tasks if needs_attempt(runtime.histories.get(task_id, []))]
+
+
+@task(name="trial", task_run_name="{task_id}", cache_policy=NO_CACHE, retry_delay_seconds=STAGE_RETRY_DELAYS,
+      retry_jitter_factor=STAGE_RETRY_JITTER, retry_condition_fn=retry_infra_errors_only)
+def trial(eval_id: str, task_id: str) -> str:
+    """One attempt of the task, committed to the lake; its verdict. Raises
+    TrialInfrastructureFailure after committing an infrastructure verdict (Prefect retries)."""
+    runtime = get_eval_runtime(eval_id)
+    with _LOCK:
+        history = list(runtime.histories.get(task_id, []))
+    info = runtime.recorder.info
+    attempt = attempt_task(runtime.tasks[task_id], info.agent, agent_factory(info.agent), runtime.backend, runtime.options,
+                           history, runtime.recorder.session, runtime.recorder)
+    with _LOCK:
+        runtime.histories.setdefault(task_id, []).append(attempt)
+    verdict = attempt.trial.verdict
+    if verdict.family == "infrastructure":
+        raise TrialInfrastructureFailure(f"trial {task_id} attempt {attempt.attempt}: {verdict.value}: {attempt.trial.detail[:300]}",
+                                         hint="retried from the task's initial state; every attempt is in the lake")
+    return verdict.value
+
+
+@task(name="summarize-eval", cache_policy=NO_CACHE, **STAGE_OPTIONS)
+def summarize_eval(eval_id: str, workers: int, mlflow_uri: str | None, experiment: str, track: bool = True) -> EvalSummary:
+    """The report from the committed attempts, logged to MLflow; Prefect artifacts of it."""
+    runtime = get_eval_runtime(eval_id)
+    recorded = runtime.recorder.attempts()  # the lake is the truth
+    ran = [task for task_id, task in runtime.tasks.items() if recorded.get(task_id)]
+    info = runtime.recorder.info
+    report = build_report(ran, info.agent, runtime.backend.name, [recorded[t.task_id] for t in ran], eval_id)
+    kinds = {t.task_id: t.category for t in ran if isinstance(t, AgentTask)}
+    flow_run_id = str(flow_run.get_id() or "")
+    tracking = None
+    if track:
+        tracking = track_eval(build_eval_tracker(mlflow_uri, experiment), info, report, runtime.recorder.session, kinds,
+                              runtime.lake_uri, workers, {"prefect.flow_run_id": flow_run_id})
+    _artifacts(eval_id, report, kinds, tracking, runtime.recorder.session)
+    return EvalSummary(eval_id, runtime.lake_uri, runtime.recorder.session, report.metrics, tracking, flow_run_id, report)
+
+
+def _artifacts(eval_id: str, report: EvalReport, kinds: dict[str, str], tracking: EvalTracking | None, session: int) -> None:
+    m = report.metrics
+    failures = "; ".join(f"{family}: " + (", ".join(f"{k} {v}" for k, v in counts.items()) or "none")
+                         for family, counts in m["failure_modes"].items())
+    lines = [f"# Eval {eval_id} (session {session})", "",
+             f"agent `{report.agent}`, backend `{report.backend}`: success rate **{m['success_rate']:.3f}** "
+             f"({m['passed']}/{m['scored']} scored), {m['infrastructure_failures']} infrastructure failures, "
+             f"{m['not_run']} not run, {m['infrastructure_retries']} retries.", "",
+             f"steps p50 {m['steps_p50']:g} p90 {m['steps_p90']:g}; duration p50 {m['duration_s_p50']:.2f} s "
+             f"p90 {m['duration_s_p90']:.2f} s; well-formed calls {m['well_formed_rate']:.3f}.", "",
+             f"failure modes: {failures}"]
+    if tracking is not None:
+        lines += ["", f"MLflow run `{tracking.mlflow_run_id}` ({tracking.mlflow_run_url or tracking.tracking_uri}); "
+                  f"report: {tracking.report_uri}"]
+    key = f"rlpipe-eval-{artifact_key(eval_id)}"
+    create_markdown_artifact(markdown="\n".join(lines) + "\n", key=key, description=f"Summary of eval {eval_id}")
+    rows = [{"task": t.task_id, "kind": kinds.get(t.task_id, ""), "verdict": t.verdict.value,
+             "reward": "" if t.reward is None else t.reward, "steps": len(t.steps),
+             "attempts": len(report.attempts.get(t.task_id, ())), "duration_s": round(t.duration_s, 3)}
+            for t in report.trials]
+    create_table_artifact(table=rows, key=f"{key}-trials", description=f"Final trial of each task of eval {eval_id}")
