@@ -28,10 +28,11 @@ demo: venv
 	$(BIN)/rlpipe train configs/quickstart.toml
 
 # Two pytest workers (xdist), a test file stays on one worker: the slow files are mostly
-# subprocess start-up and waits, which the second worker overlaps.
+# subprocess start-up and waits, which the second worker overlaps. Files run in collection
+# order, the longest first (tests/conftest.py: LONGEST_FILES).
 test: venv system
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: venv
 	$(BIN)/python benchmarks/step_breakdown.py

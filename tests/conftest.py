@@ -11,6 +11,9 @@
   tests set it to 0.1 s (0.1, 0.2, ... 3.2 s instead of 1, 2, ... 32 s) unless the
   environment already sets it, so a retried stage costs the suite little. It is set here,
   before any test module imports rlpipe.tasks, and CLI subprocesses inherit it.
+- Longest files first: `make test` runs two pytest-xdist workers, one file at a time each, in
+  collection order (--no-loadscope-reorder); the files in LONGEST_FILES start first, so the
+  long poles overlap the many short files instead of running alone at the end.
 - One torch thread per process (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, unless the environment
   sets them): the suite runs two pytest workers, each starting CLI runs and their worker
   processes, on two cores; a second OpenMP thread per process only spins and waits there.
@@ -27,6 +30,20 @@ import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from tests.helpers.s3_server import start_moto_server
+
+# The files that took longest in CI (2026-12-01, seconds in a fresh-clone run), longest first.
+LONGEST_FILES = (
+    "tests/durability/test_kill_resume.py",  # 440
+    "tests/cli/test_signals.py",  # 260
+    "tests/cli/test_signals_up.py",  # 110
+    "tests/cli/test_resume_more_steps.py",  # 110
+    "tests/workers/test_worker_death.py",  # 100
+    "tests/durability/test_retries.py",  # 90
+    "tests/flows/test_train_flow.py",  # 90
+    "tests/flows/test_learning_e2e.py",  # 75
+    "tests/durability/test_s3_outage.py",  # 70
+    "tests/flows/test_progress.py",  # 60
+)
 
 TEST_RETRY_BACKOFF_S = "0.1"
 os.environ.setdefault("RLPIPE_RETRY_BACKOFF_S", TEST_RETRY_BACKOFF_S)
@@ -49,3 +66,10 @@ def s3_endpoint() -> Iterator[str]:
         yield endpoint_url
     finally:
         stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Move the files of LONGEST_FILES to the front, in that order; the rest keep theirs."""
+    rank = {path: index for index, path in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+

@@ -55,10 +55,18 @@ def python(code: str) -> list[str]:
 
 
 def sandbox_pids(sandbox) -> list[int]:
-    """The processes inside, besides PID 1 (the reaper) and the lister itself."""
+    """The live processes inside, besides PID 1 (the reaper) and the lister itself. A zombie
+    (state Z: killed, not yet reaped by PID 1, which a loaded machine may delay) runs nothing
+    and is not counted."""
     result = sandbox.exec(python("""
         import os
-        print(' '.join(p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())))
+        def live(pid):
+            try:
+                return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+            except OSError:
+                return False
+        print(' '.join(p for p in os.listdir('/proc')
+                       if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid()) and live(p)))
     """))
     return [int(pid) for pid in result.stdout.split()]
 
