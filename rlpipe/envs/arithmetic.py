@@ -15,7 +15,7 @@ import sys
 
 from rlpipe.core.records import Task, Verdict, VerifierSpec
 from rlpipe.envs import exact
-from rlpipe.envs.exact import EXACT_KIND, check_split, in_heldout, source_version, verify_exact
+from rlpipe.envs.exact import EXACT_KIND, check_split, draw_from_pool, in_heldout, source_version, verify_exact
 from rlpipe.sandbox.base import Sandbox
 
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -56,10 +56,7 @@ class ArithmeticEnv:
         check_split(split)
         pool = self._splits[split]
         rng = random.Random(f"{self.name}:{split}:{seed}")
-        chosen: list[tuple[int, str, int]] = []
-        while len(chosen) < count:
-            chosen.extend(rng.sample(pool, min(len(pool), count - len(chosen))))
-        return [self._task(a, op, b, split) for a, op, b in chosen]
+        return [self._task(a, op, b, split) for a, op, b in draw_from_pool(pool, count, rng)]
 
     def verify(self, task: Task, completion_text: str, sandbox: Sandbox | None = None) -> Verdict:
         return verify_exact(completion_text, task.verifier.payload, self.verifier_version)

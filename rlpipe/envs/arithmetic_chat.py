@@ -36,7 +36,7 @@ from typing import Literal
 
 from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
 from rlpipe.envs import exact
-from rlpipe.envs.exact import DETAIL_CHARS, check_split, in_heldout, source_version
+from rlpipe.envs.exact import DETAIL_CHARS, check_split, draw_from_pool, in_heldout, source_version
 from rlpipe.sandbox.base import Sandbox
 
 INTEGER_KIND = "integer"
@@ -136,9 +136,7 @@ class ArithmeticChatEnv:
             pool = self._listed[split]
             if not pool:
                 raise ValueError(f"the {split} split of {self.name} is empty; widen min_operand..max_operand")
-            chosen: list[Problem] = []
-            while len(chosen) < count:
-                chosen.extend(rng.sample(pool, min(len(pool), count - len(chosen))))
+            chosen = draw_from_pool(pool, count, rng)
         else:
             chosen = self._sample_distinct(split, count, rng)
         return [self._task(problem, split) for problem in chosen]

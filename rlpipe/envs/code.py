@@ -40,7 +40,7 @@ from importlib import resources
 from rlpipe.core.errors import DatasetError, InfraError
 from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
 from rlpipe.envs.code_wire import HEADER_BYTES
-from rlpipe.envs.exact import check_split, in_heldout
+from rlpipe.envs.exact import check_split, draw_from_pool, in_heldout
 from rlpipe.sandbox.base import ExecResult, Sandbox
 from rlpipe.sandbox.warm_python import SERVER_SOURCE as WARM_SERVER_SOURCE
 
@@ -120,10 +120,7 @@ class CodeEnv:
         check_split(split)
         pool = self._splits[split]
         rng = random.Random(f"{self.name}:{split}:{seed}")
-        chosen: list[Task] = []
-        while len(chosen) < count:
-            chosen.extend(rng.sample(pool, min(len(pool), count - len(chosen))))
-        return chosen
+        return draw_from_pool(pool, count, rng)
 
     def verify(self, task: Task, completion_text: str, sandbox: Sandbox | None = None) -> Verdict:
         """Run the task's tests against prompt + completion in the sandbox (see the module docstring)."""

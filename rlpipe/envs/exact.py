@@ -18,11 +18,16 @@ What it does not: parse numbers (" 95.0" is wrong for "95"), run code, or need a
 from __future__ import annotations
 
 import hashlib
+import random
 import inspect
 import time
+from collections.abc import Sequence
 from types import ModuleType
+from typing import TypeVar
 
 from rlpipe.core.records import Verdict, VerdictReason
+
+T = TypeVar("T")
 
 DETAIL_CHARS = 200
 MAX_ANSWER_CHARS = 1000
@@ -80,6 +85,14 @@ def source_version(modules: tuple[ModuleType, ...], params: tuple[tuple[str, obj
         hasher.update(inspect.getsource(module).encode("utf-8"))
     hasher.update(repr(params).encode("utf-8"))
     return hasher.hexdigest()[:12]
+
+
+def draw_from_pool(pool: Sequence[T], count: int, rng: random.Random) -> list[T]:
+    """`count` items of `pool`, distinct while it has enough (then a fresh round), drawn with `rng`."""
+    chosen: list[T] = []
+    while len(chosen) < count:
+        chosen.extend(rng.sample(pool, min(len(pool), count - len(chosen))))
+    return chosen
 
 
 def check_split(split: str) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
 from rlpipe.envs import exact, reasoning_gym_env
-from rlpipe.envs.exact import DETAIL_CHARS, check_split, in_heldout, source_version, verify_exact
+from rlpipe.envs.exact import DETAIL_CHARS, check_split, draw_from_pool, in_heldout, source_version, verify_exact
 
 VERIFIERS = ("exact", "math", "reasoning_gym:<dataset>")
 MAX_MATH_CHARS = 200
@@ -241,10 +241,7 @@ class FileTasksEnv:
         if not pool:
             raise ValueError(f"the {split} split of {self.name} ({self.path}) is empty; add rows or change heldout_fraction")
         rng = random.Random(f"{self.name}:{split}:{seed}")
-        chosen: list[FileRow] = []
-        while len(chosen) < count:
-            chosen.extend(rng.sample(pool, min(len(pool), count - len(chosen))))
-        return [self._task(row, split) for row in chosen]
+        return [self._task(row, split) for row in draw_from_pool(pool, count, rng)]
 
     def verify(self, task: Task, completion_text: str, sandbox: object | None = None) -> Verdict:
         kind, payload = task.verifier.kind, json.loads(task.verifier.payload)
