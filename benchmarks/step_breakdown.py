@@ -36,14 +36,17 @@ def main() -> None:
     from prefect import flow
 
     from rlpipe.core.config import load_config
-    from rlpipe.flows.train import rl_step
+    from rlpipe.flows.steps import rl_step
     from rlpipe.tasks import advantage, lifecycle, persist, rollout, track, update, verify
     from rlpipe.tasks.runtime import build_runtime, get_runtime, release_runtime
 
     with tempfile.TemporaryDirectory() as lake:
         overrides = [f'storage.lake_uri="{lake}/lake"', f'tracking.mlflow_uri="sqlite:///{lake}/mlflow.db"']
         config = load_config(args.config, overrides + [f"train.steps={3 * args.steps}", "checkpoint.every_steps=100000"])
-        nested_step = flow(name="rl-step", flow_run_name="{run_id}-step-{step}")(rl_step)
+        def one_step(run_id: str, step: int) -> None:
+            rl_step(run_id, step, config)
+
+        nested_step = flow(name="rl-step", flow_run_name="{run_id}-step-{step}")(one_step)
 
         @flow(name="step-breakdown")
         def bench() -> dict[str, list[float]]:
@@ -65,7 +68,7 @@ def main() -> None:
                 mode = ("plain", "tasks", "nested")[(step - 1) % 3]
                 started = time.perf_counter()
                 if mode == "tasks":
-                    rl_step(run_id, step)
+                    rl_step(run_id, step, config)
                 elif mode == "nested":
                     nested_step(run_id, step)
                 else:
@@ -77,8 +80,8 @@ def main() -> None:
             task_ids = _timed(stage_s, "sample", rollout.sample.fn, run_id, step)
             uri = _timed(stage_s, "generate", rollout.generate.fn, run_id, step, task_ids)
             uri = _timed(stage_s, "verify", verify.verify.fn, run_id, step, uri)
-            uri = _timed(stage_s, "advantages", advantage.advantages.fn, run_id, step, uri)
-            _timed(stage_s, "persist", persist.persist.fn, run_id, step, uri)
+            scored = _timed(stage_s, "advantages", advantage.advantages.fn, run_id, step, uri)
+            _timed(stage_s, "persist", persist.persist.fn, run_id, step, (scored.uri,))
             metrics = _timed(stage_s, "update", update.update.fn, run_id, step)
             _timed(stage_s, "sync", update.sync.fn, run_id, step)
             _timed(stage_s, "track", track.track.fn, run_id, step, metrics)

@@ -3,7 +3,7 @@
     train:  open-run -> [restore] -> [warm-start -> checkpoint(0)] -> evaluate(before_rl)
             -> rl-step(s) ... -> evaluate(after_rl) -> checkpoint(final) -> finish
     rl-step: sample -> generate -> verify -> advantages -> persist -> update -> sync -> track
-             [-> checkpoint every N steps]
+             [-> checkpoint every N steps]   (flows/steps.py; pipelined when rollout.max_staleness > 0)
 
 An rl-step is a plain function, not a nested flow: its stages are task runs of the run's flow
 run, named by step (`generate-step-4`). A nested flow run per step cost more than the
@@ -25,15 +25,14 @@ Flows import only tasks/ and core/ (an import-linter contract).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from prefect import flow
 
 from rlpipe.core.config import RunConfig
-from rlpipe.core.errors import StagedRowsMissing
-from rlpipe.tasks import advantage, lifecycle, persist, rollout, status, track, update, verify
-from rlpipe.tasks.runtime import build_runtime, get_runtime, release_runtime
+from rlpipe.flows.steps import StepsOutcome, run_steps
+from rlpipe.tasks import lifecycle, status
+from rlpipe.tasks.runtime import build_runtime, release_runtime
 
 log = logging.getLogger(__name__)
 
@@ -53,79 +52,12 @@ class TrainSummary:
     final_checkpoint: str
 
 
-class _StageClock:
-    """Times the stages of one step and remembers which stage is running."""
-
-    def __init__(self) -> None:
-        self.stage = "start"
-        self.seconds: dict[str, float] = {}
-        self._started = time.perf_counter()
-
-    def enter(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.seconds[self.stage] = self.seconds.get(self.stage, 0.0) + now - self._started
-        self.stage, self._started = stage, now
-
-
-def rl_step(run_id: str, step: int) -> None:
-    """One RL step, top to bottom. The train flow calls it only for uncommitted steps."""
-    runtime = get_runtime(run_id)
-    clock = _StageClock()
-    try:
-        # 1. The step's tasks: a function of (run seed, step).
-        clock.enter("sample")
-        task_ids = rollout.sample(run_id, step)
-        # 2-5. Sample, verify, score, commit. A cached stage may point at staged rows that
-        #      are gone (cleaned, or a lake that lost them): then run the stages again uncached.
-        try:
-            _stage_and_commit(run_id, step, task_ids, clock, refresh_cache=False)
-        except StagedRowsMissing as exc:
-            log.warning("step %d of run %s: %s; rerunning its stages without the cache", step, run_id, exc.message)
-            _stage_and_commit(run_id, step, task_ids, clock, refresh_cache=True)
-        # 6. The policy update on the committed rows (mini_batches_per_step x epochs_per_step
-        #    optimizer steps).
-        clock.enter("update")
-        train_metrics = update.update(run_id, step)
-        # 7. New weights into the engine worker (the trainer worker publishes them on /dev/shm).
-        clock.enter("sync")
-        sync_metrics = update.sync(run_id, step)
-        # 8. Metrics to MLflow and the Prefect UI.
-        clock.enter("track")
-        timings = {f"time/{name}_s": seconds for name, seconds in clock.seconds.items() if name != "start"}
-        timings["time/step_s"] = sum(timings.values())
-        track.track(run_id, step, {**train_metrics, **sync_metrics, **timings})
-        # 9. Checkpoint every N steps.
-        if step % runtime.config.checkpoint.every_steps == 0:
-            clock.enter("checkpoint")
-            lifecycle.checkpoint(run_id, step)
-    except BaseException as exc:
-        status.set_failed(run_id, step, clock.stage, exc)
-        raise
-
-
-def _stage_and_commit(run_id: str, step: int, task_ids: tuple[str, ...], clock: _StageClock, refresh_cache: bool) -> None:
-    """Stages 2-5 of a step; `refresh_cache` recomputes the cached ones (same seeds, same rows)."""
-    stage = (lambda task_: task_.with_options(refresh_cache=True)) if refresh_cache else (lambda task_: task_)
-    # 2. Sample group_size completions per task with the current policy.
-    clock.enter("generate")
-    generated_uri = stage(rollout.generate)(run_id, step, task_ids)
-    # 3. Verify every completion (fanned out inside the task).
-    clock.enter("verify")
-    verified_uri = stage(verify.verify)(run_id, step, generated_uri)
-    # 4. Group-normalised advantages.
-    clock.enter("advantages")
-    scored_uri = stage(advantage.advantages)(run_id, step, verified_uri)
-    # 5. Commit the step: Parquet part, then the manifest.
-    clock.enter("persist")
-    persist.persist(run_id, step, scored_uri)
-
-
 @flow(name="rl-train", flow_run_name="{run_id}")
 def train(config_json: str, run_id: str) -> TrainSummary:
     """Train a policy with GRPO; resume from the lake if the run already exists."""
     config = RunConfig.model_validate_json(config_json)
     runtime = build_runtime(run_id, config)  # spawns the workers; raises on bad input before anything is written
-    failing_step, stage = None, "open-run"  # what status.json names if the run fails here
+    outcome, stage = StepsOutcome(), "open-run"  # what status.json names if the run fails here
     try:
         # 1. A new run, or the state of an existing one rebuilt from the lake.
         resumed = lifecycle.open_run(run_id)
@@ -141,14 +73,9 @@ def train(config_json: str, run_id: str) -> TrainSummary:
             last_committed = 0
         stage = "evaluate"
         before = lifecycle.evaluate(run_id, "before_rl")
-        # 3. The RL steps not committed yet (rl-step writes its own failed status).
-        for step in range(last_committed + 1, config.train.steps + 1):
-            status.set_running(run_id, step, "rl-step")
-            failing_step = step
-            rl_step(run_id, step)
-            failing_step = None
-            if config.eval.every_steps and step % config.eval.every_steps == 0 and step != config.train.steps:
-                lifecycle.evaluate(run_id, f"step_{step:06d}")
+        # 3. The RL steps not trained yet (each writes its own failed status; flows/steps.py).
+        stage = "rl-step"
+        run_steps(run_id, config, last_committed + 1, outcome)
         # 4. Held-out accuracy after RL, the final checkpoint (HF layout), the summary.
         stage = "evaluate"
         after = lifecycle.evaluate(run_id, "after_rl")
@@ -161,10 +88,8 @@ def train(config_json: str, run_id: str) -> TrainSummary:
             **summary, prefect_flow_run_id=str(links["prefect_flow_run_id"]), prefect_flow_run_url=links["prefect_flow_run_url"]
         )
     except BaseException as exc:
-        if failing_step is None:
+        if outcome.failed_step is None:  # a step records its own failure
             status.set_failed(run_id, runtime.policy_version, stage, exc)
-        else:  # rl-step wrote its stage, unless the error came before its body ran
-            status.set_failed_unless_recorded(run_id, failing_step, "rl-step", exc)
         if status.interruption(exc):
             status.release_interrupted_frames(exc)
         if runtime.mlflow_run_id:

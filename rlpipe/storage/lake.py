@@ -233,8 +233,8 @@ class Lake:
         return manifests
 
     def committed_parts(self, run_id: str | None = None) -> list[PartRef]:
-        """Parts listed in committed manifests, of one run or of every run."""
-        return [part for manifest in self.committed_manifests(run_id) for part in manifest.parts]
+        """Parts listed in committed manifests (trained and set apart), of one run or of every run."""
+        return [part for manifest in self.committed_manifests(run_id) for part in manifest.parts + manifest.set_apart]
 
     def write_staged(self, run_id: str, step: int, stage: str, trajectories: list[Trajectory]) -> str:
         """Store the rows a stage hands to the next; return their reference (content-addressed)."""

@@ -92,8 +92,12 @@ class PartRef(LakeDocument):
 class StepManifest(LakeDocument):
     """runs/{run_id}/steps/{step:06d}/MANIFEST.json: a step is committed iff this exists.
 
-    `metrics` are (name, value) pairs in a stable order; `committed_at_ms` is the time
-    stamped on the step's MLflow metric points (so a retried step logs the same points).
+    `parts` hold the rows the step trains on; `set_apart` the rows it generated and does
+    not train on (dynamic sampling: groups without signal, surplus groups), kept for
+    analysis. `policy_version` is the version that generated the step's rows (the async
+    pipeline's v(s), rl/staleness.py). `metrics` are (name, value) pairs in a stable order;
+    `committed_at_ms` is the time stamped on the step's MLflow metric points (so a retried
+    step logs the same points).
     """
 
     run_id: str
@@ -103,6 +107,7 @@ class StepManifest(LakeDocument):
     rows: int
     metrics: tuple[tuple[str, float], ...]
     committed_at_ms: int
+    set_apart: tuple[PartRef, ...] = ()
 
     def metric(self, name: str) -> float | None:
         return next((value for key, value in self.metrics if key == name), None)

@@ -4,6 +4,8 @@ What it does: `query_trajectories(lake, sql)` runs one SQL statement in a fresh 
 DuckDB connection that has these views:
 
     trajectories        every row of every part listed in a committed manifest (TRAJECTORY_SCHEMA)
+    set_apart           the rows committed steps generated and did not train on (dynamic
+                        sampling's groups without signal and surplus groups), same columns
     steps               run_id, step, policy_version, rows, committed_at_ms   (one per manifest)
     step_metrics        run_id, step, then one column per metric: the manifest's rollout
                         metrics and the after-commit ones of TRAIN.json (the update's
@@ -76,8 +78,8 @@ class QueryResult:
     rows: list[tuple[object, ...]]
 
 
-def _trajectory_dataset(lake: Lake, manifests: list[StepManifest]) -> pads.Dataset:
-    paths = [lake.location.path(part.path) for m in manifests for part in m.parts]
+def _trajectory_dataset(lake: Lake, manifests: list[StepManifest], set_apart: bool = False) -> pads.Dataset:
+    paths = [lake.location.path(part.path) for m in manifests for part in (m.set_apart if set_apart else m.parts)]
     if not paths:
         return pads.dataset(TRAJECTORY_SCHEMA.empty_table())
     # run_id and step come from each part's hive path (they are not inside the files)
@@ -189,6 +191,7 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
     points = _step_metric_points(lake, manifests)
     try:
         dataset = _trajectory_dataset(lake, manifests)
+        set_apart_dataset = _trajectory_dataset(lake, manifests, set_apart=True)
         eval_tables = _eval_tables(lake)
     except (OSError, pa.ArrowException) as exc:  # FileNotFoundError included: a lost part
         raise StorageUnavailable(
@@ -201,7 +204,9 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
         connection.register("_steps", _steps_table(manifests))
         connection.register("_step_metrics", _step_metrics_table(manifests, points))
         connection.register("_step_metric_values", _step_metric_values_table(points))
+        connection.register("_set_apart", set_apart_dataset)
         connection.execute("CREATE VIEW trajectories AS SELECT * FROM _trajectories")
+        connection.execute("CREATE VIEW set_apart AS SELECT * FROM _set_apart")
         connection.execute("CREATE VIEW steps AS SELECT * FROM _steps")
         connection.execute("CREATE VIEW step_metrics AS SELECT * FROM _step_metrics")
         connection.execute("CREATE VIEW step_metric_values AS SELECT * FROM _step_metric_values")
@@ -224,7 +229,7 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
                     hint="check that the lake is reachable; a missing part means a committed file was lost",
                 ) from exc
             raise UserError(
-                f"the query failed: {exc}", hint="views: trajectories, steps, step_metrics, step_metric_values, evals, eval_trials, eval_steps"
+                f"the query failed: {exc}", hint="views: trajectories, set_apart, steps, step_metrics, step_metric_values, evals, eval_trials, eval_steps"
             ) from exc
         except duckdb.Error as exc:
             raise StorageUnavailable(

@@ -160,6 +160,8 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
     stale = name == FINAL_EVAL and stored is not None and stored.get("policy_version") != runtime.policy_version
     if stored is not None and not stale:
         return {key: float(value) for key, value in stored.items() if key != "policy_version"}
+    if runtime.engine_version != runtime.policy_version:  # async runs: the engine may hold an older version
+        sync_weights(runtime)
     result = greedy_accuracy(runtime, runtime.heldout)
     # MLflow first: the stored result makes a re-run return early, and the tracker skips a
     # point it has already, so a kill between the two loses nothing.
@@ -200,15 +202,19 @@ def _refuse_old_schema(runtime: Runtime, run_id: str, step: int) -> None:
 
 @task(name="restore", **UNCACHED_STAGE_OPTIONS)
 def restore(run_id: str) -> int:
-    """Bring the trainer worker to the last committed step: it loads the newest intact
-    checkpoint at or before it and replays the updates of the committed steps after it from
-    the stored rows; then the engine gets its weights. Returns the last committed step (0
-    when no RL step is committed yet; -1 when there is no checkpoint: start over)."""
+    """Bring the trainer worker to the last committed step C (async runs: to C - k, the
+    version that generates step C + 1; steps C-k+1..C are then trained from their committed
+    rows): it loads the newest intact checkpoint at or before it and replays the updates of
+    the committed steps after it from the stored rows; then the engine gets its weights.
+    Returns the step the trainer is at (0 when no RL step is committed yet; -1 when there
+    is no checkpoint: start over)."""
     runtime = get_runtime(run_id)
     committed = runtime.lake.committed_steps(run_id)
     if committed:
         _refuse_old_schema(runtime, run_id, committed[0])
-    result = runtime.trainer.restore(None, runtime.config.seed)
+    # async runs: the next step to generate (last committed + 1) needs the version k behind it
+    target = max(0, committed[-1] - runtime.config.rollout.max_staleness) if committed else None
+    result = runtime.trainer.restore(target, runtime.config.seed)
     if result.last_committed < 0:
         return -1  # not even the warm-start finished: start over from the warm-start
     for line in result.fallbacks:

@@ -1,6 +1,7 @@
-"""Stage task `persist`: write the step's rows as an immutable Parquet part, then its
-manifest (last). A step is committed iff its manifest exists; writing the part twice is
-harmless (same key, same bytes)."""
+"""Stage task `persist`: commit a step. The rows it trains on become an immutable Parquet
+part, the rows dynamic sampling set apart another, then the manifest is written (last). A
+step is committed iff its manifest exists; writing a part twice is harmless (same key,
+same bytes)."""
 
 from __future__ import annotations
 
@@ -8,32 +9,44 @@ import time
 
 from prefect import task
 
+from rlpipe.rl.dynamic_sampling import select_groups
 from rlpipe.rl.rollout_metrics import rollout_metrics
+from rlpipe.rl.staleness import generation_version
 from rlpipe.storage.lake_records import StepManifest
 from rlpipe.tasks.runtime import get_runtime
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 
 
 @task(name="persist", task_run_name="persist-step-{step}", **UNCACHED_STAGE_OPTIONS)
-def persist(run_id: str, step: int, staged_uri: str) -> int:
-    """Commit the step; return its row count."""
+def persist(run_id: str, step: int, staged_uris: tuple[str, ...], overlong_filtered: int = 0) -> int:
+    """Commit the step from its rounds' scored rows; return the row count it trains on."""
     runtime = get_runtime(run_id)
     existing = runtime.lake.read_manifest(run_id, step)
     if existing is not None:
         return existing.rows
-    rows = runtime.lake.read_staged(staged_uri)
-    part = runtime.lake.write_part(run_id, step, "00000", rows)
-    metrics = rollout_metrics(rows)
+    config = runtime.config
+    rounds = [runtime.lake.read_staged(uri) for uri in staged_uris]
+    selection = select_groups(rounds, config.rollout.prompts_per_step, config.rollout.dynamic_sampling)
+    part = runtime.lake.write_part(run_id, step, "00000", selection.trained)
+    set_apart = (runtime.lake.write_part(run_id, step, "set-apart", selection.set_apart),) if selection.set_apart else ()
+    metrics = rollout_metrics([row for rows in rounds for row in rows])  # every generated row: the policy's reward
+    if config.rollout.dynamic_sampling:
+        metrics.update(selection.metrics)
+    if config.algo.overlong_filter:
+        metrics["rollout/overlong_filtered"] = float(overlong_filtered)
     runtime.lake.commit_step(
         StepManifest(
             run_id=run_id,
             step=step,
-            policy_version=runtime.policy_version,
+            policy_version=generation_version(step, config.rollout.max_staleness),
             parts=(part,),
             rows=part.rows,
             metrics=tuple(sorted(metrics.items())),
             committed_at_ms=int(time.time() * 1000),
+            set_apart=set_apart,
         )
     )
     runtime.lake.clean_staged(run_id, step)  # committed: a re-run skips the step by its manifest
+    for key in [key for key in runtime.drawn if key[0] == step]:
+        runtime.drawn.pop(key, None)
     return part.rows

@@ -62,11 +62,14 @@ class Runtime:
     incarnation: str = ""  # run.json's created_at: tells a run apart from an earlier one of the same id
     step_metrics: list[dict[str, float]] = field(default_factory=list)
     sandbox_pool: object | None = None
+    engine_wanted: int | None = None  # the version the last generate asked the engine for
+    published: dict[int, str] = field(default_factory=dict)  # version -> weights file kept for the rollout lane
+    drawn: dict[tuple[int, int], list[Task]] = field(default_factory=dict)  # (step, round) -> its tasks (sample -> generate)
 
     def close(self) -> None:
         try:
             for worker in (self.engine, self.trainer):
-                worker.stop()
+                worker.close()
         finally:
             shutil.rmtree(self.socket_folder, ignore_errors=True)
             shutil.rmtree(self.weights_folder, ignore_errors=True)
@@ -167,7 +170,9 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
         runtime.close()
         raise
     trainer.on_restart = lambda: _restore_fresh_trainer(runtime)
-    engine.on_restart = lambda: sync_weights(runtime)
+    from rlpipe.tasks.engine_versions import restore_engine_version  # it imports this module
+
+    engine.on_restart = lambda: restore_engine_version(runtime)
     register_runtime(runtime)
     return runtime
 

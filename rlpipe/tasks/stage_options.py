@@ -7,7 +7,8 @@
   stage does not cost them a minute. Not a user setting: it is not part of the run config.
 - Task run names say the step ("generate-step-4"): a run's stages are tasks of its one flow
   run, so the Prefect UI and API tell steps apart by name (and by the `step-N` tag).
-- Cache keys: (run id, run incarnation, step, stage, config hash, policy version), never
+- Cache keys: (run id, run incarnation, step and round, stage, config hash, the policy
+  version that generates the step), never
   the Prefect run id, so a UI retry of a crashed flow run and a new flow run started with
   --resume both skip a stage that already finished. What a cached stage returns is a
   reference into the lake, and the lake stays the truth: a step whose manifest exists is
@@ -68,15 +69,18 @@ def stage_cache_key(context: Any, parameters: dict[str, Any]) -> str:
     """Cache key of a stage call from its reference arguments, never from Prefect ids."""
     from rlpipe.tasks.runtime import get_runtime
 
+    from rlpipe.rl.staleness import generation_version
+
     runtime = get_runtime(parameters["run_id"])
+    step, round_ = parameters["step"], parameters.get("round_", 0)
     return "/".join(
         [
             parameters["run_id"],
             runtime.incarnation,
-            f"step={parameters['step']}",
+            f"step={step}" if round_ == 0 else f"step={step}/round={round_}",
             f"stage={context.task.name}",
             runtime.config.config_hash(),
-            f"policy={runtime.policy_version}",
+            f"policy={generation_version(step, runtime.config.rollout.max_staleness)}",
         ]
     )
 

@@ -76,18 +76,6 @@ def set_failed(run_id: str, step: int, stage: str, error: BaseException) -> None
     _write(run_id, RunState.FAILED, step, stage, message)
 
 
-def set_failed_unless_recorded(run_id: str, step: int, stage: str, error: BaseException) -> None:
-    """`set_failed`, unless the status already says FAILED at `step`: an rl-step records its
-    own stage, but an interrupt can land before its body runs (in Prefect's creation of the
-    nested flow run), and then nothing else would mark the run."""
-    try:
-        recorded = get_runtime(run_id).lake.read_status(run_id)
-    except Exception:  # noqa: BLE001 - best effort: write ours
-        recorded = None
-    if recorded is None or recorded.state != RunState.FAILED or recorded.step != step:
-        set_failed(run_id, step, stage, error)
-
-
 def _write(run_id: str, state: RunState, step: int, stage: str, message: str | None) -> None:
     try:
         get_runtime(run_id).lake.write_status(RunStatus(run_id, state, step, stage, message, int(time.time() * 1000)))

@@ -54,10 +54,10 @@ def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]
 
 
 @task(name="verify", task_run_name="verify-step-{step}", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
-def verify(run_id: str, step: int, staged_uri: str) -> str:
+def verify(run_id: str, step: int, staged_uri: str, round_: int = 0) -> str:
     runtime = get_runtime(run_id)
     rows = runtime.lake.read_staged(staged_uri)
     verdicts = verify_all(runtime, [(row.task, row.completion.text) for row in rows])
     verified = [dataclasses.replace(row, verdict=verdict) for row, verdict in zip(rows, verdicts)]
     failpoint("verify")
-    return runtime.lake.write_staged(run_id, step, "verify", verified)
+    return runtime.lake.write_staged(run_id, step, "verify" if round_ == 0 else f"verify-round-{round_}", verified)

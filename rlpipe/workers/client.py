@@ -16,7 +16,8 @@ Life and death:
   fresh worker.
 - A call interrupted in the controller (^C) leaves the socket mid-message: the worker is
   killed at once; the next call starts a fresh one.
-- `stop()` asks the worker to exit, waits STOP_GRACE_S, then kills it. An atexit hook stops
+- `stop()` asks the worker to exit, waits STOP_GRACE_S, then kills it; `close()` does so for
+  good (the run ends): calls after it, or cut by it, raise WorkerClosed. An atexit hook stops
   every worker this process still holds. If the controller itself is killed (kill -9), each
   worker's watchdog sees it and exits (server.py).
 
@@ -45,6 +46,10 @@ from typing import Any
 from rlpipe.core.errors import EngineFailed
 from rlpipe.core.failpoints import ENV_VAR as FAILPOINTS_ENV_VAR
 from rlpipe.workers import protocol as p
+
+class WorkerClosed(RuntimeError):
+    """A call to a worker the run has stopped (not an InfraError: never retried)."""
+
 
 READY_TIMEOUT_S = float(os.environ.get("RLPIPE_WORKER_READY_TIMEOUT_S", "900"))
 STOP_GRACE_S = 10.0
@@ -77,6 +82,7 @@ class WorkerClient:
         self._process: subprocess.Popen | None = None
         self._connection: Connection | None = None
         self._pending_ready = False
+        self.closed = False  # set by close(): the run is ending, no call starts a worker again
         _LIVE.add(self)
 
     # ---- life -------------------------------------------------------------------------
@@ -200,6 +206,12 @@ class WorkerClient:
         finally:
             self._lock.release()
 
+    def close(self) -> None:
+        """Stop the worker for good: a call in flight (another thread's) and any later call
+        raise WorkerClosed, which no stage retries, instead of starting a fresh worker."""
+        self.closed = True
+        self.stop()
+
     @property
     def pid(self) -> int | None:
         process = self._process
@@ -217,6 +229,8 @@ class WorkerClient:
         name = type(request).__name__
         with self._lock:
             for attempt in (1, 2):
+                if self.closed:
+                    raise WorkerClosed(f"the {self.spec.kind} worker of run {self.spec.run_id} was stopped: the run is ending ({name} not sent)")
                 self._ensure_ready()
                 accepted = False
                 try:
@@ -226,6 +240,9 @@ class WorkerClient:
                 except (EOFError, OSError) as exc:
                     code = self._exit_code_soon()
                     self._discard()
+                    if self.closed:
+                        raise WorkerClosed(f"the {self.spec.kind} worker of run {self.spec.run_id} was stopped during {name}: "
+                                           "the run is ending") from exc
                     if not accepted and attempt == 1:
                         continue  # never read: the next round starts a fresh worker and sends it again
                     raise EngineFailed(

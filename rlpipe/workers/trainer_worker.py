@@ -36,6 +36,7 @@ from rlpipe.core.failpoints import failpoint
 from rlpipe.core.seeds import derive_seed
 from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
 from rlpipe.rl.samples import train_samples
+from rlpipe.rl.staleness import split_stale, staleness_metrics
 from rlpipe.rl.warmstart import warm_start
 from rlpipe.workers import weights
 from rlpipe.workers.builders import build_policy, build_trainer
@@ -114,14 +115,18 @@ class TrainerService:
             return UpdateResult(self.policy_version, {})
         if self.policy_version != step - 1:
             raise VersionMismatch(f"update of step {step} needs policy version {step - 1}, the trainer has {self.policy_version}")
-        samples = train_samples(self.lake.read_parts(parts))  # storage errors leave the weights as they are
+        rows = self.lake.read_parts(parts)  # storage errors leave the weights as they are
+        fresh, stale = split_stale(rows, step, self.config.rollout.max_staleness)  # never train on staler rows
+        samples = train_samples(fresh)
         self.poisoned = True
         metrics = self.trainer.update(samples, shuffle_seed=shuffle_seed)
         failpoint("update")  # weights changed, version not advanced: the whole run dies here
         failpoint("trainer-update", whole_run=False)  # tests: only this worker dies here
         self.policy_version = step
         self.poisoned = False
-        return UpdateResult(step, {f"train/{name}": float(value) for name, value in asdict(metrics).items()})
+        result = {f"train/{name}": float(value) for name, value in asdict(metrics).items()}
+        result["train/stale_dropped"] = float(stale)
+        return UpdateResult(step, {**result, **staleness_metrics(rows, step)})
 
     def save(self, step: int, config_hash: str) -> None:
         """policy/ (an HF folder) and trainer/ (optimizer state, meta); the lake writes

@@ -38,13 +38,17 @@ MANIFEST_TEXT = """{
       0.0
     ]
   ],
-  "committed_at_ms": 9
+  "committed_at_ms": 9,
+  "set_apart": []
 }"""
 
 
 def test_a_manifest_is_written_as_before_and_read_back_equal():
     assert MANIFEST.to_json() == MANIFEST_TEXT
     assert StepManifest.from_json(MANIFEST_TEXT) == MANIFEST
+    # a manifest written before `set_apart` existed reads with none
+    older = MANIFEST_TEXT.replace(',\n  "set_apart": []', "")
+    assert '"set_apart"' not in older and StepManifest.from_json(older) == MANIFEST
 
 
 def test_status_writes_its_state_as_the_value_and_escapes_non_ascii():
