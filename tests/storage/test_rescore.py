@@ -51,11 +51,12 @@ class NumericArithmetic(ArithmeticEnv):
                        detail="" if passed else f"{completion_text!r} is not {task.verifier.payload}", verifier_version=self.verifier_version)
 
 
-def _row(env, step: int, task: Task, index: int, text: str) -> Trajectory:
+def _row(env, step: int, task: Task, index: int, text: str, verdict: Verdict | None = None) -> Trajectory:
+    """A committed row; its verdict is `env`'s unless given."""
     completion = Completion(task_id=task.task_id, sample_idx=index, text=text, prompt_token_ids=(1, 2), token_ids=(3,),
                             logprobs=(-0.5,), finish_reason="stop", policy_version=step)
     return Trajectory(run_id=RUN, step=step, policy_version=step, task=task, completion=completion,
-                      verdict=env.verify(task, text), advantage=0.0)
+                      verdict=verdict or env.verify(task, text), advantage=0.0)
 
 
 def _commit(lake: Lake, step: int, rows: list[Trajectory]) -> None:
@@ -167,3 +168,31 @@ def test_bad_input_is_a_clear_error_with_exit_2(finished_run, tmp_path, case):
     assert expected in result.output and "hint" in result.output
     assert "Traceback" not in result.output
     assert not (finished_run / "runs" / RUN / "rescores").exists()
+
+
+def test_code_rows_are_rescored_on_a_sandbox_pool(tmp_path):
+    """Code verdicts from an older harness version (it passed an empty body, failed the
+    canonical solution) are judged again in bubblewrap sandboxes: both flip, the cache then
+    answers a second rescore without a sandbox run."""
+    from tests.sandbox._bwrap_support import require_bwrap
+
+    require_bwrap()
+    from rlpipe.envs.code import CodeEnv
+
+    lake_dir = tmp_path / "lake"
+    config = load_config(None, [f'storage.lake_uri="{lake_dir}"', "envs.domains={code = 1.0}", "sandbox.pool_size=1"])
+    lake = Lake.open(str(lake_dir))
+    lake.write_run_info(RunInfo(run_id=RUN, config_json=config.model_dump_json(), config_hash=config.config_hash(),
+                                code_version="test", created_at_ms=1))
+    task = CodeEnv().task("HumanEval/0")
+
+    def old_verdict(passed: bool) -> Verdict:
+        return Verdict(reward=float(passed), passed=passed, reason=VerdictReason.OK if passed else VerdictReason.WRONG,
+                       verifier_version="harness-old")
+
+    _commit(lake, 1, [_row(None, 1, task, 0, task.reference_answer, old_verdict(False)), _row(None, 1, task, 1, "", old_verdict(True))])
+    first = json.loads(_rescore(lake_dir, "--json").stdout)
+    (code,) = first["domains"]
+    assert (code["pass_to_fail"], code["fail_to_pass"], code["verified"], code["stored_versions"]) == (1, 1, 2, ["harness-old"])
+    second = json.loads(_rescore(lake_dir, "--json").stdout)
+    assert (second["verified"], second["cached"], second["flipped"]) == (0, 2, 2)
