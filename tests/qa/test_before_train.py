@@ -118,3 +118,19 @@ def test_train_prints_a_passed_gate_as_one_line(tracked):
     with follow_run(config, "shown", Console(file=output, width=40, soft_wrap=True)):
         lake.write_json("shown", OUTCOME_DOCUMENT, {"passed": True, "line": line, "report": "file:///somewhere/qa", "checked_at_ms": 1})
     assert output.getvalue().count(line) == 1
+
+
+def test_rlpipe_qa_logs_its_report_to_mlflow(tracked, tmp_path):
+    from typer.testing import CliRunner
+
+    from rlpipe.cli.main import app
+
+    config, tracker, _ = tracked
+    toml = tmp_path / "tracking.toml"
+    toml.write_text(f'[tracking]\nmlflow_uri = "{config.tracking.mlflow_uri}"\n')
+    result = CliRunner().invoke(app, ["qa", "reverse", "--samples", "1", "--config", str(toml), "--out", str(tmp_path / "report"), "--mlflow"])
+    assert result.exit_code == 0, result.output
+    client = MlflowClient(tracker.uri)
+    (run,) = client.search_runs([tracker.experiment_id], filter_string="tags.`rlpipe.qa.env` = 'reverse'")
+    assert run.data.tags["rlpipe.qa.passed"] == "true" and run.info.status == "FINISHED"
+    assert {item.path for item in client.list_artifacts(run.info.run_id, "qa")} == {"qa/report.md", "qa/report.json"}
