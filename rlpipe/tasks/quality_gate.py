@@ -113,6 +113,7 @@ def quality_gate(run_id: str) -> bool:
                              markdown=summary_markdown(list(outcome.reports), f"Quality gate before training run `{run_id}`", image=False)
                              + f"\nReport files (markdown, JSON, checks.png): `{outcome.report_location}`\n")
     if not outcome.passed:
-        raise QualityGateFailed(outcome.line, "see every finding with `rlpipe qa DOMAIN --config CONFIG`; fix the domain, "
+        failing = next(report.env for report in outcome.reports if not report.passed)
+        raise QualityGateFailed(outcome.line, f"see every finding with `rlpipe qa {failing} --config CONFIG`; fix the domain, "
                                 "or set qa.before_train = false to train without the gate")
     return True
