@@ -24,6 +24,7 @@ from rlpipe.cli.consoles import literal, stdout_console
 from rlpipe.cli.errors import report_errors
 from rlpipe.cli.eval import eval_command
 from rlpipe.cli.qa import qa as qa_command
+from rlpipe.cli.rescore import rescore as rescore_command
 from rlpipe.cli.verify import verify as verify_command
 from rlpipe.core.config import RunConfig, config_changes, config_from_dict, hash_excluded, load_config, with_overrides
 from rlpipe.core.errors import ConfigError, LakeNotFoundError, RunNotFoundError
@@ -35,6 +36,7 @@ app.add_typer(sandbox_cli.app, name="sandbox", help="Run commands in a sandbox; 
 app.command("verify", help="Score a JSONL file of completions offline.")(report_errors(verify_command))
 app.command("eval", help="Run an agent on Harbor-format terminal tasks in sandboxes.")(report_errors(eval_command))
 app.command("qa", help="Gate an environment: solvability, verifier consistency, reward-hack probes, difficulty.")(report_errors(qa_command))
+app.command("rescore", help="Re-verify a run's stored trajectories with the current verifiers; print what flipped.")(report_errors(rescore_command))
 app.command("up", help="Start a local Prefect server and MLflow UI on loopback.")(report_errors(services_cli.up))
 app.command("down", help="Stop what `rlpipe up` started.")(report_errors(services_cli.down))
 console = stdout_console()

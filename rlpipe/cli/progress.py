@@ -2,6 +2,7 @@
 thread (the flow itself knows nothing of the terminal).
 
 - links.json, once it appears: the MLflow run and the Prefect flow run, printed once;
+- qa/before_train.json (with qa.before_train): the quality gate's one-line outcome, printed once;
 - progress/warmstart.json: a warm-start bar (steps done of the budget, loss, the last
   greedy-accuracy check against its target);
 - committed steps and status.json: the RL-steps bar (stage, mean reward).
@@ -21,6 +22,7 @@ from rlpipe.core.config import RunConfig
 POLL_S = 1.0
 LINKS_DOCUMENT = "links.json"  # written by tasks/status.py
 WARMSTART_DOCUMENT = "progress/warmstart.json"
+GATE_DOCUMENT = "qa/before_train.json"  # written by tasks/quality_gate.py
 
 
 def no_prefect_ui(flow_run_id: str) -> str:
@@ -57,11 +59,12 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console, transient=False,
     )
     rl_bar = progress.add_task("RL steps", total=run_config.train.steps, detail="starting")
-    state: dict[str, Any] = {"links_shown": False, "warmstart_bar": None}
+    state: dict[str, Any] = {"links_shown": False, "warmstart_bar": None, "gate_shown": not run_config.qa.before_train}
     try:
         stale_links = lake.read_json(run_id, LINKS_DOCUMENT)  # a resumed run's previous flow run
+        stale_gate = lake.read_json(run_id, GATE_DOCUMENT)
     except Exception:  # noqa: BLE001
-        stale_links = None
+        stale_links = stale_gate = None
 
     def show_links() -> None:
         links = lake.read_json(run_id, LINKS_DOCUMENT)
@@ -69,6 +72,13 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
             for line in link_lines(links):
                 progress.console.print(line, soft_wrap=True, markup=False)
             state["links_shown"] = True
+
+    def show_gate() -> None:
+        """A passed gate's line (a failed gate is the run's error: the CLI prints it)."""
+        document = lake.read_json(run_id, GATE_DOCUMENT)
+        if document is not None and document != stale_gate and document.get("passed"):
+            progress.console.print(str(document.get("line")), soft_wrap=True, markup=False)
+            state["gate_shown"] = True
 
     def show_warmstart() -> None:
         document = lake.read_json(run_id, WARMSTART_DOCUMENT)
@@ -86,6 +96,8 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
             try:
                 if not state["links_shown"]:
                     show_links()
+                if state["links_shown"] and not state["gate_shown"]:
+                    show_gate()
                 status = lake.read_status(run_id)
                 if status is not None and status.stage == "warm-start" or state["warmstart_bar"] is not None:
                     show_warmstart()
@@ -107,6 +119,8 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
             stop.set()
             thread.join(timeout=5)
             try:
+                if not state["gate_shown"]:
+                    show_gate()
                 progress.update(rl_bar, completed=len(lake.committed_steps(run_id)), detail="")
             except Exception:  # noqa: BLE001
                 pass

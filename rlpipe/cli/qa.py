@@ -6,7 +6,11 @@ writes report.md / report.json (/ difficulty.png) into --out, and prints a summa
 --json, the report as JSON). Exit status: 0 when every check passes, 1 when the gate finds
 a problem, 2 for bad input (unknown env, bad options, a missing config or policy folder).
 
-What it does not: train, write to the lake, or log to MLflow/Prefect.
+With --mlflow the report files also go to a new MLflow run ("qa-ENV", in the tracking store
+of --config, else the default one), as artifacts under qa/.
+
+What it does not: train, write to the lake, or make a Prefect artifact (the gate before
+training does: tasks/quality_gate.py).
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ def qa(
     max_new_tokens: int = typer.Option(16, "--max-new-tokens", help="Tokens per completion (with --policy)."),
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (with --policy)."),
     prompt_format: Optional[str] = typer.Option(None, "--prompt-format", help="plain or chat (with --policy; default: --config's model.prompt_format, else plain)."),
+    mlflow: bool = typer.Option(False, "--mlflow", help="Also log the report to a new MLflow run (the tracking store of --config, else the default)."),
 ) -> None:
     """Gate an environment: solvability, verifier consistency, reward-hack probes, difficulty."""
     from rlpipe.qa.gate import PolicyOptions, guarded_verify, run_gate
@@ -108,12 +113,29 @@ def qa(
 
         report = run_gate(environment, verify_many, samples=samples, seed=seed, repeats=repeats, policy=policy_options)
     written = write_report(report, out)
+    if mlflow:
+        _log_to_mlflow(report, written, config)
     if json_out:
         typer.echo(json.dumps(report.to_dict()))
     else:
         _print_summary(report, written)
     if not report.passed:
         raise typer.Exit(GATE_FAILED_EXIT_CODE)
+
+
+def _log_to_mlflow(report, written: list[Path], config: Optional[Path]) -> None:
+    """A new MLflow run holding the report files under qa/; its id and artifacts on stderr."""
+    from rlpipe.cli.consoles import stderr_console
+    from rlpipe.core.config import load_config
+    from rlpipe.tasks.builders import build_tracker
+
+    tracker = build_tracker(load_config(config, []))
+    run_id = tracker.start_run(run_name=f"qa-{report.env}", tags={"rlpipe.qa.env": report.env, "rlpipe.qa.passed": str(report.passed).lower()},
+                               params={"verifier_version": report.verifier_version, "tasks": str(len(report.task_ids))})
+    for path in written:
+        tracker.log_artifact(run_id, path, "qa")
+    tracker.end_run(run_id, "FINISHED")
+    stderr_console().print(f"mlflow: run {run_id}, report in {literal(tracker.artifact_uri(run_id, 'qa'))}")
 
 
 def _print_summary(report, written: list[Path]) -> None:

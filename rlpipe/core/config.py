@@ -263,8 +263,18 @@ class SandboxConfig(_Section):
     """Concurrent sandboxes. None = derived from host cores and memory."""
 
 
+class QaConfig(_Section):
+    before_train: bool = False
+    """Run the environment quality gate (`rlpipe qa`) on every domain of the run before its
+    warm start; a failing gate stops the run (tasks/quality_gate.py)."""
+    samples: int = Field(3, gt=0)
+    """Tasks of each split of each domain the gate checks (`rlpipe qa --samples`): kept small."""
+    repeats: int = Field(2, ge=2)
+    """Times each reference and known-wrong answer is verified (`rlpipe qa --repeats`)."""
+
+
 _HASH_EXCLUDED: dict[str, Any] = {
-    "storage": True, "tracking": True, "eval": True, "checkpoint": True, "train": {"steps"}, "sandbox": {"pool_size"},
+    "storage": True, "tracking": True, "eval": True, "checkpoint": True, "qa": True, "train": {"steps"}, "sandbox": {"pool_size"},
     "rollout": {"engine_python"},
 }
 
@@ -290,10 +300,12 @@ class RunConfig(_Section):
     tracking: TrackingConfig = TrackingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    qa: QaConfig = QaConfig()
 
     def config_hash(self) -> str:
         """Hash of everything that changes what a run computes: not where it is stored or
-        tracked, how long it runs, or how often it checkpoints and evaluates (so a run can
+        tracked, how long it runs, how often it checkpoints and evaluates, or whether the
+        quality gate ran before it (so a run can
         be resumed with more steps: see `hash_excluded`)."""
         data = self.model_dump(mode="json", exclude=_HASH_EXCLUDED)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from prefect import flow
 
+from rlpipe.tasks import quality_gate
 from rlpipe.core.config import RunConfig
 from rlpipe.flows.steps import StepsOutcome, run_steps
 from rlpipe.tasks import lifecycle, status
@@ -62,6 +63,8 @@ def train(config_json: str, run_id: str) -> TrainSummary:
         # 1. A new run, or the state of an existing one rebuilt from the lake.
         resumed = lifecycle.open_run(run_id)
         links = status.record_links(run_id)  # the CLI prints them as soon as they are in the lake
+        if config.qa.before_train:  # the environment quality gate, before the warm start (tasks/quality_gate.py)
+            quality_gate.quality_gate(run_id)
         stage = "restore"
         last_committed = lifecycle.restore(run_id) if resumed else -1
         # 2. A new run (or one killed before its first checkpoint) warm-starts.

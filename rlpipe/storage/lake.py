@@ -14,6 +14,8 @@ Layout under the root (a folder or s3://bucket/prefix):
     checkpoints/{run_id}/LATEST                    the highest complete step, written last
     staging/run_id={run_id}/step={step}/{stage}-{digest}.parquet   rows passed between stages
     runs/{run_id}/{document}.json                  small JSON documents (evaluations, ...)
+    runs/{run_id}/rescores/{rescore_id}/...        re-scored verdicts beside the run (storage/rescores.py)
+    verdicts/verifier={version}/part-{digest}.parquet   the verdict cache (storage/verdict_cache.py)
 
 What it guarantees: a step is committed iff its manifest exists, and readers reach parts
 only through manifests, so a part orphaned by a crash is never read. Every document is

@@ -19,6 +19,8 @@ DuckDB connection that has these views:
     eval_trials         every committed trial attempt (EVAL_TRIAL_SCHEMA) plus `final`: true
                         for the last attempt of each (eval_id, task_id), the one that counts
     eval_steps          every step of every committed attempt (EVAL_STEP_SCHEMA)
+    rescores            every row of every committed `rlpipe rescore` (RESCORE_SCHEMA, storage/rescores.py):
+                        the old verdict beside the current verifier's, `flip` where they differ
 
 So `select step, reward_mean, loss from step_metrics` joins the update's loss to the
 step's reward in one query, and `select verdict, count(*) from eval_trials where final
@@ -49,6 +51,7 @@ from rlpipe.storage.eval_records import EVAL_STEP_SCHEMA, EVAL_TRIAL_SCHEMA
 from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import StepManifest
+from rlpipe.storage.rescores import RESCORE_SCHEMA, RescoreStore
 from rlpipe.storage.schema import PARTITION_COLUMNS, TRAJECTORY_SCHEMA
 
 _USER_SQL_ERRORS = (
@@ -193,6 +196,8 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
         dataset = _trajectory_dataset(lake, manifests)
         set_apart_dataset = _trajectory_dataset(lake, manifests, set_apart=True)
         eval_tables = _eval_tables(lake)
+        rescore_store = RescoreStore(lake)
+        eval_tables["_rescores"] = _parquet_dataset(lake, rescore_store.part_paths(rescore_store.manifests(run_id)), RESCORE_SCHEMA)
     except (OSError, pa.ArrowException) as exc:  # FileNotFoundError included: a lost part
         raise StorageUnavailable(
             f"the query could not open the committed parts of {lake.uri}: {exc}",
@@ -216,6 +221,7 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
         connection.execute("CREATE VIEW eval_trials AS SELECT *, attempt = max(attempt) OVER (PARTITION BY eval_id, task_id) "
                            "AS final FROM _eval_trials")
         connection.execute("CREATE VIEW eval_steps AS SELECT * FROM _eval_steps")
+        connection.execute("CREATE VIEW rescores AS SELECT * FROM _rescores")
         try:
             cursor = connection.execute(sql)
             if cursor.description is None:

@@ -2,7 +2,8 @@
 
 Exact-answer domains are checked inline. Domains that run code go through the run's
 sandbox pool with `pool.map`: one pre-warmed sandbox per completion, as many at once as the
-pool holds, each sandbox reset before its next use, verdicts back in row order. A Prefect
+pool holds, each sandbox reset before its next use, verdicts back in row order
+(tasks/verify_batch.py, shared with `rlpipe rescore` and the quality gate). A Prefect
 task per completion would drown the server, so there is none. `verify_all` is the same
 fan-out for any list of (task, completion text) pairs (the held-out evaluation uses it).
 
@@ -18,39 +19,16 @@ import dataclasses
 
 from prefect import task
 
-from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.core.failpoints import failpoint
-from rlpipe.core.records import Task, Verdict, VerdictReason
+from rlpipe.core.records import Task, Verdict
 from rlpipe.tasks.runtime import Runtime, get_runtime
 from rlpipe.tasks.stage_options import STAGE_OPTIONS, stage_cache_key
+from rlpipe.tasks.verify_batch import verify_batch
 
 
 def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]:
     """A verdict per (task, completion text), in order; sandboxed ones on the run's pool."""
-    verdicts: list[Verdict | None] = [None] * len(pairs)
-    sandboxed: list[int] = []
-    for index, (task_, text) in enumerate(pairs):
-        env = runtime.mixture.env_for(task_)
-        if env.needs_sandbox:
-            sandboxed.append(index)
-        else:
-            verdicts[index] = env.verify(task_, text)
-    if sandboxed:
-        pool = runtime.sandbox_pool
-        if pool is None:
-            raise RuntimeError("a domain needs a sandbox but the runtime has no sandbox pool (build_sandbox_pool)")
-
-        def one(sandbox, index: int) -> Verdict:
-            task_, text = pairs[index]
-            return runtime.mixture.env_for(task_).verify(task_, text, sandbox)
-
-        results = pool.map(one, sandboxed)
-        if all(verdict.reason is VerdictReason.SANDBOX_ERROR for verdict in results):
-            raise SandboxUnavailable(f"all {len(results)} sandboxed verifications failed; the first: {results[0].detail}",
-                                     hint="run `rlpipe sandbox selftest --backend B` to see what the backend lacks")
-        for index, verdict in zip(sandboxed, results):
-            verdicts[index] = verdict
-    return verdicts  # type: ignore[return-value] - every slot is filled above
+    return verify_batch(runtime.mixture, runtime.sandbox_pool, pairs)
 
 
 @task(name="verify", task_run_name="verify-step-{step}", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
