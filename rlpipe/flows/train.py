@@ -29,10 +29,9 @@ from dataclasses import dataclass
 
 from prefect import flow
 
-from rlpipe.tasks import quality_gate
 from rlpipe.core.config import RunConfig
 from rlpipe.flows.steps import StepsOutcome, run_steps
-from rlpipe.tasks import lifecycle, status
+from rlpipe.tasks import lifecycle, quality_gate, status
 from rlpipe.tasks.runtime import build_runtime, release_runtime
 
 log = logging.getLogger(__name__)
@@ -64,6 +63,7 @@ def train(config_json: str, run_id: str) -> TrainSummary:
         resumed = lifecycle.open_run(run_id)
         links = status.record_links(run_id)  # the CLI prints them as soon as they are in the lake
         if config.qa.before_train:  # the environment quality gate, before the warm start (tasks/quality_gate.py)
+            stage = "quality-gate"
             quality_gate.quality_gate(run_id)
         stage = "restore"
         last_committed = lifecycle.restore(run_id) if resumed else -1

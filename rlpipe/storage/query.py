@@ -235,7 +235,7 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
                     hint="check that the lake is reachable; a missing part means a committed file was lost",
                 ) from exc
             raise UserError(
-                f"the query failed: {exc}", hint="views: trajectories, set_apart, steps, step_metrics, step_metric_values, evals, eval_trials, eval_steps"
+                f"the query failed: {exc}", hint="views: trajectories, set_apart, rescores, steps, step_metrics, step_metric_values, evals, eval_trials, eval_steps"
             ) from exc
         except duckdb.Error as exc:
             raise StorageUnavailable(

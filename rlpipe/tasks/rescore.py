@@ -160,7 +160,7 @@ def rescore_run(lake: Lake, run_id: str, env: str | None = None, backend: str | 
     pool = build_sandbox_pool(selected, mixture)
     try:
         for done, manifest in enumerate(manifests, start=1):
-            every = lake.read_parts(manifest.parts)
+            every = lake.read_parts(manifest.parts + manifest.set_apart)
             unknown = sorted({row.task.domain for row in every} - set(domains))
             if unknown:
                 raise ConfigError(f"step {manifest.step} of run {run_id!r} holds rows of domains {unknown} that its config lacks",
