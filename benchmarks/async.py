@@ -1,0 +1,86 @@
+"""Sync vs async on the same work: the train flow with rollout.max_staleness = 0 and = 1.
+
+    .venv/bin/python benchmarks/async.py [--workload quickstart|code|both] [--steps 12] [--repeats 2]
+
+Each run is the real train flow (Prefect tasks, workers, lake, MLflow) in this process,
+from the same seed, so both modes start from the same warm-started policy. What is
+compared is the RL loop's wall time: the sum over steps of `time/step_s` (the flow
+thread's time per step: in async mode it waits for the rollout lane only when the lane is
+behind), and the held-out accuracy after RL. The modes alternate (sync, async, sync, ...)
+so that a machine's changing load hits both alike. Nothing asserts: numbers are for reading.
+
+Workloads:
+  quickstart  configs/quickstart.toml (generation and the update about equal on 2 cores)
+  code        HumanEval in bubblewrap sandboxes with the tiny model (verification of 2 x 8
+              completions per step dominates; the model learns nothing here: accuracy is 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"
+WORKLOADS: dict[str, tuple[Path | None, list[str]]] = {
+    "quickstart": (QUICKSTART, ["checkpoint.every_steps=1000"]),
+    "code": (None, ["envs.domains={code = 1.0}", 'sandbox.backend="bwrap"', "sandbox.timeout_s=5.0", "sandbox.pool_size=4",
+                    "rollout.prompts_per_step=2", "rollout.group_size=8", "rollout.max_new_tokens=16",
+                    "warmstart.steps=1", "warmstart.batch_size=2", "envs.heldout_size=4",
+                    "model.max_position_embeddings=2048", "checkpoint.every_steps=1000"]),
+}
+
+
+def one_run(workload: str, staleness: int, steps: int, folder: Path) -> tuple[float, float, float]:
+    """(RL loop seconds, held-out accuracy before, after) of one train flow run."""
+    from rlpipe.core.config import load_config
+    from rlpipe.flows.train import train
+    from rlpipe.tasks.builders import build_lake
+
+    path, overrides = WORKLOADS[workload]
+    where = [f'storage.lake_uri="{folder / "lake"}"', f'tracking.mlflow_uri="sqlite:///{folder / "mlflow.db"}"']
+    config = load_config(path, overrides + where + [f"train.steps={steps}", f"rollout.max_staleness={staleness}"])
+    summary = train(config.model_dump_json(), "bench")
+    lake = build_lake(config)
+    loop = sum(dict(lake.read_train_metrics("bench", step).metrics)["time/step_s"] for step in range(1, steps + 1))
+    return loop, summary.accuracy_before_rl, summary.accuracy_after_rl
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=["quickstart", "code", "both"], default="both")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    workloads = ["quickstart", "code"] if args.workload == "both" else [args.workload]
+    print(f"load average {os.getloadavg()[0]:.1f} at start; {args.steps} RL steps per run")
+    print(f"{'workload':10} {'mode':5} {'repeat':>6} {'loop s':>8} {'s/step':>7} {'before':>7} {'after':>7} {'load':>5}", flush=True)
+    for workload in workloads:
+        seconds: dict[int, list[float]] = {0: [], 1: []}
+        after: dict[int, list[float]] = {0: [], 1: []}
+        for repeat in range(args.repeats):
+            for staleness in (0, 1) if repeat % 2 == 0 else (1, 0):
+                with tempfile.TemporaryDirectory() as folder:
+                    started = time.perf_counter()
+                    loop, before, accuracy = one_run(workload, staleness, args.steps, Path(folder))
+                seconds[staleness].append(loop)
+                after[staleness].append(accuracy)
+                mode = "async" if staleness else "sync"
+                print(f"{workload:10} {mode:5} {repeat:>6} {loop:>8.1f} {loop / args.steps:>7.2f} {before:>7.3f} {accuracy:>7.3f} "
+                      f"{os.getloadavg()[0]:>5.1f}   (run {time.perf_counter() - started:.0f} s)", flush=True)
+        sync, asynchronous = statistics.median(seconds[0]), statistics.median(seconds[1])
+        print(f"{workload}: RL loop sync {sync:.1f} s (runs {min(seconds[0]):.1f}..{max(seconds[0]):.1f}), "
+              f"async {asynchronous:.1f} s (runs {min(seconds[1]):.1f}..{max(seconds[1]):.1f}): "
+              f"async is {sync / asynchronous:.2f}x faster; held-out after RL sync {statistics.mean(after[0]):.3f}, "
+              f"async {statistics.mean(after[1]):.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
