@@ -14,6 +14,7 @@ def build_service(boot: dict):  # noqa: ANN201 - a Service
     from rlpipe.workers.builders import config_from_bootstrap
 
     config = config_from_bootstrap(boot)
+    _split_cpu_threads(config)
     if boot["kind"] == "engine":
         from rlpipe.workers.engine_worker import EngineService
 
@@ -21,6 +22,18 @@ def build_service(boot: dict):  # noqa: ANN201 - a Service
     from rlpipe.workers.trainer_worker import TrainerService
 
     return TrainerService(boot["run_id"], config)
+
+
+def _split_cpu_threads(config) -> None:  # noqa: ANN001 - a RunConfig
+    """Async runs on CPU: the engine and the trainer work at the same time, so each worker
+    takes half the cores instead of torch's default of all (which would make both thrash).
+    OMP_NUM_THREADS, when set, decides instead."""
+    if config.rollout.max_staleness == 0 or "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    if config.model.device == "cpu" or (config.model.device == "auto" and not torch.cuda.is_available()):
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
 
 def main() -> None:
