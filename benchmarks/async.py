@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")  # a loaded machine starts it slowly
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"
 WORKLOADS: dict[str, tuple[Path | None, list[str]]] = {

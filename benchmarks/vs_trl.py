@@ -1,6 +1,7 @@
 """The race: rlpipe's GRPO beside TRL's GRPOTrainer at an equal training time budget.
 
     .venv/bin/python benchmarks/vs_trl.py [--seconds 240] [--repeats 2] [--threads 1] [--lr 1e-3] [--clock wall|cpu]
+        [--sizes 8x8,128x8] [--eval-every 60]
     (needs the `bench` extra: pip install -e .[bench], i.e. trl)
 
 One invocation: builds the quickstart's warm-start checkpoint ONCE (configs/quickstart.toml,
@@ -50,8 +51,11 @@ things add up instead:
    `--clock cpu`: a race measured in wall time alone ranks whichever side ran in the
    quieter minutes.
 
-Prints one row per run (accuracy, RL steps, wall and CPU seconds per step) and the mean and
-spread (min..max) per system. Nothing here asserts: numbers are for reading.
+Prints, per size (`--sizes`, prompts x group per step; the settings above are the 128 x 8
+case, 8 x 8 changes only the two counts), one row per run (accuracy, RL steps, wall and CPU
+seconds per step, and held-out accuracy every `--eval-every` training seconds, measured
+with the clocks stopped), the mean and spread (min..max) per system, and rlpipe's wall
+time per step as a ratio of TRL's. Nothing here asserts: numbers are for reading.
 """
 
 from __future__ import annotations
@@ -85,29 +89,47 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 class Budget:
-    """The training time of one run: `seconds` on the chosen clock; wall and CPU both recorded."""
+    """The training time of one run: `seconds` on the chosen clock; wall and CPU both
+    recorded. Every `eval_every` seconds of training (0 = never) the run's held-out accuracy
+    is measured with the clocks stopped (`checkpoint`), for the accuracy-over-time curve."""
 
-    def __init__(self, seconds: float, clock: str) -> None:
+    def __init__(self, seconds: float, clock: str, eval_every: float = 0.0, evaluate=None) -> None:
         self.seconds, self.clock = seconds, CLOCKS[clock]
+        self.eval_every, self.evaluate = eval_every, evaluate
+        self.curve: list[tuple[float, float]] = []  # (training seconds, held-out accuracy)
         self.start()
 
     def start(self) -> None:
         self.started, self.wall_started, self.cpu_started = self.clock(), time.perf_counter(), time.process_time()
+        self.paused = (0.0, 0.0, 0.0)  # clock, wall, cpu seconds spent evaluating
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started - self.paused[0]
 
     def spent(self) -> bool:
-        return self.clock() - self.started >= self.seconds
+        return self.elapsed() >= self.seconds
+
+    def checkpoint(self, model: torch.nn.Module) -> None:
+        """Measure held-out accuracy if the next curve point is due (time not counted)."""
+        if not self.eval_every or self.evaluate is None or self.elapsed() < self.eval_every * (len(self.curve) + 1):
+            return
+        at, before = self.elapsed(), (self.clock(), time.perf_counter(), time.process_time())
+        self.curve.append((at, self.evaluate(model)))
+        after = (self.clock(), time.perf_counter(), time.process_time())
+        self.paused = tuple(total + end - begin for total, begin, end in zip(self.paused, before, after))
 
     def used(self) -> tuple[float, float]:
-        """(wall seconds, CPU seconds) since start."""
-        return time.perf_counter() - self.wall_started, time.process_time() - self.cpu_started
+        """(wall seconds, CPU seconds) of training since start."""
+        return (time.perf_counter() - self.wall_started - self.paused[1],
+                time.process_time() - self.cpu_started - self.paused[2])
 
 
 class Setup:
     """The quickstart's config, mixture, held-out tasks and the warm-started policy."""
 
-    def __init__(self, lr: float) -> None:
+    def __init__(self, lr: float, prompts: int = 128, group: int = 8) -> None:
         self.config = load_config(QUICKSTART, ["seed=0", f"train.lr={lr}", "train.mini_batches_per_step=4",
-                                               "rollout.prompts_per_step=128", "rollout.group_size=8", "rollout.temperature=0.7",
+                                               f"rollout.prompts_per_step={prompts}", f"rollout.group_size={group}", "rollout.temperature=0.7",
                                                "rollout.top_p=1.0", "rollout.max_new_tokens=6", "algo.clip_eps=0.2", "algo.kl_coef=0.0"])
         self.mixture = build_mixture(self.config)
         self.env = self.mixture.envs["reverse"]
@@ -116,6 +138,13 @@ class Setup:
         torch.manual_seed(0)
         self.policy, self.tokenizer = build_policy(self.config)
         self.warm_seconds = self._warm_start()
+
+    def with_size(self, prompts: int, group: int) -> Setup:
+        """The same warm-started policy and tasks, with prompts x group completions per step."""
+        other = copy.copy(self)
+        rollout = self.config.rollout.model_copy(update={"prompts_per_step": prompts, "group_size": group})
+        other.config = self.config.model_copy(update={"rollout": rollout})
+        return other
 
     def _warm_start(self) -> float:
         """What the train flow's warm-start stage does (tasks/lifecycle.py), timed."""
@@ -166,6 +195,7 @@ def race_rlpipe(setup: Setup, seed: int, budget: Budget) -> tuple[torch.nn.Modul
                 samples.append(TrainSample(completion.prompt_token_ids, completion.token_ids, completion.logprobs, advantage))
         trainer.update(samples, shuffle_seed=derive_seed(seed, step, "mini-batches"))
         engine.load_weights(trainer.named_weights(), step)
+        budget.checkpoint(model)
     return model, step
 
 
@@ -190,6 +220,7 @@ def race_trl(setup: Setup, seed: int, budget: Budget) -> tuple[torch.nn.Module, 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step % config.train.mini_batches_per_step == 0:
                 self.steps = state.global_step // config.train.mini_batches_per_step
+                budget.checkpoint(kwargs["model"])
                 if budget.spent():
                     control.should_training_stop = True
 
@@ -225,31 +256,43 @@ def main() -> None:
     parser.add_argument("--systems", default="rlpipe,trl", help="comma-separated: rlpipe, trl")
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of both")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="what --seconds counts: wall or process CPU time")
+    parser.add_argument("--sizes", default="8x8,128x8", help="comma-separated PROMPTSxGROUP completions per step")
+    parser.add_argument("--eval-every", type=float, default=60.0, help="training seconds between held-out points (0: end only)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
-    setup = Setup(args.lr)
-    start_accuracy = setup.accuracy(setup.policy)
-    print(f"warm start: {setup.warm_seconds:.0f} s; held-out accuracy {start_accuracy:.3f} on {len(setup.heldout)} tasks; "
+    base = Setup(args.lr)
+    start_accuracy = base.accuracy(base.policy)
+    print(f"warm start: {base.warm_seconds:.0f} s; held-out accuracy {start_accuracy:.3f} on {len(base.heldout)} tasks; "
           f"{args.seconds:.0f} {args.clock} s of training per run, lr {args.lr:g}, {args.threads} threads; "
           f"load average {load_before[0]:.1f} (1 min), {load_before[1]:.1f} (5 min) at start", flush=True)
     races = {"rlpipe": race_rlpipe, "trl": race_trl}
     systems = args.systems.split(",")
-    results: dict[str, list[float]] = defaultdict(list)
-    print(f"{'system':8} {'seed':>4} {'held-out':>9} {'steps':>6} {'wall s/step':>11} {'cpu s/step':>10} "
-          f"{'wall s':>7} {'cpu s':>7} {'load':>5}", flush=True)
-    for seed in range(args.repeats):
-        for system in systems if seed % 2 == 0 else systems[::-1]:  # alternate who runs first
-            budget = Budget(args.seconds, args.clock)
-            model, steps = races[system](setup, seed, budget)
-            wall, cpu = budget.used()
-            accuracy = setup.accuracy(model)
-            results[system].append(accuracy)
-            print(f"{system:8} {seed:>4} {accuracy:>9.3f} {steps:>6} {wall / max(steps, 1):>11.2f} {cpu / max(steps, 1):>10.2f} "
-                  f"{wall:>7.0f} {cpu:>7.0f} {os.getloadavg()[1]:>5.1f}", flush=True)
-    for system, values in results.items():
-        print(f"{system}: mean {statistics.mean(values):.3f}, spread {min(values):.3f}..{max(values):.3f} "
-              f"({len(values)} runs; start {start_accuracy:.3f})")
+    for size in args.sizes.split(","):
+        prompts, group = (int(part) for part in size.lower().split("x"))
+        setup = base.with_size(prompts, group)
+        results: dict[str, list[float]] = defaultdict(list)
+        per_step: dict[str, list[float]] = defaultdict(list)
+        print(f"\n{prompts} x {group} completions per step")
+        print(f"{'system':8} {'seed':>4} {'held-out':>9} {'steps':>6} {'wall s/step':>11} {'cpu s/step':>10} "
+              f"{'wall s':>7} {'cpu s':>7} {'load':>5}  held-out at training seconds", flush=True)
+        for seed in range(args.repeats):
+            for system in systems if seed % 2 == 0 else systems[::-1]:  # alternate who runs first
+                budget = Budget(args.seconds, args.clock, args.eval_every, setup.accuracy)
+                model, steps = races[system](setup, seed, budget)
+                wall, cpu = budget.used()
+                accuracy = setup.accuracy(model)
+                results[system].append(accuracy)
+                per_step[system].append(wall / max(steps, 1))
+                curve = " ".join(f"{at:.0f}s:{value:.3f}" for at, value in budget.curve)
+                print(f"{system:8} {seed:>4} {accuracy:>9.3f} {steps:>6} {wall / max(steps, 1):>11.2f} {cpu / max(steps, 1):>10.2f} "
+                      f"{wall:>7.0f} {cpu:>7.0f} {os.getloadavg()[1]:>5.1f}  {curve}", flush=True)
+        for system, values in results.items():
+            print(f"{size} {system}: held-out mean {statistics.mean(values):.3f}, spread {min(values):.3f}..{max(values):.3f} "
+                  f"({len(values)} runs; start {start_accuracy:.3f}); wall s/step median {statistics.median(per_step[system]):.2f}")
+        if len(per_step) == 2 and "rlpipe" in per_step and "trl" in per_step:
+            ratio = statistics.median(per_step["rlpipe"]) / statistics.median(per_step["trl"])
+            print(f"{size}: rlpipe's wall time per RL step is {ratio:.2f}x TRL's")
     load_after = os.getloadavg()
     print(f"load average at the end: {load_after[0]:.1f} (1 min), {load_after[1]:.1f} (5 min), {load_after[2]:.1f} (15 min)")
 

@@ -93,6 +93,8 @@ STAGE_OPTIONS: dict[str, Any] = dict(
 )
 """Retries, for the stages with a cache key of their own (`cache_key_fn=stage_cache_key`)."""
 
-UNCACHED_STAGE_OPTIONS: dict[str, Any] = dict(STAGE_OPTIONS, cache_policy=NO_CACHE)
+UNCACHED_STAGE_OPTIONS: dict[str, Any] = dict(STAGE_OPTIONS, cache_policy=NO_CACHE, persist_result=False)
 """Retries, and no cache: the stages that are never skipped. Prefect's default policy would
-hash every call's inputs and the task's source for a cache no result is ever stored for."""
+hash every call's inputs and the task's source for a cache no result is ever stored for,
+and a persisted result of a stage that is never skipped is never read (not persisting it
+halved the cost of a task call: about 19 -> 8 ms on this 2-core machine)."""
