@@ -3,6 +3,9 @@ timings) in the lake beside its manifest (TRAIN.json), log all its metrics to ML
 (timestamps from the step manifest, so a retried or resumed step adds no duplicate point)
 and refresh the Prefect table artifact of step metrics.
 
+With the curriculum on, the step's domain ratios are logged and kept in TRAIN.json too
+(`curriculum/ratio/<domain>`).
+
 The table holds every committed step, also after a resume: the first `track` of a process
 rebuilds the rows of the steps before it from the lake (manifests and TRAIN.json)."""
 
@@ -11,15 +14,20 @@ from __future__ import annotations
 from prefect import task
 from prefect.artifacts import create_table_artifact
 
-from rlpipe.tasks.runtime import Runtime, get_runtime
+from rlpipe.tasks.runtime import Runtime, get_runtime, step_ratios
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 
 SHOWN = ("step", "reward/mean", "train/loss", "train/kl", "train/grad_norm", "time/step_s")
 
 
 def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, float]:
-    """Log manifest metrics + `extra` for `step`; return everything logged."""
+    """Log manifest metrics + `extra` (+ the curriculum's ratios of the step, when it is on:
+    `curriculum/ratio/<domain>`, recomputed from the lake, so a replayed step logs the same)
+    for `step`; return everything logged."""
     manifest = runtime.lake.read_manifest(runtime.run_id, step)
+    ratios = step_ratios(runtime, step)
+    if ratios is not None:
+        extra = {**extra, **{f"curriculum/ratio/{domain}": ratio for domain, ratio in sorted(ratios.items())}}
     if extra:  # the update's and the timings, beside the manifest: the step_metrics view joins them
         runtime.lake.record_train_metrics(runtime.run_id, step, extra)
     metrics = {**dict(manifest.metrics), **extra}
