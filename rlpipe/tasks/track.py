@@ -75,17 +75,20 @@ def alert_regressions(runtime: Runtime, regressions: list[Regression]) -> None:
     logger = get_run_logger()
     for regression in regressions:
         logger.warning("regression: %s", regression.line())
-    runtime.tracker.set_tags(runtime.mlflow_run_id, {f"regression.{r.domain}": r.line() for r in regressions})
     at = regressions[0].at
     rows = "".join(f"| {r.domain} | {r.best:.3f} ({r.best_at.name}) | {r.now:.3f} | {-r.drop:+.3f} |\n" for r in regressions)
-    create_markdown_artifact(
-        key=f"rlpipe-regression-{artifact_key(runtime.run_id)}",
-        markdown=(f"# Held-out regression in run `{runtime.run_id}` at {at.name} (policy version {at.policy_version})\n\n"
-                  f"Threshold {runtime.config.eval.regression_threshold} over the previous "
-                  f"{runtime.config.eval.regression_window} evaluations. The run goes on.\n\n"
-                  f"| domain | best before | now | change |\n|---|---|---|---|\n{rows}"),
-        description=f"Held-out accuracy regressions of run {runtime.run_id}",
-    )
+    try:
+        runtime.tracker.set_tags(runtime.mlflow_run_id, {f"regression.{r.domain}": r.line() for r in regressions})
+        create_markdown_artifact(
+            key=f"rlpipe-regression-{artifact_key(runtime.run_id)}",
+            markdown=(f"# Held-out regression in run `{runtime.run_id}` at {at.name} (policy version {at.policy_version})\n\n"
+                      f"Threshold {runtime.config.eval.regression_threshold} over the previous "
+                      f"{runtime.config.eval.regression_window} evaluations. The run goes on.\n\n"
+                      f"| domain | best before | now | change |\n|---|---|---|---|\n{rows}"),
+            description=f"Held-out accuracy regressions of run {runtime.run_id}",
+        )
+    except Exception as exc:  # noqa: BLE001 - an alert that cannot be recorded must not stop the run
+        logger.warning("could not record the regression alert in MLflow/Prefect: %s", exc)
 
 
 def artifact_key(run_id: str) -> str:
