@@ -225,6 +225,31 @@ class WarmstartConfig(_Section):
 class EvalConfig(_Section):
     every_steps: int = Field(0, ge=0)
     """Held-out evaluation every N RL steps (0 = only before and after RL)."""
+    regression_threshold: float = Field(0.1, gt=0, le=1)
+    """Alert (a Prefect artifact, an MLflow tag `regression.<domain>`, a warning; the run goes
+    on) when a domain's held-out accuracy is this much below its best of the previous
+    `regression_window` evaluations."""
+    regression_window: int = Field(3, gt=0)
+    """Earlier evaluations a domain's held-out accuracy is compared with."""
+    grad_conflict_every_steps: int = Field(0, ge=0)
+    """Every N RL steps, the cosine similarity of the per-domain policy gradients of the
+    step's batch, per pair (MLflow `grad_conflict/<a>__<b>`); 0 = off. It costs one backward
+    pass per domain and leaves the update unchanged."""
+
+
+class CurriculumConfig(_Section):
+    """Sampling ratios that follow each domain's pass rate (rl/curriculum.py has the rule)."""
+
+    enabled: bool = False
+    """Move the ratios toward domains whose pass rate is in `band`; False = envs.domains' ratios."""
+    band: tuple[float, float] = (0.2, 0.8)
+    """The learnable band of pass rates (a step's mean reward of the domain, averaged over `window` steps)."""
+    rate: float = Field(0.2, gt=0, le=1)
+    """Share of the way the ratios move toward their target each step."""
+    min_ratio: float = Field(0.05, ge=0, lt=1)
+    """Floor of every domain's ratio (domains x min_ratio must be <= 1)."""
+    window: int = Field(4, gt=0)
+    """Committed steps whose pass rates are averaged."""
 
 
 class StorageConfig(_Section):
@@ -296,6 +321,7 @@ class RunConfig(_Section):
     train: TrainConfig = TrainConfig()
     warmstart: WarmstartConfig = WarmstartConfig()
     eval: EvalConfig = EvalConfig()
+    curriculum: CurriculumConfig = CurriculumConfig()
     storage: StorageConfig = StorageConfig()
     tracking: TrackingConfig = TrackingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -308,6 +334,8 @@ class RunConfig(_Section):
         quality gate ran before it (so a run can
         be resumed with more steps: see `hash_excluded`)."""
         data = self.model_dump(mode="json", exclude=_HASH_EXCLUDED)
+        if not self.curriculum.enabled:  # runs from before [curriculum] existed keep their hash
+            data.pop("curriculum")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def flat(self) -> dict[str, str]:
@@ -358,11 +386,22 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
                 raise ConfigError(
                     f"envs.{table}.{name}.prompt_format = {spec.prompt_format!r}, but model.prompt_format = {config.model.prompt_format!r}",
                     "one run renders all prompts one way for now: make them equal (or drop the domain's prompt_format)")
+    _check_curriculum(config)
     if config.model.path is None:  # a model folder's own config.json: tasks/model_checks.py, before a run
         model = config.model
         check_attention_shape(model.hidden_size, model.num_heads, model.num_heads, None,
                               {"hidden_size": "model.hidden_size", "num_heads": "model.num_heads"})
     return config
+
+
+def _check_curriculum(config: RunConfig) -> None:
+    low, high = config.curriculum.band
+    if not 0.0 <= low < high <= 1.0:
+        raise ConfigError(f"curriculum.band = [{low}, {high}]: need 0 <= low < high <= 1", "e.g. band = [0.2, 0.8]")
+    active = sum(1 for ratio in config.envs.domains.values() if ratio > 0)
+    if config.curriculum.enabled and active * config.curriculum.min_ratio > 1.0:
+        raise ConfigError(f"curriculum.min_ratio = {config.curriculum.min_ratio} x {active} domains is more than 1",
+                          f"set curriculum.min_ratio <= {1.0 / active:.4g}")
 
 
 def check_attention_shape(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int | None,

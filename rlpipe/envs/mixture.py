@@ -13,8 +13,8 @@ What it does:
   tasks from its train split. `heldout` gives a fixed per-domain evaluation set.
   `env_for(task)` finds the env that verifies a task.
 
-What it does not: move ratios by pass rate (the curriculum comes later, on top of
-`Mixture.with_ratios`), or verify anything itself.
+What it does not: move ratios by pass rate (rl/curriculum.py computes a step's ratios;
+`sample(..., ratios=...)` draws with them), or verify anything itself.
 """
 
 from __future__ import annotations
@@ -86,11 +86,13 @@ class Mixture:
         """The same envs with new ratios (for a curriculum)."""
         return Mixture(self.envs, ratios)
 
-    def sample(self, count: int, rng_seed: int) -> list[Task]:
-        """`count` training tasks; domains drawn by ratio, tasks from each domain's train split."""
+    def sample(self, count: int, rng_seed: int, ratios: dict[str, float] | None = None) -> list[Task]:
+        """`count` training tasks; domains drawn by ratio (this mixture's, or `ratios`: a
+        curriculum's for this step, over the same domains), tasks from each domain's train split."""
         rng = random.Random(rng_seed)
+        weights = self.ratios if ratios is None else self.with_ratios(ratios).ratios
         names = list(self.ratios)
-        draws = rng.choices(names, weights=[self.ratios[name] for name in names], k=count)
+        draws = rng.choices(names, weights=[weights[name] for name in names], k=count)
         per_domain = {name: iter(self.envs[name].tasks("train", draws.count(name), seed=rng.randrange(2**31))) for name in names if name in draws}
         return [next(per_domain[name]) for name in draws]
 

@@ -37,6 +37,9 @@ version that the step starts from); they are the PPO ratio's denominator, and ea
 policy-gradient term is weighted by min(exp(trainer - engine), tis_cap). `tis_cap` None keeps
 the ratio against the engine's stored logprobs, exactly as before.
 
+`policy_gradient(samples)` is the loss gradient of some samples without an update (the
+per-domain gradient conflict, rl/grad_conflict.py); it touches no `.grad` and no weight.
+
 `state_dict()` / `load_state_dict()` cover the optimizer (and the fp32 master weights); the
 model's weights (or adapter) are saved by the caller (rl/checkpoint.py); `named_weights()`
 yields the tensors to sync into a rollout engine.
@@ -198,6 +201,31 @@ class Trainer:
             return metrics
         return TisUpdateMetrics(**dataclasses.asdict(metrics), tis_weight=sum(tis_weights) / len(tis_weights),
                                 tis_capped_frac=sum(tis_capped) / len(tis_capped))
+
+    def policy_gradient(self, samples: list[TrainSample]) -> torch.Tensor:
+        """The gradient of the clipped policy-gradient loss of `samples` alone (normalised over
+        them; no KL term, no TIS weight; the ratio against the stored logprobs) at the current
+        weights: one float32 vector over the trainable parameters, on the model's device.
+        By torch.autograd.grad in eval mode: no `.grad`, optimizer state or weight changes and
+        no RNG is drawn, so an update after it is the update without it (rl/grad_conflict.py).
+        Zeros when no sample has a nonzero advantage."""
+        parameters = [parameter for parameter in self.model.parameters() if parameter.requires_grad]
+        total = [torch.zeros(parameter.shape, dtype=torch.float32, device=parameter.device) for parameter in parameters]
+        scored = [sample for sample in samples if sample.advantage is not None]
+        normalizer = float(completion_tokens(scored) if self.loss_agg == "token_mean" else len(scored))
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for chunk in micro_batches([sample for sample in scored if sample.advantage != 0.0], self.micro_batch_size):
+                batch = pad_samples(chunk, self.pad_token_id, self._device)
+                loss, _ = policy_loss(token_logprobs(self.model, batch, self.temperature), batch.old_logprobs, batch.advantages,
+                                      batch.completion_mask, self.clip_eps, loss_agg=self.loss_agg, normalizer=normalizer)
+                for accumulated, grad in zip(total, torch.autograd.grad(loss, parameters, allow_unused=True)):
+                    if grad is not None:
+                        accumulated += grad.float()
+        finally:
+            self.model.train(was_training)
+        return torch.cat([grad.reshape(-1) for grad in total])
 
     def _trains(self, sample: TrainSample) -> bool:
         """Advantage 0 adds nothing to the policy-gradient term: skipped unless a KL term trains it."""

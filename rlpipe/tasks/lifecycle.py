@@ -25,11 +25,12 @@ from rlpipe.core.records import SCHEMA_VERSION, Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.rl.checkpoint_layout import POLICY_DIR
+from rlpipe.rl.heldout_regression import Evaluation, find_regressions
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.runtime import Runtime, get_runtime, sync_weights
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 from rlpipe.tasks.status import WarmStartProgress
-from rlpipe.tasks.track import artifact_key, log_step
+from rlpipe.tasks.track import alert_regressions, artifact_key, log_step
 from rlpipe.tasks.verify import verify_all
 from rlpipe.workers.protocol import WarmStartBegin
 
@@ -149,7 +150,10 @@ FINAL_EVAL = "after_rl"
 @task(name="evaluate", task_run_name="evaluate-{name}", **UNCACHED_STAGE_OPTIONS)
 def evaluate(run_id: str, name: str) -> dict[str, float]:
     """Greedy pass@1 on the held-out tasks, overall and per domain; stored in the lake
-    under `name` (e.g. before_rl, after_rl) and logged to MLflow.
+    under `name` (e.g. before_rl, after_rl) and logged to MLflow (`heldout_metrics`). A
+    domain more than eval.regression_threshold below its best of the previous
+    eval.regression_window evaluations raises an alert (tasks/track.py `alert_regressions`;
+    the run goes on).
 
     A stored result is returned as is (the run was interrupted after it: the lake is the
     truth), except a stored after_rl of another policy version: the run was extended after
@@ -163,14 +167,30 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
     if runtime.engine_version != runtime.policy_version:  # async runs: the engine may hold an older version
         sync_weights(runtime)
     result = greedy_accuracy(runtime, runtime.heldout)
-    # MLflow first: the stored result makes a re-run return early, and the tracker skips a
-    # point it has already, so a kill between the two loses nothing.
-    runtime.tracker.log_step_metrics(
-        runtime.mlflow_run_id, runtime.policy_version, {f"heldout/{k}": v for k, v in result.items()},
-        timestamp_ms=None,
-    )
+    # MLflow and the alert first: the stored result makes a re-run return early, and the
+    # tracker skips a point it has already, so a kill between them loses nothing.
+    runtime.tracker.log_step_metrics(runtime.mlflow_run_id, runtime.policy_version, heldout_metrics(result), timestamp_ms=None)
+    current = Evaluation.from_result(name, runtime.policy_version, result)
+    alert_regressions(runtime, find_regressions(_earlier_evaluations(runtime, current), current,
+                                                runtime.config.eval.regression_threshold, runtime.config.eval.regression_window))
     runtime.lake.write_json(run_id, f"evals/{name}.json", {"policy_version": runtime.policy_version, **result})
     return result
+
+
+def heldout_metrics(result: dict[str, float]) -> dict[str, float]:
+    """MLflow names of an evaluation: `heldout/accuracy` overall, `heldout/<domain>/accuracy`."""
+    return {f"heldout/{key.removeprefix('accuracy/')}/accuracy" if key.startswith("accuracy/") else f"heldout/{key}": value
+            for key, value in result.items()}
+
+
+def _earlier_evaluations(runtime: Runtime, current: Evaluation) -> list[Evaluation]:
+    """The run's stored evaluations before `current` (before_rl, then step_N every
+    eval.every_steps), oldest first: the regression alert compares with them."""
+    every = runtime.config.eval.every_steps
+    names = ["before_rl", *(f"step_{step:06d}" for step in range(every, current.policy_version, every) if every)]
+    stored = ((name, runtime.lake.read_json(runtime.run_id, f"evals/{name}.json")) for name in names if name != current.name)
+    return [Evaluation.from_result(name, int(doc["policy_version"]), {k: v for k, v in doc.items() if k != "policy_version"})
+            for name, doc in stored if doc is not None and int(doc["policy_version"]) < current.policy_version]
 
 
 @task(name="checkpoint", task_run_name="checkpoint-step-{step}", **UNCACHED_STAGE_OPTIONS)

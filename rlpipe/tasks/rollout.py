@@ -24,17 +24,18 @@ from rlpipe.engines.sampling import SamplingParams
 from rlpipe.rl.dynamic_sampling import extra_round_size
 from rlpipe.rl.staleness import generation_version
 from rlpipe.tasks.engine_versions import ensure_engine_version
-from rlpipe.tasks.runtime import Runtime, get_runtime, step_tasks
+from rlpipe.tasks.runtime import Runtime, get_runtime, step_ratios, step_tasks
 from rlpipe.tasks.stage_options import STAGE_OPTIONS, UNCACHED_STAGE_OPTIONS, stage_cache_key
 
 
 def round_tasks(runtime: Runtime, step: int, round_: int, count: int, exclude: tuple[str, ...]) -> list[Task]:
     """The tasks of one generation round of `step`: a function of (run seed, step, round,
-    count, exclude) alone."""
+    count, exclude) and the curriculum's ratios of the step."""
     if round_ == 0:
         return step_tasks(runtime, step)
     excluded = set(exclude)
-    drawn = runtime.mixture.sample(count + len(excluded), rng_seed=derive_seed(runtime.config.seed, step, f"sample-round-{round_}"))
+    drawn = runtime.mixture.sample(count + len(excluded), rng_seed=derive_seed(runtime.config.seed, step, f"sample-round-{round_}"),
+                                   ratios=step_ratios(runtime, step))
     fresh: dict[str, Task] = {}
     for task_ in drawn:
         if task_.task_id not in excluded and task_.task_id not in fresh:

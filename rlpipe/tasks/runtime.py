@@ -31,6 +31,7 @@ from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.envs.mixture import Mixture, build_env
+from rlpipe.rl.curriculum import Curriculum, CurriculumSettings, MissingStep, domain_rates
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.tracking import Tracker
 from rlpipe.tasks.builders import build_lake, build_tracker
@@ -65,6 +66,7 @@ class Runtime:
     engine_wanted: int | None = None  # the version the last generate asked the engine for
     published: dict[int, str] = field(default_factory=dict)  # version -> weights file kept for the rollout lane
     drawn: dict[tuple[int, int], list[Task]] = field(default_factory=dict)  # (step, round) -> its tasks (sample -> generate)
+    curriculum: Curriculum | None = None  # built by the first step_ratios; memoises its state
 
     def close(self) -> None:
         try:
@@ -104,10 +106,36 @@ def build_mixture(config: RunConfig) -> Mixture:
     return Mixture(envs, dict(envs_config.domains))
 
 
+def step_ratios(runtime: "Runtime", step: int) -> dict[str, float] | None:
+    """The curriculum's domain ratios of RL step `step`, None when [curriculum] is off. A
+    function of the config and the committed steps <= step - 1 - rollout.max_staleness
+    (rl/curriculum.py), so a resumed run draws with the ratios the killed one drew with."""
+    config = runtime.config
+    if not config.curriculum.enabled:
+        return None
+    if runtime.curriculum is None:
+        low, high = config.curriculum.band
+        settings = CurriculumSettings(low=low, high=high, rate=config.curriculum.rate, min_ratio=config.curriculum.min_ratio,
+                                      window=config.curriculum.window, delay=config.rollout.max_staleness)
+
+        def rates_of_step(committed: int) -> dict[str, float] | None:
+            manifest = runtime.lake.read_manifest(runtime.run_id, committed)
+            return None if manifest is None else domain_rates(dict(manifest.metrics))
+
+        runtime.curriculum = Curriculum(dict(config.envs.domains), settings, rates_of_step)
+    try:
+        return runtime.curriculum.ratios(step)
+    except MissingStep as exc:
+        raise RuntimeError(f"step {step} of run {runtime.run_id}: {exc}; a step's tasks are drawn only once "
+                           f"the steps up to {step - 1 - runtime.curriculum.settings.delay} are committed") from None
+
+
 def step_tasks(runtime: "Runtime", step: int) -> list[Task]:
-    """The tasks of RL step `step`: a function of (run seed, step) alone."""
+    """The tasks of RL step `step`: a function of (run seed, step) and, with the curriculum
+    on, of the committed steps its ratios come from (`step_ratios`)."""
     count = runtime.config.rollout.prompts_per_step
-    tasks = runtime.mixture.sample(count, rng_seed=derive_seed(runtime.config.seed, step, "sample"))
+    tasks = runtime.mixture.sample(count, rng_seed=derive_seed(runtime.config.seed, step, "sample"),
+                                   ratios=step_ratios(runtime, step))
     if len({task.task_id for task in tasks}) != len(tasks):
         raise ConfigError(
             f"step {step} drew the same task twice: rollout.prompts_per_step={count} is larger than a domain's training split",

@@ -3,6 +3,10 @@ algo.kl_coef > 0) and the lake. It warm-starts, updates from committed rows it r
 the lake itself, writes checkpoints into the lake itself, restores from the lake (newest
 intact checkpoint + replay of the committed steps after it) and publishes its weights.
 
+Every eval.grad_conflict_every_steps steps an update first measures the cosine similarity of
+the per-domain policy gradients of the step's rows (rl/grad_conflict.py; the update itself is
+unchanged) and returns it with the update's metrics.
+
 Idempotent by policy version: the update of step s turns version s-1 into s; an update of
 a step already applied returns at once with no metrics, so a retried call never applies
 twice. A request that fails after it began changing the weights (an update or the
@@ -33,8 +37,10 @@ import torch
 from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import LakeCorrupted
 from rlpipe.core.failpoints import failpoint
+from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
 from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
+from rlpipe.rl.grad_conflict import gradient_conflict
 from rlpipe.rl.samples import train_samples
 from rlpipe.rl.staleness import split_stale, staleness_metrics
 from rlpipe.rl.warmstart import warm_start
@@ -118,6 +124,7 @@ class TrainerService:
         rows = self.lake.read_parts(parts)  # storage errors leave the weights as they are
         fresh, stale = split_stale(rows, step, self.config.rollout.max_staleness)  # never train on staler rows
         samples = train_samples(fresh)
+        conflict = self.gradient_conflict(step, fresh)  # before the update, at its weights; changes nothing
         self.poisoned = True
         metrics = self.trainer.update(samples, shuffle_seed=shuffle_seed)
         failpoint("update")  # weights changed, version not advanced: the whole run dies here
@@ -126,7 +133,18 @@ class TrainerService:
         self.poisoned = False
         result = {f"train/{name}": float(value) for name, value in asdict(metrics).items()}
         result["train/stale_dropped"] = float(stale)
-        return UpdateResult(step, {**result, **staleness_metrics(rows, step)})
+        return UpdateResult(step, {**result, **staleness_metrics(rows, step), **conflict})
+
+    def gradient_conflict(self, step: int, rows: list[Trajectory]) -> dict[str, float]:
+        """`grad_conflict/<a>__<b>` of the step's rows every eval.grad_conflict_every_steps steps
+        (rl/grad_conflict.py), else nothing."""
+        every = self.config.eval.grad_conflict_every_steps
+        if not every or step % every:
+            return {}
+        by_domain: dict[str, list[Trajectory]] = {}
+        for row in rows:
+            by_domain.setdefault(row.task.domain, []).append(row)
+        return gradient_conflict(self.trainer.policy_gradient, {name: train_samples(domain_rows) for name, domain_rows in by_domain.items()})
 
     def save(self, step: int, config_hash: str) -> None:
         """policy/ (an HF folder) and trainer/ (optimizer state, meta); the lake writes
