@@ -23,6 +23,7 @@ from rlpipe.cli import services as services_cli
 from rlpipe.cli.consoles import literal, stdout_console
 from rlpipe.cli.errors import report_errors
 from rlpipe.cli.eval import eval_command
+from rlpipe.cli.eval_replay import replay_command
 from rlpipe.cli.qa import qa as qa_command
 from rlpipe.cli.verify import verify as verify_command
 from rlpipe.core.config import RunConfig, config_changes, config_from_dict, hash_excluded, load_config, with_overrides
@@ -33,7 +34,12 @@ runs_app = typer.Typer(help="Inspect runs stored in the lake.", no_args_is_help=
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_cli.app, name="sandbox", help="Run commands in a sandbox; check its guarantees.")
 app.command("verify", help="Score a JSONL file of completions offline.")(report_errors(verify_command))
-app.command("eval", help="Run an agent on Harbor-format terminal tasks in sandboxes.")(report_errors(eval_command))
+eval_app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
+eval_app.callback(help="Run an agent on Harbor-format terminal tasks in sandboxes (`rlpipe eval replay --help`: go on "
+                  "from a step of a recorded trial).")(report_errors(eval_command))
+eval_app.command("replay", help="Restore the state after step K of a recorded trial; continue with another agent.")(
+    report_errors(replay_command))
+app.add_typer(eval_app, name="eval")
 app.command("qa", help="Gate an environment: solvability, verifier consistency, reward-hack probes, difficulty.")(report_errors(qa_command))
 app.command("up", help="Start a local Prefect server and MLflow UI on loopback.")(report_errors(services_cli.up))
 app.command("down", help="Stop what `rlpipe up` started.")(report_errors(services_cli.down))
