@@ -108,7 +108,7 @@ class PolicyOptions:
     openai_base_url: str | None = None
     openai_model: str | None = None
     config: str | None = None
-    device: str = "cpu"
+    device: str | None = None  # None: the config's model.device (auto: cuda when there is one, else cpu)
     temperature: float = 0.0
     top_p: float = 1.0
     max_new_tokens: int = 256

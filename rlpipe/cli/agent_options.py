@@ -35,7 +35,8 @@ OPENAI_BASE_URL = typer.Option(None, "--openai-base-url", help="Policy agent, --
 OPENAI_MODEL = typer.Option(None, "--openai-model", help="Policy agent, --engine openai: the served model's name.")
 RUN_CONFIG = typer.Option(None, "--config", help="Policy agent: a run config TOML whose [model] and [rollout] tables "
                           "the engine worker starts from (device, dtype, engine_python, ...).")
-DEVICE = typer.Option("cpu", "--device", help="Policy agent: cpu, cuda, cuda:N or auto.")
+DEVICE = typer.Option(None, "--device", help="Policy agent: cpu, cuda, cuda:N or auto (default: --config's "
+                      "model.device, else auto: cuda when there is one).")
 TEMPERATURE = typer.Option(0.0, "--temperature", help="Policy agent: sampling temperature; 0 = greedy.")
 TOP_P = typer.Option(1.0, "--top-p", help="Policy agent: nucleus mass.")
 MAX_NEW_TOKENS = typer.Option(256, "--max-new-tokens", help="Policy agent: longest reply, in tokens.")
@@ -49,13 +50,13 @@ MAX_OBSERVATION_CHARS = typer.Option(2000, "--max-observation-chars", help="Poli
 
 
 def policy_options(agent: Optional[str], policy: Optional[Path], gguf: Optional[Path], engine: EngineName,
-                   openai_base_url: Optional[str], openai_model: Optional[str], config: Optional[Path], device: str,
+                   openai_base_url: Optional[str], openai_model: Optional[str], config: Optional[Path], device: Optional[str],
                    temperature: float, top_p: float, max_new_tokens: int, seed: int, context_tokens: int,
                    episode_tokens: Optional[int], max_observation_chars: int) -> PolicyOptions | None:
     """PolicyOptions for --agent policy; None for another agent (which must get none of them)."""
     if agent != POLICY_AGENT:
         given = [flag for flag, value in (("--policy", policy), ("--gguf", gguf), ("--openai-base-url", openai_base_url),
-                                          ("--openai-model", openai_model), ("--config", config),
+                                          ("--openai-model", openai_model), ("--config", config), ("--device", device),
                                           ("--episode-tokens", episode_tokens)) if value is not None]
         if engine is not EngineName.hf:
             given.append("--engine")

@@ -78,7 +78,7 @@ def eval_command(
     openai_base_url: Optional[str] = agent_options.OPENAI_BASE_URL,
     openai_model: Optional[str] = agent_options.OPENAI_MODEL,
     config: Optional[Path] = agent_options.RUN_CONFIG,
-    device: str = agent_options.DEVICE,
+    device: Optional[str] = agent_options.DEVICE,
     temperature: float = agent_options.TEMPERATURE,
     top_p: float = agent_options.TOP_P,
     max_new_tokens: int = agent_options.MAX_NEW_TOKENS,

@@ -40,7 +40,7 @@ def policy_run_config(options: PolicyOptions) -> RunConfig:
     """The engine worker's RunConfig for these options."""
     base = load_config(options.config) if options.config else RunConfig()
     model = base.model.model_copy(update={"path": options.policy, "gguf": options.gguf, "prompt_format": "plain",
-                                          "device": options.device})
+                                          "device": options.device or base.model.device})
     rollout = base.rollout.model_copy(update={"engine": options.engine, "openai_base_url": options.openai_base_url,
                                               "openai_model": options.openai_model, "batch_size": 1})
     return base.model_copy(update={"model": model, "rollout": rollout, "seed": options.seed})

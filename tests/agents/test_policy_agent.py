@@ -6,6 +6,7 @@ The fake counts 10 tokens per message, so every number below is simple arithmeti
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,10 @@ from rlpipe.agents.records import Ending, TrialVerdict
 from rlpipe.agents.task_format import builtin_suite_dir, load_task
 from rlpipe.agents.tools import tool_call_json
 from rlpipe.agents.trial import run_trial
-from rlpipe.core.errors import ConfigError
+from rlpipe.cli.agent_options import EngineName, policy_options
+from rlpipe.core.errors import ConfigError, UserError
 from tests.agents.test_trial import FIX
+from tests.cli.cli_process import error_lines, run_rlpipe
 from tests.sandbox._bwrap_support import require_bwrap
 
 TOKENS_PER_MESSAGE = 10
@@ -142,3 +145,22 @@ def test_a_spent_budget_is_the_agent_verdict_context_exhausted():
     result = policy_trial(engine, ContextOptions(episode_tokens=60))
     assert (result.verdict, result.ending, result.verdict.family) == (TrialVerdict.CONTEXT_EXHAUSTED, Ending.CONTEXT_EXHAUSTED, "agent")
     assert len(result.steps) == 1 and "episode token budget spent" in result.detail
+
+
+@pytest.mark.parametrize(("agent", "given", "error"), [
+    ("noop", {"gguf": Path("m.gguf")}, "--gguf are options of the policy agent, not of --agent noop"),
+    ("policy", {}, "exactly one model"),
+    ("policy", {"gguf": Path("absent.gguf")}, "--gguf absent.gguf: no such file"),
+    ("policy", {"policy": Path(".")}, "is not an HF model folder"),
+])
+def test_the_cli_policy_options_are_checked(agent, given, error):
+    defaults = dict(policy=None, gguf=None, engine=EngineName.hf, openai_base_url=None, openai_model=None, config=None,
+                    device=None, temperature=0.0, top_p=1.0, max_new_tokens=256, seed=0, context_tokens=4096,
+                    episode_tokens=None, max_observation_chars=2000)
+    with pytest.raises(UserError, match=error):
+        policy_options(agent, **{**defaults, **given})
+
+
+def test_policy_options_without_the_policy_agent_exit_2(tmp_path):
+    ran = run_rlpipe(["eval", "--agent", "oracle", "--episode-tokens", "100"], cwd=tmp_path, timeout_s=60)
+    assert ran.returncode == 2 and "--episode-tokens are options of the policy agent" in error_lines(ran)[0]
