@@ -93,7 +93,7 @@ class EvalStepRow:
     started_s: float  # seconds after the episode started
     duration_s: float
     schema_version: int = SCHEMA_VERSION
-    tree_sha256: str | None = None  # digest of /work after the step (agents/trial.py tree_digest); None: not taken
+    tree_sha256: str | None = None  # digest of /work after the step (agents/tree_state.py); None: not taken
 
 
 @dataclass(frozen=True)
