@@ -60,6 +60,9 @@ def policy_options(agent: Optional[str], policy: Optional[Path], gguf: Optional[
                                           ("--episode-tokens", episode_tokens)) if value is not None]
         if engine is not EngineName.hf:
             given.append("--engine")
+        if given and agent is None:  # --resume: the eval's own agent options
+            raise ConfigError(f"--resume goes on with the agent options recorded in EVAL.json, not {', '.join(given)}",
+                              hint="drop them, or start a new eval")
         if given:
             raise ConfigError(f"{', '.join(given)} are options of the policy agent, not of --agent {agent}",
                               hint="add --agent policy, or drop them")

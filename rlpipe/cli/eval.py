@@ -95,6 +95,8 @@ def eval_command(
     if max_attempts < 1:
         raise ConfigError(f"--max-attempts {max_attempts} must be at least 1", hint="e.g. --max-attempts 3")
     if resume is not None:
+        agent_options.policy_options(None, policy, gguf, engine, openai_base_url, openai_model, config, device, temperature,
+                                     top_p, max_new_tokens, seed, context_tokens, episode_tokens, max_observation_chars)
         eval_id, lake_uri = _resume(resume, lake, tasks, agent, backend, eval_id)
     else:
         if agent is None:

@@ -152,6 +152,7 @@ def test_a_spent_budget_is_the_agent_verdict_context_exhausted():
     ("policy", {}, "exactly one model"),
     ("policy", {"gguf": Path("absent.gguf")}, "--gguf absent.gguf: no such file"),
     ("policy", {"policy": Path(".")}, "is not an HF model folder"),
+    (None, {"gguf": Path("m.gguf")}, "--resume goes on with the agent options recorded in EVAL.json, not --gguf"),
 ])
 def test_the_cli_policy_options_are_checked(agent, given, error):
     defaults = dict(policy=None, gguf=None, engine=EngineName.hf, openai_base_url=None, openai_model=None, config=None,
