@@ -13,7 +13,8 @@ Built in:
   with no solve.sh cannot be run by it (AgentUnavailable: the trial is skipped);
 - `ScriptedAgent`: replays a fixed list of replies (tests; malformed ones included).
 
-What it does not do: call an engine (a policy agent over rlpipe.engines comes later).
+A model-backed agent (a language model through an engine, with context management) is
+agents/policy.py; its engine is built above this layer (tasks/eval_policy.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class Message:
 
 class AgentUnavailable(Exception):
     """This agent cannot attempt this task (e.g. the oracle of a task without solve.sh)."""
+
+
+class ContextExhausted(Exception):
+    """The agent's next prompt would not fit its context window or its episode's token budget
+    (agents/policy.py): the episode ends with the agent-family verdict context_exhausted."""
 
 
 class Agent(Protocol):

@@ -29,10 +29,12 @@ from pathlib import Path
 from rlpipe.agents.agents import AGENTS, AgentFactory
 from rlpipe.agents.backends import TrialBackend, trial_backend
 from rlpipe.agents.metrics import eval_metrics
+from rlpipe.agents.policy import POLICY_AGENT
 from rlpipe.agents.recording import EvalRecorder, RecordedAttempt, TrialStore, now_ms
 from rlpipe.agents.records import TrialResult
 from rlpipe.agents.task_format import AgentTask, SkippedTask, builtin_suite_dir, load_tasks
 from rlpipe.agents.trial import TrialOptions, run_trial
+from rlpipe.agents.tree_state import ReplayPrefix
 from rlpipe.core.errors import ConfigError, RunNotFoundError
 from rlpipe.storage.eval_records import EvalInfo, check_eval_id
 
@@ -49,11 +51,24 @@ class EvalReport:
     attempts: dict[str, tuple[RecordedAttempt, ...]] = field(default_factory=dict)  # task id -> every attempt
 
 
+AGENT_NAMES = (*sorted(AGENTS), POLICY_AGENT)
+
+
+def check_agent_name(name: str) -> str:
+    """`name` if it is an agent (built in, or the policy agent); ConfigError otherwise."""
+    if name not in AGENT_NAMES:
+        raise ConfigError(f"unknown agent {name!r}", hint=f"use one of {', '.join(AGENT_NAMES)}")
+    return name
+
+
 def agent_factory(name: str) -> AgentFactory:
-    try:
-        return AGENTS[name]
-    except KeyError:
-        raise ConfigError(f"unknown agent {name!r}", hint=f"use one of {', '.join(sorted(AGENTS))}") from None
+    """The factory of a built-in agent (the policy agent's is built with its engine:
+    agents/policy.policy_agent_factory, tasks/eval_policy.py)."""
+    check_agent_name(name)
+    if name == POLICY_AGENT:
+        raise ConfigError("the policy agent needs a model engine; it is built from the eval's agent options",
+                          hint="run it through `rlpipe eval --agent policy --gguf FILE` (or --policy DIR)")
+    return AGENTS[name]
 
 
 def needs_attempt(history: Sequence[RecordedAttempt]) -> bool:
@@ -64,10 +79,10 @@ def needs_attempt(history: Sequence[RecordedAttempt]) -> bool:
 
 def attempt_task(task: AgentTask | SkippedTask, agent: str, factory: AgentFactory, sandboxes: TrialBackend,
                  options: TrialOptions, history: Sequence[RecordedAttempt], session: int,
-                 recorder: EvalRecorder | None) -> RecordedAttempt:
+                 recorder: EvalRecorder | None, replay: ReplayPrefix | None = None) -> RecordedAttempt:
     """One new attempt of `task` (numbered after `history`), committed by `recorder` if any."""
     number = history[-1].attempt + 1 if history else 1
-    result = run_trial(task, agent, factory, sandboxes, options)
+    result = run_trial(task, agent, factory, sandboxes, options, replay)
     if recorder is not None:
         recorder.record(number, result, task.instruction if isinstance(task, AgentTask) else "")
     return RecordedAttempt(number, session, result)
@@ -84,7 +99,8 @@ def build_report(tasks: Sequence[AgentTask | SkippedTask], agent: str, backend: 
 
 def run_eval(tasks: Sequence[AgentTask | SkippedTask], agent: str, backend: str | TrialBackend, workers: int = 2,
              options: TrialOptions = TrialOptions(), max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-             recorder: EvalRecorder | None = None, factory: AgentFactory | None = None) -> EvalReport:
+             recorder: EvalRecorder | None = None, factory: AgentFactory | None = None,
+             replay: ReplayPrefix | None = None) -> EvalReport:
     """Each task until it has a verdict that is not an infrastructure failure (at most
     `max_attempts` new attempts); attempts committed by `recorder` earlier count as made."""
     if max_attempts < 1:
@@ -99,7 +115,7 @@ def run_eval(tasks: Sequence[AgentTask | SkippedTask], agent: str, backend: str 
         for _ in range(max_attempts):
             if not needs_attempt(history):
                 break
-            history.append(attempt_task(task, agent, factory, sandboxes, options, history, session, recorder))
+            history.append(attempt_task(task, agent, factory, sandboxes, options, history, session, recorder, replay))
         return tuple(history)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -108,7 +124,9 @@ def run_eval(tasks: Sequence[AgentTask | SkippedTask], agent: str, backend: str 
 
 
 def start_eval(store: TrialStore, eval_id: str, agent: str, backend: str, tasks_dir: Path | None,
-               tasks: Sequence[AgentTask | SkippedTask], options: TrialOptions, max_attempts: int) -> EvalRecorder:
+               tasks: Sequence[AgentTask | SkippedTask], options: TrialOptions, max_attempts: int,
+               agent_options: dict[str, object] | None = None, replay_of: str | None = None,
+               replay_from_step: int | None = None) -> EvalRecorder:
     """Write EVAL.json of a new eval; ConfigError when the id is taken."""
     if store.read_info(check_eval_id(eval_id)) is not None:
         raise ConfigError(f"eval {eval_id!r} already exists in {store.uri}",
@@ -119,7 +137,8 @@ def start_eval(store: TrialStore, eval_id: str, agent: str, backend: str, tasks_
                           hint="task ids are folder names; rename one of the folders")
     info = EvalInfo(eval_id=eval_id, agent=agent, backend=backend,
                     tasks_dir="" if tasks_dir is None else str(tasks_dir.resolve()), task_ids=tuple(ids),
-                    max_attempts=max_attempts, command_timeout_s=options.command_timeout_s, created_at_ms=now_ms())
+                    max_attempts=max_attempts, command_timeout_s=options.command_timeout_s, created_at_ms=now_ms(),
+                    agent_options=dict(agent_options or {}), replay_of=replay_of, replay_from_step=replay_from_step)
     return EvalRecorder.start(store, info)
 
 

@@ -70,11 +70,13 @@ def trial_rows(eval_id: str, attempt: int, session: int, result: TrialResult,
         agent_duration_s=result.agent_duration_s, verifier_duration_s=result.verifier_duration_s,
         duration_s=result.duration_s, started_at_ms=result.started_at_ms,
         finished_at_ms=result.started_at_ms + int(result.duration_s * 1000),
+        replay_of=result.replay_of, replay_from_step=result.replay_from_step,
     )
     steps = [EvalStepRow(eval_id=eval_id, trial_id=trial_id, task_id=result.task_id, attempt=attempt, step=step.index,
                          reply=step.reply, tool=step.tool, arguments_json=json.dumps(step.arguments, sort_keys=True),
                          malformed_kind=step.malformed_kind, observation=step.observation, exit_code=step.exit_code,
-                         tool_error=step.tool_error, started_s=step.started_s, duration_s=step.duration_s)
+                         tool_error=step.tool_error, started_s=step.started_s, duration_s=step.duration_s,
+                         tree_sha256=step.tree_sha256)
              for step in result.steps]
     return trial, steps
 
@@ -82,13 +84,15 @@ def trial_rows(eval_id: str, attempt: int, session: int, result: TrialResult,
 def trial_from_rows(trial: EvalTrialRow, steps: list[EvalStepRow]) -> TrialResult:
     records = tuple(TrialStep(index=step.step, reply=step.reply, tool=step.tool, arguments=json.loads(step.arguments_json),
                               malformed_kind=step.malformed_kind, observation=step.observation, exit_code=step.exit_code,
-                              tool_error=step.tool_error, duration_s=step.duration_s, started_s=step.started_s)
+                              tool_error=step.tool_error, duration_s=step.duration_s, started_s=step.started_s,
+                              tree_sha256=step.tree_sha256)
                     for step in steps)
     malformed = Counter(step.malformed_kind for step in records if step.malformed_kind is not None)
     return TrialResult(task_id=trial.task_id, agent=trial.agent, backend=trial.backend, verdict=TrialVerdict(trial.verdict),
                        ending=Ending(trial.ending), reward=trial.reward, detail=trial.detail, steps=records,
                        agent_duration_s=trial.agent_duration_s, verifier_duration_s=trial.verifier_duration_s,
-                       duration_s=trial.duration_s, malformed_counts=dict(malformed), started_at_ms=trial.started_at_ms)
+                       duration_s=trial.duration_s, malformed_counts=dict(malformed), started_at_ms=trial.started_at_ms,
+                       replay_of=trial.replay_of, replay_from_step=trial.replay_from_step)
 
 
 class EvalRecorder:

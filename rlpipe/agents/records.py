@@ -5,7 +5,8 @@ Verdicts keep three families apart (TrialVerdict.family):
 - agent: the agent's own result. `passed`; `failed` (it submitted, the tests gave a reward
   below 1); `agent_timeout`, `max_steps`, `malformed_calls` (it never submitted: out of
   time, out of steps, or too many malformed calls in a row) and `agent_error` (the agent
-  raised) when the tests then do not pass; `verifier_timeout` (the tests ran past their
+  raised) and `context_exhausted` (a policy agent's next prompt would not fit its context
+  window or its episode token budget) when the tests then do not pass; `verifier_timeout` (the tests ran past their
   limit on the agent's final state).
 - infrastructure: not the agent's doing, never scored as its failure: `sandbox_error` (a
   sandbox could not start or died), `engine_error` (the model engine failed),
@@ -31,6 +32,7 @@ class TrialVerdict(str, Enum):
     MAX_STEPS = "max_steps"
     MALFORMED_CALLS = "malformed_calls"
     AGENT_ERROR = "agent_error"
+    CONTEXT_EXHAUSTED = "context_exhausted"
     VERIFIER_TIMEOUT = "verifier_timeout"
     SANDBOX_ERROR = "sandbox_error"
     ENGINE_ERROR = "engine_error"
@@ -61,6 +63,7 @@ class Ending(str, Enum):
     MAX_STEPS = "max_steps"
     MALFORMED_CALLS = "malformed_calls"
     AGENT_ERROR = "agent_error"
+    CONTEXT_EXHAUSTED = "context_exhausted"
     ENGINE_ERROR = "engine_error"
     SANDBOX_ERROR = "sandbox_error"
     NOT_STARTED = "not_started"
@@ -80,6 +83,7 @@ class TrialStep:
     tool_error: bool  # the call was well formed but the tool failed (missing file, timeout, ...)
     duration_s: float
     started_s: float = 0.0  # seconds after the episode started
+    tree_sha256: str | None = None  # /work after the step (agents/tree_state.py); None: not taken
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class TrialResult:
     duration_s: float = 0.0
     malformed_counts: dict[str, int] = field(default_factory=dict)
     started_at_ms: int = 0  # unix time the trial started (0: unknown)
+    replay_of: str | None = None  # a replay: the source trial id, whose first replay_from_step steps were re-executed
+    replay_from_step: int | None = None
 
     @property
     def passed(self) -> bool:

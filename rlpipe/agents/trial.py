@@ -35,11 +35,12 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from rlpipe.agents.agents import Agent, AgentFactory, AgentUnavailable, Message
+from rlpipe.agents.agents import Agent, AgentFactory, AgentUnavailable, ContextExhausted, Message
 from rlpipe.agents.backends import TrialBackend, sandbox_limits, trial_backend
 from rlpipe.agents.records import Ending, TrialResult, TrialStep, TrialVerdict
 from rlpipe.agents.task_format import AgentTask, SkippedTask, shebang_interpreter
 from rlpipe.agents.tools import TOOL_SCHEMAS, MalformedCall, ToolCall, parse_tool_call
+from rlpipe.agents.tree_state import ReplayDiverged, ReplayPrefix, tree_digest
 from rlpipe.core.errors import EngineFailed, InfraError
 from rlpipe.sandbox.base import ExecResult, Limits, Sandbox, Snapshot
 
@@ -60,11 +61,14 @@ class TrialOptions:
     command_timeout_s: float = 120.0  # one bash call, at most (and never past the agent's time limit)
     max_observation_chars: int = 8000  # a tool result longer than this is cut in the middle
     max_malformed_in_a_row: int = MAX_MALFORMED_IN_A_ROW
+    tree_digests: bool = True  # a digest of /work after each tool call, so the trial can be replayed (tree_state.py)
 
 
 def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: AgentFactory, backend: str | TrialBackend,
-              options: TrialOptions = TrialOptions()) -> TrialResult:
-    """Attempt `task` once; every outcome, including infrastructure failures, is a TrialResult."""
+              options: TrialOptions = TrialOptions(), replay: ReplayPrefix | None = None) -> TrialResult:
+    """Attempt `task` once; every outcome, including infrastructure failures, is a TrialResult.
+    With `replay`, its recorded steps are re-executed first and the agent goes on from there
+    (ReplayDiverged when a step's /work differs from the recorded digest)."""
     sandboxes = trial_backend(backend)
     backend = sandboxes.name
     started = time.monotonic()
@@ -72,6 +76,8 @@ def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: Age
 
     def result(verdict: TrialVerdict, detail: str, **fields) -> TrialResult:
         fields.setdefault("ending", Ending.NOT_STARTED)
+        if replay is not None:
+            fields.update(replay_of=replay.source_trial_id, replay_from_step=len(replay.steps))
         return TrialResult(task.task_id, agent_name, backend, verdict, reward=fields.pop("reward", None), detail=detail,
                            duration_s=time.monotonic() - started, started_at_ms=started_at_ms, **fields)
 
@@ -97,7 +103,7 @@ def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: Age
         if setup_failure:
             return result(TrialVerdict.SETUP_ERROR, setup_failure)
         agent_started = time.monotonic()
-        ending, steps, malformed, detail = _run_episode(agent, sandbox, task, shell, options)
+        ending, steps, malformed, detail = _run_episode(agent, sandbox, task, shell, options, replay)
         agent_duration_s = time.monotonic() - agent_started
         common = {"ending": ending, "steps": tuple(steps), "malformed_counts": malformed, "agent_duration_s": agent_duration_s}
         if ending in (Ending.ENGINE_ERROR, Ending.SANDBOX_ERROR):
@@ -141,8 +147,8 @@ def _prepare(sandbox: Sandbox, task: AgentTask, shell: str) -> str:
     return ""
 
 
-def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str,
-                 options: TrialOptions) -> tuple[Ending, list[TrialStep], dict[str, int], str]:
+def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str, options: TrialOptions,
+                 replay: ReplayPrefix | None = None) -> tuple[Ending, list[TrialStep], dict[str, int], str]:
     """The observe -> act -> execute loop; (ending, steps, malformed counts by kind, detail)."""
     episode_started = time.monotonic()
     deadline = episode_started + task.limits.agent_timeout_s
@@ -150,7 +156,9 @@ def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str,
     steps: list[TrialStep] = []
     malformed: dict[str, int] = {}
     in_a_row = 0
-    for index in range(int(task.limits.max_steps)):
+    if replay is not None:
+        _replay_steps(replay, sandbox, shell, deadline, options, episode_started, messages, steps, malformed)
+    for index in range(len(steps), int(task.limits.max_steps)):
         if time.monotonic() >= deadline:
             return Ending.AGENT_TIMEOUT, steps, malformed, ""
         step_started = time.monotonic()
@@ -158,6 +166,8 @@ def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str,
             reply = agent.act(tuple(messages))
         except (EngineFailed, InfraError) as exc:
             return Ending.ENGINE_ERROR, steps, malformed, f"the agent's engine failed: {exc.message}"
+        except ContextExhausted as exc:
+            return Ending.CONTEXT_EXHAUSTED, steps, malformed, str(exc)
         except Exception as exc:  # noqa: BLE001 - an agent's own bug ends its episode, never the eval
             return Ending.AGENT_ERROR, steps, malformed, f"the agent raised {type(exc).__name__}: {exc}"
         if time.monotonic() >= deadline:
@@ -178,9 +188,41 @@ def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str,
             steps.append(TrialStep(index, reply, "submit", {}, None, "", None, False, **_timing(episode_started, step_started)))
             return Ending.SUBMITTED, steps, malformed, ""
         observation, exit_code, tool_error = _execute(call, sandbox, shell, deadline, options)
-        steps.append(TrialStep(index, reply, call.name, call.arguments, None, observation, exit_code, tool_error, **_timing(episode_started, step_started)))
+        digest = tree_digest(sandbox) if options.tree_digests else None
+        steps.append(TrialStep(index, reply, call.name, call.arguments, None, observation, exit_code, tool_error,
+                               **_timing(episode_started, step_started), tree_sha256=digest))
         messages.append(Message("tool", observation))
     return Ending.MAX_STEPS, steps, malformed, f"no submit within {int(task.limits.max_steps)} steps"
+
+
+def _replay_steps(replay: ReplayPrefix, sandbox: Sandbox, shell: str, deadline: float, options: TrialOptions,
+                  episode_started: float, messages: list[Message], steps: list[TrialStep], malformed: dict[str, int]) -> None:
+    """Re-execute the recorded steps (agents/tree_state.py): the same calls, in order, each
+    /work digest checked against the recorded one; the conversation as the agent would have
+    seen it (the re-executed results)."""
+    for index, recorded in enumerate(replay.steps):
+        step_started = time.monotonic()
+        messages.append(Message("assistant", recorded.reply))
+        if recorded.tool is None:
+            malformed[recorded.malformed_kind or "no_call"] = malformed.get(recorded.malformed_kind or "no_call", 0) + 1
+            steps.append(dataclasses.replace(recorded, index=index, **_timing(episode_started, step_started)))
+            messages.append(Message("tool", recorded.observation))
+            continue
+        if recorded.tool == "submit":
+            raise ReplayDiverged(f"step {index + 1} of trial {replay.source_trial_id} is its submit: there is nothing to "
+                                 "continue after it", hint=f"replay from step {index} or earlier")
+        call = ToolCall(recorded.tool, dict(recorded.arguments))
+        observation, exit_code, tool_error = _execute(call, sandbox, shell, deadline, options)
+        digest = tree_digest(sandbox)
+        if recorded.tree_sha256 is not None and digest != recorded.tree_sha256:
+            raise ReplayDiverged(
+                f"re-executing step {index + 1} of trial {replay.source_trial_id} ({recorded.tool} "
+                f"{json.dumps(recorded.arguments)[:200]}) left /work with digest {digest}, not the recorded "
+                f"{recorded.tree_sha256}: the step is not deterministic, so the state after it cannot be restored",
+                hint=f"replay from an earlier step (before step {index + 1})")
+        steps.append(TrialStep(index, recorded.reply, call.name, call.arguments, None, observation, exit_code, tool_error,
+                               **_timing(episode_started, step_started), tree_sha256=digest))
+        messages.append(Message("tool", observation))
 
 
 def _timing(episode_started: float, step_started: float) -> dict[str, float]:

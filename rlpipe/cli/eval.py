@@ -34,9 +34,10 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from rlpipe.agents.evaluation import DEFAULT_MAX_ATTEMPTS, EvalReport, agent_factory, resume_eval, start_eval
+from rlpipe.agents.evaluation import DEFAULT_MAX_ATTEMPTS, EvalReport, check_agent_name, resume_eval, start_eval
 from rlpipe.agents.task_format import builtin_suite_dir, load_tasks
 from rlpipe.agents.trial import TrialOptions
+from rlpipe.cli import agent_options
 from rlpipe.cli.consoles import literal, stdout_console
 from rlpipe.cli.sandbox import Backend
 from rlpipe.core.config import StorageConfig
@@ -50,10 +51,12 @@ DEFAULT_LAKE = StorageConfig().lake_uri
 
 
 def eval_command(
+    ctx: typer.Context,
     tasks: Optional[Path] = typer.Option(None, "--tasks", help="A Harbor-format task folder, or a folder of them "
                                          "(default: the built-in suite)."),
-    agent: Optional[str] = typer.Option(None, "--agent", help="The agent: oracle (runs solution/solve.sh) or noop "
-                                        "(submits at once). Required unless --resume."),
+    agent: Optional[str] = typer.Option(None, "--agent", help="The agent: oracle (runs solution/solve.sh), noop "
+                                        "(submits at once) or policy (a model: --gguf/--policy, see the policy options). "
+                                        "Required unless --resume."),
     backend: Optional[Backend] = typer.Option(None, "--backend", help="Sandbox backend (default bwrap)."),
     workers: int = typer.Option(2, "--workers", help="Trials run at once."),
     command_timeout_s: float = typer.Option(120.0, "--command-timeout-s", help="Longest single bash call (also capped by "
@@ -69,24 +72,46 @@ def eval_command(
                                              "`rlpipe up` if it runs, else sqlite ./mlruns.db)."),
     experiment: str = typer.Option("rlpipe-eval", "--experiment", help="MLflow experiment of the eval's run."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
+    policy: Optional[Path] = agent_options.POLICY,
+    gguf: Optional[Path] = agent_options.GGUF,
+    engine: agent_options.EngineName = agent_options.ENGINE,
+    openai_base_url: Optional[str] = agent_options.OPENAI_BASE_URL,
+    openai_model: Optional[str] = agent_options.OPENAI_MODEL,
+    config: Optional[Path] = agent_options.RUN_CONFIG,
+    device: Optional[str] = agent_options.DEVICE,
+    temperature: float = agent_options.TEMPERATURE,
+    top_p: float = agent_options.TOP_P,
+    max_new_tokens: int = agent_options.MAX_NEW_TOKENS,
+    seed: int = agent_options.SEED,
+    context_tokens: int = agent_options.CONTEXT_TOKENS,
+    episode_tokens: Optional[int] = agent_options.EPISODE_TOKENS,
+    max_observation_chars: int = agent_options.MAX_OBSERVATION_CHARS,
 ) -> None:
     """Run an agent on every task; commit each trial to the lake; print each verdict and the success rate."""
+    if ctx.invoked_subcommand is not None:
+        return  # `rlpipe eval replay ...`
     if workers < 1:
         raise ConfigError(f"--workers {workers} must be at least 1", hint="e.g. --workers 2")
     if max_attempts < 1:
         raise ConfigError(f"--max-attempts {max_attempts} must be at least 1", hint="e.g. --max-attempts 3")
     if resume is not None:
+        agent_options.policy_options(None, policy, gguf, engine, openai_base_url, openai_model, config, device, temperature,
+                                     top_p, max_new_tokens, seed, context_tokens, episode_tokens, max_observation_chars)
         eval_id, lake_uri = _resume(resume, lake, tasks, agent, backend, eval_id)
     else:
         if agent is None:
             raise ConfigError("--agent is required for a new eval", hint="e.g. --agent oracle (or --resume EVAL_ID)")
-        agent_factory(agent)  # an unknown agent is bad input before any sandbox starts
+        check_agent_name(agent)  # an unknown agent is bad input before any sandbox starts
+        chosen = agent_options.policy_options(agent, policy, gguf, engine, openai_base_url, openai_model, config, device,
+                                              temperature, top_p, max_new_tokens, seed, context_tokens, episode_tokens,
+                                              max_observation_chars)
         backend_name = (backend or Backend.bwrap).value
         loaded = load_tasks(tasks if tasks is not None else builtin_suite_dir())
         options = TrialOptions(command_timeout_s=command_timeout_s)
         opened = Lake.open(lake)
         eval_id = eval_id or f"eval-{agent}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        start_eval(EvalStore(opened), eval_id, agent, backend_name, tasks, loaded, options, max_attempts)
+        start_eval(EvalStore(opened), eval_id, agent, backend_name, tasks, loaded, options, max_attempts,
+                   agent_options=chosen.to_dict() if chosen else None)
         lake_uri = opened.uri
     summary = _run_flow(eval_id, lake_uri, workers, max_attempts, mlflow_uri, experiment, verbose)
     _print_report(summary.report, lake_uri, json_out, summary.tracking, summary.prefect_flow_run_id)
@@ -136,6 +161,9 @@ def _resume(eval_id: str, lake: str, tasks: Optional[Path], agent: Optional[str]
         raise LakeNotFoundError(exc.message, hint="point --lake at the lake the eval was committed to") from None
     recorder, _, _ = resume_eval(EvalStore(opened), eval_id)
     info = recorder.info
+    if info.replay_of is not None:
+        raise ConfigError(f"eval {eval_id!r} is a replay of trial {info.replay_of}; a replay is not resumed",
+                          hint=f"run it again: rlpipe eval replay {info.replay_of} --from-step {info.replay_from_step} --agent ...")
     given = {"--agent": (agent, info.agent), "--backend": (backend.value if backend else None, info.backend),
              "--tasks": (str(tasks.resolve()) if tasks else None, info.tasks_dir or None),
              "--eval-id": (new_id, eval_id)}

@@ -23,6 +23,7 @@ from rlpipe.cli import services as services_cli
 from rlpipe.cli.consoles import literal, stdout_console
 from rlpipe.cli.errors import report_errors
 from rlpipe.cli.eval import eval_command
+from rlpipe.cli.eval_replay import replay_command
 from rlpipe.cli.qa import qa as qa_command
 from rlpipe.cli.rescore import rescore as rescore_command
 from rlpipe.cli.verify import verify as verify_command
@@ -34,7 +35,12 @@ runs_app = typer.Typer(help="Inspect runs stored in the lake.", no_args_is_help=
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_cli.app, name="sandbox", help="Run commands in a sandbox; check its guarantees.")
 app.command("verify", help="Score a JSONL file of completions offline.")(report_errors(verify_command))
-app.command("eval", help="Run an agent on Harbor-format terminal tasks in sandboxes.")(report_errors(eval_command))
+eval_app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
+eval_app.callback(help="Run an agent on Harbor-format terminal tasks in sandboxes (`rlpipe eval replay --help`: go on "
+                  "from a step of a recorded trial).")(report_errors(eval_command))
+eval_app.command("replay", help="Restore the state after step K of a recorded trial; continue with another agent.")(
+    report_errors(replay_command))
+app.add_typer(eval_app, name="eval")
 app.command("qa", help="Gate an environment: solvability, verifier consistency, reward-hack probes, difficulty.")(report_errors(qa_command))
 app.command("rescore", help="Re-verify a run's stored trajectories with the current verifiers; print what flipped.")(report_errors(rescore_command))
 app.command("up", help="Start a local Prefect server and MLflow UI on loopback.")(report_errors(services_cli.up))

@@ -50,3 +50,15 @@ def encode_prompt(tokenizer: Any, text: str, prompt_format: PromptFormat = "plai
         raise ValueError("model.prompt_format = 'chat' needs a tokenizer with a chat template; this one has none (use 'plain')")
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
     return tuple(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """A whole conversation ([{"role", "content"}, ...]) through the tokenizer's chat
+    template, the assistant turn opened: the text a multi-turn agent's next reply continues.
+    Fed to an engine as a `plain` prompt, it encodes to the ids `encode_prompt(..., "chat")`
+    gives for a single user message (both tokenize the rendered text without special tokens).
+    A tokenizer without a chat template is refused (ValueError)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("this model's tokenizer has no chat template, so a conversation cannot be rendered for it; "
+                         "use an instruct/chat model (e.g. SmolLM2-135M-Instruct, `make smollm2`)")
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import pyarrow as pa
 
@@ -38,6 +39,9 @@ class EvalInfo(LakeDocument):
     max_attempts: int
     command_timeout_s: float
     created_at_ms: int
+    agent_options: dict[str, Any] = field(default_factory=dict)  # the policy agent's (agents/policy.PolicyOptions)
+    replay_of: str | None = None  # a replay eval: the source trial id (`rlpipe eval replay`)
+    replay_from_step: int | None = None  # ... and how many of its steps were re-executed
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class EvalTrialRow:
     started_at_ms: int
     finished_at_ms: int
     schema_version: int = SCHEMA_VERSION
+    replay_of: str | None = None  # a replayed trial: the source trial id ...
+    replay_from_step: int | None = None  # ... and the steps of it re-executed before this agent took over
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class EvalStepRow:
     started_s: float  # seconds after the episode started
     duration_s: float
     schema_version: int = SCHEMA_VERSION
+    tree_sha256: str | None = None  # digest of /work after the step (agents/tree_state.py); None: not taken
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ infrastructure failure, never as the agent's. Agent verdicts (passed, failed, ti
 ...) are data: the task completes.
 
 Tasks pass references (eval id, task id); the runtime (a process-level registry, like
-tasks/runtime.py's) holds the loaded tasks and the recorder. A test or a benchmark may put
+tasks/runtime.py's) holds the loaded tasks, the recorder and the agent factory; for the
+policy agent, its engine worker too (tasks/eval_policy.py: started by open-eval when a trial
+needs it, stopped when the flow releases the eval). A test or a benchmark may put
 its own TrialBackend (our protocol) under a backend name with `register_trial_backend`.
 
 What it does not do: decide the fan-out or the concurrency (flows/eval.py).
@@ -35,12 +37,17 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from rlpipe.agents.backends import TrialBackend, trial_backend
-from rlpipe.agents.evaluation import EvalReport, agent_factory, attempt_task, build_report, needs_attempt, resume_eval
+from rlpipe.agents.agents import AgentFactory
+from rlpipe.agents.evaluation import (EvalReport, agent_factory, attempt_task, build_report, check_agent_name, needs_attempt,
+                                      resume_eval)
+from rlpipe.agents.policy import POLICY_AGENT, PolicyOptions, policy_agent_factory
 from rlpipe.agents.recording import EvalRecorder, RecordedAttempt
 from rlpipe.agents.task_format import AgentTask, SkippedTask
 from rlpipe.agents.trial import TrialOptions
 from rlpipe.core.errors import ConfigError, InfraError
+from rlpipe.storage.eval_records import EvalInfo
 from rlpipe.storage.evals import EvalStore
+from rlpipe.tasks.eval_policy import WorkerChatEngine, open_policy_engine
 from rlpipe.storage.filesystem import open_lake_location
 from rlpipe.storage.lake import Lake
 from rlpipe.tasks.eval_tracking import EvalTracking, build_eval_tracker, track_eval
@@ -64,6 +71,8 @@ class EvalRuntime:
     options: TrialOptions
     lake_uri: str
     histories: dict[str, list[RecordedAttempt]] = field(default_factory=dict)
+    factory: AgentFactory | None = None  # the agent of every trial (a policy agent's holds its engine)
+    engine: WorkerChatEngine | None = None  # the policy agent's engine worker, stopped when the eval is released
 
 
 @dataclass(frozen=True)
@@ -100,7 +109,19 @@ def get_eval_runtime(eval_id: str) -> EvalRuntime:
 
 
 def release_eval_runtime(eval_id: str) -> EvalRuntime | None:
-    return _RUNTIMES.pop(eval_id, None)
+    runtime = _RUNTIMES.pop(eval_id, None)
+    if runtime is not None and runtime.engine is not None:
+        runtime.engine.close()
+    return runtime
+
+
+def _agent(info: EvalInfo) -> tuple[AgentFactory, WorkerChatEngine | None]:
+    """The eval's agent factory; for the policy agent, its engine worker started (and ready)."""
+    if info.agent != POLICY_AGENT:
+        return agent_factory(info.agent), None
+    options = PolicyOptions.from_dict(info.agent_options)
+    engine = open_policy_engine(options, info.eval_id)
+    return policy_agent_factory(engine, options.context()), engine
 
 
 @task(name="open-eval", cache_policy=NO_CACHE, **STAGE_OPTIONS)
@@ -108,12 +129,19 @@ def open_eval(eval_id: str, lake_uri: str) -> list[str]:
     """Build the eval's runtime from its EVAL.json and the lake; the ids of the tasks to run."""
     lake = Lake(open_lake_location(lake_uri, create=False))
     recorder, tasks, options = resume_eval(EvalStore(lake), eval_id)
-    agent_factory(recorder.info.agent)  # an unknown agent fails here, before any trial
     backend = _BACKENDS.get(recorder.info.backend) or trial_backend(recorder.info.backend)
-    runtime = EvalRuntime(recorder, {t.task_id: t for t in tasks}, backend, options, lake.uri,
-                          histories={k: list(v) for k, v in recorder.attempts().items()})
+    histories = {k: list(v) for k, v in recorder.attempts().items()}
+    pending = [task.task_id for task in tasks if needs_attempt(histories.get(task.task_id, []))]
+    check_agent_name(recorder.info.agent)  # an unknown agent fails here, before any trial
+    # the policy agent's engine starts only when a trial needs it
+    factory, engine = _agent(recorder.info) if pending or recorder.info.agent != POLICY_AGENT else (None, None)
+    runtime = EvalRuntime(recorder, {t.task_id: t for t in tasks}, backend, options, lake.uri, histories=histories,
+                          factory=factory, engine=engine)
     with _LOCK:
+        previous = _RUNTIMES.pop(eval_id, None)
         _RUNTIMES[eval_id] = runtime
+    if previous is not None and previous.engine is not None:  # open-eval retried by Prefect
+        previous.engine.close()
     return [task_id for task_id in runtime.tasks if needs_attempt(runtime.histories.get(task_id, []))]
 
 
@@ -126,7 +154,7 @@ def trial(eval_id: str, task_id: str) -> str:
     with _LOCK:
         history = list(runtime.histories.get(task_id, []))
     info = runtime.recorder.info
-    attempt = attempt_task(runtime.tasks[task_id], info.agent, agent_factory(info.agent), runtime.backend, runtime.options,
+    attempt = attempt_task(runtime.tasks[task_id], info.agent, runtime.factory or agent_factory(info.agent), runtime.backend, runtime.options,
                            history, runtime.recorder.session, runtime.recorder)
     with _LOCK:
         runtime.histories.setdefault(task_id, []).append(attempt)

@@ -277,6 +277,9 @@ class EngineClient(WorkerClient):
     def version(self) -> int:
         return self.call(p.EngineVersion())
 
+    def render_chat(self, messages: tuple[tuple[str, str], ...]) -> p.RenderedChat:
+        return self.call(p.RenderChat(tuple(messages)))
+
 
 class TrainerClient(WorkerClient):
     def update(self, step: int, parts: tuple, shuffle_seed: int) -> p.UpdateResult:

@@ -1,5 +1,6 @@
 """The engine worker's service: one RolloutEngine chosen by `rollout.engine`, serving
-Generate, LoadWeightsFile, EngineVersion and WeightsDigest.
+Generate, LoadWeightsFile, EngineVersion, WeightsDigest, and
+RenderChat (a policy agent's conversation through the tokenizer's chat template).
 
 - hf: engines/hf.py HFEngine over the policy built from the config (same seed, same
   folder: the trainer's initial weights).
@@ -24,7 +25,8 @@ from rlpipe.core.errors import ConfigError
 from rlpipe.core.failpoints import failpoint
 from rlpipe.workers import weights
 from rlpipe.workers.builders import build_policy, build_tokenizer, resolve_device, with_lora
-from rlpipe.workers.protocol import EngineVersion, Generate, GenerateResult, LoadWeightsFile, WeightsDigest
+from rlpipe.workers.protocol import (EngineVersion, Generate, GenerateResult, LoadWeightsFile, RenderChat, RenderedChat,
+                                     WeightsDigest)
 
 
 def _engine_class(module: str, name: str, hint: str) -> Any:
@@ -84,6 +86,15 @@ class EngineService:
             return version
         if isinstance(request, EngineVersion):
             return self.engine.policy_version
+        if isinstance(request, RenderChat):  # a policy agent's next prompt (agents/policy.py)
+            from rlpipe.engines.sampling import encode_prompt, render_chat
+
+            tokenizer = self.engine._tokenizer  # every engine keeps the tokenizer it encodes prompts with
+            try:
+                text = render_chat(tokenizer, [{"role": role, "content": content} for role, content in request.messages])
+            except ValueError as exc:
+                raise ConfigError(str(exc), "pick another model for the policy agent") from exc
+            return RenderedChat(text, len(encode_prompt(tokenizer, text, "plain")))
         if isinstance(request, WeightsDigest):
             model = getattr(self.engine, "_model", None)  # hf only: the engine's private copy
             if model is None:

@@ -87,6 +87,21 @@ class EngineVersion:
     """Reply: the policy version the engine serves."""
 
 
+@dataclass(frozen=True)
+class RenderChat:
+    """A conversation ((role, content), ...) through the engine's tokenizer's chat template,
+    the assistant turn opened (engines/sampling.render_chat); reply: RenderedChat. A policy
+    agent renders each turn's prompt so, then sends the text to Generate (prompt_format plain)."""
+
+    messages: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    text: str
+    token_count: int  # ids the engine feeds for `text` as a plain prompt
+
+
 # ---- trainer worker ---------------------------------------------------------------------
 
 
