@@ -3,7 +3,11 @@
     .venv/bin/python benchmarks/async.py [--workload quickstart|code|both] [--steps 12] [--repeats 2]
 
 Each run is the real train flow (Prefect tasks, workers, lake, MLflow) in this process,
-from the same seed, so both modes start from the same warm-started policy. What is
+from the same seed with one torch thread per worker (OMP_NUM_THREADS=1 unless set), so
+both modes start from the same warm-started policy bit for bit and each worker has one
+core: the sync mode leaves one core idle while a stage runs, the async one overlaps
+the engine and the trainer. (With torch's default threads the warm starts differ, and on
+a loaded machine two 2-thread workers thrash.) What is
 compared is the RL loop's wall time: the sum over steps of `time/step_s` (the flow
 thread's time per step: in async mode it waits for the rollout lane only when the lane is
 behind), and the held-out accuracy after RL. The modes alternate (sync, async, sync, ...)
@@ -27,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # both modes: one thread per worker, the same warm start bit for bit
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")  # a loaded machine starts it slowly
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"
