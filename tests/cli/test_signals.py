@@ -258,7 +258,8 @@ def test_the_temporary_prefect_server_does_not_outlive_a_killed_cli(tmp_path: Pa
     env.pop("PREFECT_API_URL", None)
     program = (
         "import time\n"
-        "from rlpipe.tasks.prefect_server import SubprocessASGIServer, temporary_prefect_server\n"
+        "from prefect.server.api.server import SubprocessASGIServer\n"
+        "from rlpipe.tasks.prefect_server import temporary_prefect_server\n"
         "with temporary_prefect_server():\n"
         "    print(SubprocessASGIServer._instances[None].server_process.pid, flush=True)\n"
         "    time.sleep(600)\n"
