@@ -6,7 +6,7 @@ PYTHON  ?= python3
 BIN     := $(VENV)/bin
 PIP_VERSION := 26.3
 
-.PHONY: demo test venv system lint bench lock clean venv-vllm test-vllm smollm2
+.PHONY: demo test venv system lint pytest bench lock clean venv-vllm test-vllm smollm2
 
 # The versions CI tested (requirements.lock: every package, torch the CPU wheel), then rlpipe
 # itself without resolving anything again; --no-build-isolation builds it with the locked
@@ -30,8 +30,13 @@ demo: venv
 # Two pytest workers (xdist), a test file stays on one worker: the slow files are mostly
 # subprocess start-up and waits, which the second worker overlaps. Files run in collection
 # order, the longest first (tests/conftest.py: LONGEST_FILES).
-test: venv system
+# (.ci/run makes venv, system, lint and pytest one by one to print the time of each.)
+test: venv system lint pytest
+
+lint: venv
 	$(BIN)/lint-imports
+
+pytest: venv
 	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: venv
