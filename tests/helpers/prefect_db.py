@@ -23,12 +23,17 @@ DATABASE_FILE = "prefect.db"  # Prefect's default database: PREFECT_HOME/prefect
 
 def snapshot_database(connection_url: str, into: Path) -> Path | None:
     """A consistent copy (`VACUUM INTO`, safe beside a live server) of the SQLite database at
-    `connection_url`; None when the server's database is not a SQLite file."""
+    `connection_url`; None when the server's database is not a SQLite file or cannot be
+    read now (the tests then let their servers make their own)."""
     if not connection_url.startswith(SQLITE_PREFIX):
         return None
     into.parent.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(connection_url.removeprefix(SQLITE_PREFIX)) as db:
-        db.execute("VACUUM INTO ?", (str(into),))
+    try:
+        with sqlite3.connect(connection_url.removeprefix(SQLITE_PREFIX), timeout=30) as db:
+            db.execute("VACUUM INTO ?", (str(into),))
+    except sqlite3.Error:
+        into.unlink(missing_ok=True)
+        return None
     return into
 
 
