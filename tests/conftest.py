@@ -3,7 +3,10 @@
 - ONE Prefect test harness (a temporary API server and database) for the whole session. Two
   nested harnesses in one session split a flow's records between them (flow runs reach the
   newer server, task runs may reach the older), so every folder that needs Prefect requests
-  `prefect_api_url` instead of starting its own.
+  `prefect_api_url` instead of starting its own. Its database, snapshot as soon as it is up
+  (migrated, nothing run yet), is `prefect_db_snapshot`: tests that start a temporary server
+  of their own seed its PREFECT_HOME with it (tests/helpers/prefect_db.py) instead of paying
+  ~13 s of CPU to migrate a new database.
 - ONE moto S3 server (its own process, real HTTP on 127.0.0.1) for the whole session:
   `s3_endpoint`. Tests stay independent by each using buckets of its own
   (tests.helpers.s3_server.unique_bucket), never by starting a server.
@@ -24,11 +27,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import prefect.settings
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
+from tests.helpers.prefect_db import snapshot_database
 from tests.helpers.s3_server import start_moto_server
 
 # The files that took longest in CI (2026-12-01, seconds in a fresh-clone run), longest first.
@@ -52,10 +57,25 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
-def prefect_api_url() -> Iterator[str]:
-    """Start the session's Prefect harness on first use; its API URL (for subprocesses)."""
+def _prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path | None]]:
+    """Start the session's Prefect harness on first use: its API URL and a snapshot of its
+    database taken before any test used it."""
     with prefect_test_harness(server_startup_timeout=120):
-        yield str(prefect.settings.PREFECT_API_URL.value())
+        database_url = str(prefect.settings.PREFECT_SERVER_DATABASE_CONNECTION_URL.value())
+        snapshot = snapshot_database(database_url, tmp_path_factory.mktemp("prefect-db") / "prefect.db")
+        yield str(prefect.settings.PREFECT_API_URL.value()), snapshot
+
+
+@pytest.fixture(scope="session")
+def prefect_api_url(_prefect_harness: tuple[str, Path | None]) -> str:
+    """The session's Prefect API URL (for subprocesses)."""
+    return _prefect_harness[0]
+
+
+@pytest.fixture(scope="session")
+def prefect_db_snapshot(_prefect_harness: tuple[str, Path | None]) -> Path | None:
+    """A ready, unused Prefect database file (tests/helpers/prefect_db.py), or None."""
+    return _prefect_harness[1]
 
 
 @pytest.fixture(scope="session")

@@ -209,12 +209,14 @@ def _export_s3_keys(run_config: RunConfig) -> None:
 
 
 def _quiet_libraries() -> None:
-    """Keep library chatter (MLflow's INFO lines, transformers' progress bars) off the console."""
+    """Keep library chatter (MLflow's INFO lines, transformers' progress bars) off the console.
+    The progress bars ("Writing model shards" at each checkpoint) come from the workers, which
+    inherit the environment and read it as transformers loads; the controller never imports
+    transformers (a second of start-up)."""
     import logging
+    import os
 
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for name in ("mlflow", "alembic", "httpx"):
         logging.getLogger(name).setLevel(logging.WARNING)
 

@@ -28,12 +28,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 import prefect
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
-from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, get_current_settings
 
 STARTUP_TIMEOUT_S = 90  # Prefect's default is 20 s, too short on a loaded 2-core box
@@ -41,23 +41,32 @@ DRAIN_TIMEOUT_S = 10.0
 PR_SET_PDEATHSIG = 1
 
 
-class DetachedTemporaryServer(SubprocessASGIServer):
-    """Prefect's temporary API server, in its own session and tied to this process's life."""
+@cache
+def detached_server_class() -> type[Any]:
+    """`DetachedTemporaryServer`, defined on first use: its base class lives in
+    prefect.server.api.server, which imports Prefect's whole API server (~2.4 s of CPU), and
+    a run that reports to a running server (PREFECT_API_URL) never needs it."""
+    from prefect.server.api.server import SubprocessASGIServer
 
-    def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-        # The command and environment of SubprocessASGIServer._run_uvicorn_command
-        # (prefect 3.9), plus start_new_session and the parent-death signal.
-        server_env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-        return subprocess.Popen(
-            args=[
-                sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent),
-                "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "error", "--lifespan", "on",
-            ],
-            env={**os.environ, **server_env, **get_current_settings().to_environment_variables(exclude_unset=True)},
-            start_new_session=True,
-            preexec_fn=_die_with_parent(),
-        )
+    class DetachedTemporaryServer(SubprocessASGIServer):
+        """Prefect's temporary API server, in its own session and tied to this process's life."""
+
+        def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+            # The command and environment of SubprocessASGIServer._run_uvicorn_command
+            # (prefect 3.9), plus start_new_session and the parent-death signal.
+            server_env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+            return subprocess.Popen(
+                args=[
+                    sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent),
+                    "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
+                    "--port", str(self.port), "--log-level", "error", "--lifespan", "on",
+                ],
+                env={**os.environ, **server_env, **get_current_settings().to_environment_variables(exclude_unset=True)},
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
+
+    return DetachedTemporaryServer
 
 
 def _die_with_parent() -> Any:
@@ -85,18 +94,19 @@ def temporary_prefect_server() -> Iterator[str | None]:
     """Start the detached temporary server when Prefect would start one (no
     PREFECT_API_URL); yield its API URL (None when an API is configured). On exit, drain
     Prefect's log and event workers, then stop the server (also after an interrupt)."""
-    server = None
+    server, ours = None, False
     try:
         if uses_temporary_server():
-            server = SubprocessASGIServer._instances.get(None)
+            server_class = detached_server_class()
+            server = server_class._instances.get(None)  # SubprocessASGIServer's registry
             if server is None or not server.running:  # else someone else's (a test harness): theirs to stop
-                SubprocessASGIServer._instances.pop(None, None)
-                server = DetachedTemporaryServer()
+                server_class._instances.pop(None, None)
+                server, ours = server_class(), True
                 server.start(timeout=STARTUP_TIMEOUT_S)  # a ^C while it starts still stops it below
         yield None if server is None else server.api_url
     finally:
         drain_prefect_workers()
-        if isinstance(server, DetachedTemporaryServer):
+        if ours:
             server.stop()
 
 

@@ -16,6 +16,7 @@ import pytest
 from rlpipe.storage.lake import Lake
 from tests.cli.cli_process import error_lines, run_rlpipe
 from tests.durability.cli_runs import count_rows
+from tests.helpers.mlflow_db import seed_mlflow_db
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +52,7 @@ def test_resume_with_more_steps_extends_the_run_and_evaluates_it_again(long_tmp:
     lake_path, run_id = long_tmp / "lake", "extend-me"
     config = long_tmp / "small.toml"
     config.write_text(SMALL_QUICKSTART.format(lake=lake_path, mlflow=long_tmp / "mlflow.db"))
+    seed_mlflow_db(long_tmp / "mlflow.db")  # migrated once per test process, not by the first run
     env = dict(PREFECT_API_URL=prefect_api_url, PREFECT_HOME=str(long_tmp / "prefect-home"),
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 

@@ -34,6 +34,7 @@ from rlpipe.core.config import load_config
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus
 from tests.durability.cli_runs import RLPIPE, cli_env, make_where, run_cli
+from tests.helpers.prefect_db import seed_prefect_home
 
 # The interrupted flow run's state: Crashed (Prefect's state for a signal); Failed when the
 # signal landed in Prefect's own task set-up, which then raises ValueError("Task run is not
@@ -179,11 +180,14 @@ def check_interrupted(result: Interrupted, lake_uri: str, run_id: str, signal_na
 
 @pytest.mark.slow
 @pytest.mark.parametrize("send", ["int", "term"])
-def test_signal_in_ephemeral_mode_ends_in_order_and_the_run_resumes(tmp_path: Path, send: str) -> None:
+def test_signal_in_ephemeral_mode_ends_in_order_and_the_run_resumes(
+    tmp_path: Path, send: str, prefect_db_snapshot: Path | None
+) -> None:
     where = make_where(tmp_path, TOML)
     run_id = f"sig-eph-{send}"
     env = cli_env(where, prefect_api_url=None)
     env.pop("PREFECT_API_URL", None)  # ephemeral mode: Prefect's temporary server
+    seed_prefect_home(Path(env["PREFECT_HOME"]), prefect_db_snapshot)  # a ready database: no migration
     signal_name, code = ("SIGINT", 130) if send == "int" else ("SIGTERM", 143)
     result = run_on_pty(["train", str(where.config_path), "--run-id", run_id], env, tmp_path,
                         warmstart_started(Path(where.lake_uri), run_id), send)
@@ -248,7 +252,7 @@ def test_runs_show_of_a_failed_or_interrupted_run_prints_the_resume_command(tmp_
 
 
 @pytest.mark.slow
-def test_the_temporary_prefect_server_does_not_outlive_a_killed_cli(tmp_path: Path) -> None:
+def test_the_temporary_prefect_server_does_not_outlive_a_killed_cli(tmp_path: Path, prefect_db_snapshot: Path | None) -> None:
     """SIGKILL leaves no time to stop anything: the kernel's parent-death signal ends the
     server, which runs in its own session (a terminal ^C reaches only the CLI)."""
     import subprocess
@@ -256,9 +260,11 @@ def test_the_temporary_prefect_server_does_not_outlive_a_killed_cli(tmp_path: Pa
 
     env = cli_env(make_where(tmp_path), prefect_api_url=None)
     env.pop("PREFECT_API_URL", None)
+    seed_prefect_home(Path(env["PREFECT_HOME"]), prefect_db_snapshot)
     program = (
         "import time\n"
-        "from rlpipe.tasks.prefect_server import SubprocessASGIServer, temporary_prefect_server\n"
+        "from prefect.server.api.server import SubprocessASGIServer\n"
+        "from rlpipe.tasks.prefect_server import temporary_prefect_server\n"
         "with temporary_prefect_server():\n"
         "    print(SubprocessASGIServer._instances[None].server_process.pid, flush=True)\n"
         "    time.sleep(600)\n"

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from rlpipe.core.config import RunConfig, load_config
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
+from tests.helpers.mlflow_db import seed_mlflow_db
 
 RLPIPE = [sys.executable, "-m", "rlpipe.cli.main"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +69,7 @@ def make_where(folder: Path, toml: str = SMALL_TOML, lake_uri: str | None = None
     )
     path = folder / "config.toml"
     path.write_text(text)
+    seed_mlflow_db(folder / "mlflow.db")  # migrated once per test process, not once per run
     return Where(folder, path)
 
 
