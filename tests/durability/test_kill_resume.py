@@ -10,7 +10,9 @@ reference's, and MLflow histories with one point per step.
 
 Config: 5 steps, checkpoints every 2 steps (0, 2, 4, final 5). Kills land in step 4, so the
 resume loads checkpoint 2 and replays step 3 (and step 4 where it was committed) from the lake.
-`warmstart` dies inside the very first checkpoint, so the resume redoes the warm-start.
+(`warmstart`, a kill inside the very first checkpoint whose resume redoes the warm start,
+was dropped for CI time: a half-written checkpoint is `checkpoint-write`'s case, and a run
+stopped in its warm start and resumed from nothing is tests/cli/test_signals.py's.)
 `verify` also alters checkpoint 2 before its resume (bit rot), which falls back to checkpoint 0
 and replays steps 1-3, and still takes step 4's `generate` from the stage cache; `part-write`
 and `update` resume from checkpoint 2 itself. (A kill inside `generate` of step 4, before
@@ -71,7 +73,6 @@ SCENARIOS: dict[str, tuple[str, int, list[int]]] = {
     "update": ("update@4", 4, [1, 2, 3, 4]),
     "part-write": ("part-write@4", 4, [1, 2, 3]),
     "checkpoint-write": ("checkpoint-write@{mid_checkpoint_4}", 4, [1, 2, 3, 4]),
-    "warmstart": ("checkpoint-write@2", 0, []),
     "lost-files": ("verify@4", 4, [1, 2, 3]),
 }
 # scenario -> the checkpoint whose weights file is altered in the lake before the resume: the
