@@ -10,14 +10,13 @@ PIP_VERSION := 26.3
 
 # The versions CI tested (requirements.lock: every package, torch the CPU wheel), then rlpipe
 # itself without resolving anything again; --no-build-isolation builds it with the locked
-# setuptools instead of downloading the newest one. Nothing is byte-compiled at install:
-# pip compiles every installed file one at a time (~100 s of CPU for this lock, most of the
-# install; compileall on both cores measured slower still in CI), while Python compiles the
-# few thousand modules a run imports on first use and caches them.
+# setuptools instead of downloading the newest one. pip byte-compiles what it installs: a
+# machine with PYTHONDONTWRITEBYTECODE set (this one) never caches a compiled module, so
+# without it every process of the tests compiled torch and the rest from source again.
 $(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q pip==$(PIP_VERSION)
-	$(BIN)/pip install -q --no-compile -r requirements.lock
+	$(BIN)/pip install -q -r requirements.lock
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check
 	touch $@
