@@ -17,6 +17,7 @@ client, then by Prefect).
 
 from __future__ import annotations
 
+import fcntl
 import io
 import tempfile
 import time
@@ -61,6 +62,25 @@ def default_artifact_location(uri: str) -> str | None:
 
 
 @contextmanager
+def _sqlite_store_lock(uri: str) -> Iterator[None]:
+    """For a sqlite store: hold an exclusive lock on `<database>.lock` while this process
+    first opens it. MLflow creates and migrates the database on first use, and two runs
+    started at once in one folder would otherwise race in that migration and both crash
+    (`table _alembic_tmp_metrics already exists`). Other stores: nothing."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextmanager
 def _tracking_errors(uri: str, action: str) -> Iterator[None]:
     try:
         yield
@@ -94,8 +114,9 @@ class Tracker:
                 f"MLflow tracking server {uri} does not answer",
                 hint="start it (`rlpipe up`) or fix tracking.mlflow_uri",
             )
-        self._client = MlflowClient(tracking_uri=uri)
-        self.experiment_id = self._experiment_id(artifact_location or default_artifact_location(uri))
+        with _sqlite_store_lock(uri):  # MlflowClient opens (creates, migrates) the store
+            self._client = MlflowClient(tracking_uri=uri)
+            self.experiment_id = self._experiment_id(artifact_location or default_artifact_location(uri))
 
     def _experiment_id(self, artifact_location: str | None) -> str:
         with _tracking_errors(self.uri, f"opening experiment {self.experiment!r}"):

@@ -40,7 +40,9 @@ from tests.helpers.prefect_db import seed_prefect_home
 # signal landed in Prefect's own task set-up, which then raises ValueError("Task run is not
 # set") from the KeyboardInterrupt (prefect 3.9 task_engine.handle_crash).
 ENDED = ("CRASHED", "FAILED")
-EXIT_BOUND_S = 90  # generous: the point is "it ends", not how fast on a loaded box
+# A hang guard, not a speed check: a run still alive this long after the signal is hung, and
+# is killed so that the test fails on its return code instead of blocking the suite.
+HANG_GUARD_S = 600
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 # 100 warm-start steps of 8 examples: long enough that a signal sent as it begins lands
@@ -78,7 +80,7 @@ def run_on_pty(args: list[str], env: dict[str, str], cwd: Path, ready: Callable[
     if pid == 0:  # the child: its own session, the pty its terminal
         os.chdir(cwd)
         os.execve(RLPIPE[0], RLPIPE + args, env)
-    output, sent_at, deadline = b"", None, time.monotonic() + 900
+    output, sent_at, deadline = b"", None, time.monotonic() + 1800
     while time.monotonic() < deadline:
         if select.select([master], [], [], 0.2)[0]:
             try:
@@ -94,7 +96,7 @@ def run_on_pty(args: list[str], env: dict[str, str], cwd: Path, ready: Callable[
                 os.write(master, b"\x03")  # the terminal turns it into SIGINT for the foreground group
             else:
                 os.kill(pid, signal.SIGTERM)
-        if sent_at is not None and time.monotonic() - sent_at > EXIT_BOUND_S:
+        if sent_at is not None and time.monotonic() - sent_at > HANG_GUARD_S:
             os.kill(pid, signal.SIGKILL)
             break
     _, status = os.waitpid(pid, 0)
@@ -163,8 +165,7 @@ def ephemeral_states(prefect_home: Path, name: str) -> list[str]:
 
 
 def check_interrupted(result: Interrupted, lake_uri: str, run_id: str, signal_name: str, code: int) -> dict:
-    assert result.returncode == code, result.output[-4000:]
-    assert result.seconds_after_signal < EXIT_BOUND_S
+    assert result.returncode == code, f"ended {result.seconds_after_signal:.0f} s after the signal:\n" + result.output[-4000:]
     assert "Traceback" not in result.output and "Error logging to API" not in result.output, result.output[-4000:]
     lines = [line for line in result.output.splitlines() if "resume with:" in line]
     assert len(lines) == 1, result.output[-4000:]

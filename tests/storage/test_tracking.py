@@ -151,3 +151,19 @@ def test_out_of_order_steps_are_still_deduplicated(tracker: Tracker) -> None:
     assert tracker.log_step_metrics(run_id, 3, {"heldout/accuracy": 0.4}, timestamp_ms=11) == 0
     assert tracker.log_step_metrics(run_id, 5, {"heldout/accuracy": 0.5}, timestamp_ms=10) == 0
     assert [s for s, _, _ in tracker.metric_history(run_id, "heldout/accuracy")] == [3, 5]
+
+
+def test_two_processes_opening_a_new_sqlite_store_at_once_both_succeed(tmp_path: Path) -> None:
+    """Two runs started at once in one folder both create ./mlruns.db: MLflow migrates a new
+    database on first use, and without the store lock the two migrations raced and both runs
+    crashed (`table _alembic_tmp_metrics already exists`)."""
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    code = f"from rlpipe.storage.tracking import Tracker; print(Tracker({uri!r}, 'both').experiment_id)"
+    processes = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(process.wait(timeout=600), *process.communicate()) for process in processes]
+    for returncode, _, stderr in results:
+        assert returncode == 0, stderr[-3000:]
+    assert len({stdout.strip() for _, stdout, _ in results}) == 1  # one experiment, found by both
