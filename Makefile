@@ -10,13 +10,13 @@ PIP_VERSION := 26.3
 
 # The versions CI tested (requirements.lock: every package, torch the CPU wheel), then rlpipe
 # itself without resolving anything again; --no-build-isolation builds it with the locked
-# setuptools instead of downloading the newest one. pip byte-compiles what it installs: a
-# machine with PYTHONDONTWRITEBYTECODE set (this one) never caches a compiled module, so
-# without it every process of the tests compiled torch and the rest from source again.
-$(BIN)/.installed: pyproject.toml requirements.lock
+# setuptools instead of downloading the newest one. The lock goes in with uv, from pip's own
+# package sources, byte-compiled (scripts/install-locked.sh says why; pip where uv is not
+# to be had).
+$(BIN)/.installed: pyproject.toml requirements.lock scripts/install-locked.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q pip==$(PIP_VERSION)
-	$(BIN)/pip install -q -r requirements.lock
+	bash scripts/install-locked.sh $(VENV) requirements.lock
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check
 	touch $@
