@@ -6,11 +6,14 @@ thread (the flow itself knows nothing of the terminal).
 - progress/warmstart.json: a warm-start bar (steps done of the budget, loss, the last
   greedy-accuracy check against its target);
 - committed steps and status.json: the RL-steps bar (stage, mean reward).
+Where the output is not a terminal (a pipe, a log file, CI), rich draws the bars once, at the
+end; there a plain line says where the run is whenever it moved, at most every 30 s.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -20,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rlpipe.core.config import RunConfig
 
 POLL_S = 1.0
+PLAIN_EVERY_S = 30.0
 LINKS_DOCUMENT = "links.json"  # written by tasks/status.py
 WARMSTART_DOCUMENT = "progress/warmstart.json"
 GATE_DOCUMENT = "qa/before_train.json"  # written by tasks/quality_gate.py
@@ -48,8 +52,30 @@ def warmstart_detail(document: dict[str, Any]) -> str:
     return detail
 
 
+class PlainLines:
+    """Progress as plain lines, for output that is not a terminal: a line is printed when
+    what it says changed and `every_s` passed since the last one (or when `final`)."""
+
+    def __init__(self, console: Console, every_s: float = PLAIN_EVERY_S) -> None:
+        self.console = console
+        self.every_s = every_s
+        self.started = time.monotonic()
+        self._said: str | None = None
+        self._said_at = float("-inf")
+
+    def offer(self, line: str, final: bool = False) -> None:
+        now = time.monotonic()
+        if line == self._said or (not final and now - self._said_at < self.every_s):
+            return
+        elapsed = int(now - self.started)
+        self.console.print(f"[{elapsed // 60}:{elapsed % 60:02d}] {line}", soft_wrap=True, markup=False, highlight=False)
+        self._said, self._said_at = line, now
+
+
 @contextmanager
-def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator[None]:
+def follow_run(
+    run_config: RunConfig, run_id: str, console: Console, plain_every_s: float = PLAIN_EVERY_S
+) -> Iterator[None]:
     from rlpipe.tasks.builders import build_lake
 
     lake = build_lake(run_config)
@@ -59,6 +85,7 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console, transient=False,
     )
     rl_bar = progress.add_task("RL steps", total=run_config.train.steps, detail="starting")
+    plain = None if console.is_terminal else PlainLines(console, plain_every_s)
     state: dict[str, Any] = {"links_shown": False, "warmstart_bar": None, "gate_shown": not run_config.qa.before_train}
     try:
         stale_links = lake.read_json(run_id, LINKS_DOCUMENT)  # a resumed run's previous flow run
@@ -80,7 +107,7 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
             progress.console.print(str(document.get("line")), soft_wrap=True, markup=False)
             state["gate_shown"] = True
 
-    def show_warmstart() -> None:
+    def show_warmstart(stage: str | None) -> None:
         document = lake.read_json(run_id, WARMSTART_DOCUMENT)
         if document is None:
             return
@@ -90,6 +117,8 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
         done = int(document["steps_done"])
         total = done if document.get("finished") else int(document["steps_max"])  # stopped early: full bar
         progress.update(bar, completed=done, total=total, detail=warmstart_detail(document))
+        if plain is not None and stage == "warm-start":
+            plain.offer(f"warm-start {done}/{int(document['steps_max'])}  {warmstart_detail(document)}".rstrip())
 
     def poll() -> None:
         while not stop.wait(POLL_S):
@@ -100,7 +129,7 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
                     show_gate()
                 status = lake.read_status(run_id)
                 if status is not None and status.stage == "warm-start" or state["warmstart_bar"] is not None:
-                    show_warmstart()
+                    show_warmstart(status.stage if status is not None else None)
                 steps = lake.committed_steps(run_id)
                 reward = lake.read_manifest(run_id, steps[-1]).metric("reward/mean") if steps else None
             except Exception:  # noqa: BLE001 - the display is best effort; the flow reports errors
@@ -109,6 +138,8 @@ def follow_run(run_config: RunConfig, run_id: str, console: Console) -> Iterator
             if reward is not None:
                 detail += f"  reward {reward:.3f}"
             progress.update(rl_bar, completed=len(steps), detail=detail)
+            if plain is not None and status is not None and status.stage != "warm-start":
+                plain.offer(f"RL steps {len(steps)}/{run_config.train.steps}  {detail}".rstrip())
 
     thread = threading.Thread(target=poll, daemon=True)
     with progress:
