@@ -40,11 +40,10 @@ from transformers import (
 )
 
 from rlpipe.core.errors import ModelNotFoundError
+from rlpipe.rl.model_folder import check_model_folder
 from rlpipe.rl.char_tokenizer import BOS_TOKEN, DEFAULT_ALPHABET, EOS_TOKEN, PAD_TOKEN, UNK_TOKEN, char_tokenizer_backend
 
 
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
@@ -189,21 +188,6 @@ def load_local_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
                                  "pass a folder written by model.save_pretrained() and tokenizer.save_pretrained()") from exc
     tokenizer.padding_side = "left"
     return tokenizer
-
-
-def check_model_folder(path: str | Path) -> Path:
-    """Raise ModelNotFoundError unless `path` holds a config, weights and a tokenizer."""
-    folder = Path(path)
-    hint = "pass a folder written by model.save_pretrained() and tokenizer.save_pretrained(), or leave model.path unset to build a tiny model"
-    if not folder.is_dir():
-        raise ModelNotFoundError(f"model folder not found: {folder}", hint)
-    if not (folder / "config.json").is_file():
-        raise ModelNotFoundError(f"model folder {folder} has no config.json", hint)
-    if not any((folder / name).is_file() for name in _WEIGHT_FILES):
-        raise ModelNotFoundError(f"model folder {folder} has no weights ({', '.join(_WEIGHT_FILES)})", hint)
-    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
-        raise ModelNotFoundError(f"model folder {folder} has no tokenizer (tokenizer.json)", hint)
-    return folder
 
 
 def _load_tokenizer(folder: Path) -> PreTrainedTokenizerFast:

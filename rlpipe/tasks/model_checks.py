@@ -8,7 +8,9 @@ longest warm-start example (prompt + reference answer + <eos>); for the tiny mod
 positions (its shape is checked when the config loads, core/config.py). Every failure is a
 ConfigError naming the field, the value and what to do.
 
-What it does not: build the model or read weights (config.json and the tokenizer only).
+What it does not: build the model or read weights (config.json and the tokenizer only), or
+import torch or transformers for a folder with a tokenizer.json (read with `tokenizers`, what
+a fast HF tokenizer wraps): a bad folder is refused in a second, not after torch's import.
 Prompts are measured over every task a domain lists (`all_tasks`), the held-out set, the
 warm-start's own draw and a seeded sample of training tasks: generated domains (arithmetic,
 reverse) reach their longest prompt within such a sample.
@@ -26,14 +28,13 @@ from rlpipe.core.errors import ConfigError, ModelNotFoundError
 from rlpipe.core.records import Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.envs.mixture import Mixture
+from rlpipe.rl.model_folder import FOLDER_HINT, check_model_folder
 
 TRAIN_SAMPLE = 2000  # training tasks drawn beyond the warm-start's draw to find the longest prompt
 
 
 def check_folder_model(config: RunConfig, mixture: Mixture) -> None:
     """A model folder (`model.path`): shape, vocabulary and positions from its config.json."""
-    from rlpipe.rl.policy import check_model_folder, load_local_tokenizer  # transformers: only for a model folder
-
     folder = check_model_folder(config.model.path)
     where = f"{folder / 'config.json'}"
     model_config = _read_json(folder / "config.json")
@@ -44,12 +45,13 @@ def check_folder_model(config: RunConfig, mixture: Mixture) -> None:
         check_attention_shape(hidden, heads, heads if kv_heads is None else kv_heads, head_dim, {
             key: f"{key} in {where}" for key in ("hidden_size", "head_dim")
         } | {"num_heads": f"num_attention_heads in {where}", "num_kv_heads": f"num_key_value_heads in {where}"})
-    tokenizer = load_local_tokenizer(folder)
+    tokenizer = _folder_tokenizer(folder)
+    tokens = tokenizer.get_vocab_size(with_added_tokens=True) if isinstance(tokenizer, Tokenizer) else len(tokenizer)
     vocab_size = _int_field(model_config, "vocab_size", where)
-    if vocab_size is not None and vocab_size < len(tokenizer):
+    if vocab_size is not None and vocab_size < tokens:
         raise ConfigError(
-            f"vocab_size={vocab_size} in {where} is smaller than its tokenizer ({len(tokenizer)} tokens): "
-            f"token ids {vocab_size}..{len(tokenizer) - 1} have no embedding",
+            f"vocab_size={vocab_size} in {where} is smaller than its tokenizer ({tokens} tokens): "
+            f"token ids {vocab_size}..{tokens - 1} have no embedding",
             "save the model with the tokenizer it was trained with, or resize it first "
             "(model.resize_token_embeddings(len(tokenizer)), then save_pretrained)",
         )
@@ -57,6 +59,23 @@ def check_folder_model(config: RunConfig, mixture: Mixture) -> None:
     if positions is not None:
         check_positions(config, mixture, tokenizer, positions, f"max_position_embeddings in {where}",
                         "use a model with more positions")
+
+
+def _folder_tokenizer(folder: Path):
+    """The folder's tokenizer.json through `tokenizers`: for a folder as save_pretrained writes
+    it (tokenizer.json beside tokenizer_config.json) the same vocabulary, added tokens and
+    encoding as the fast HF tokenizer the workers load. Any other folder (a slow tokenizer's
+    files; a bare tokenizer.json, to which transformers adds tokens of its own) goes through
+    transformers."""
+    path = folder / "tokenizer.json"
+    if not (path.is_file() and (folder / "tokenizer_config.json").is_file()):
+        from rlpipe.rl.policy import load_local_tokenizer  # torch and transformers: slow tokenizers only
+
+        return load_local_tokenizer(folder)
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception on a bad file
+        raise ModelNotFoundError(f"cannot load the tokenizer in {folder}: {exc}", FOLDER_HINT) from exc
 
 
 def check_gguf_model(config: RunConfig, mixture: Mixture) -> None:
