@@ -3,8 +3,10 @@ no PREFECT_API_URL) and against a running Prefect server (the session's harness)
 
 Runs the real CLI on a pseudo-terminal: ^C is the byte 0x03 written to the terminal, so the
 kernel sends SIGINT to the whole foreground process group, as a user's ^C does; SIGTERM is
-`kill PID`. After the signal the command must: exit 130 (SIGINT) or 143 (SIGTERM) within a
-generous bound, print one line with the resume command and no traceback, leave no process
+`kill PID` (the CLI alone: it must stop its workers itself). Each signal is sent once: SIGTERM
+in ephemeral mode during the warm start, ^C with a Prefect server during an RL step (and ^C
+under `rlpipe up`: test_signals_up.py). After the signal the command must: exit 130 (SIGINT)
+or 143 (SIGTERM) (a run still alive 600 s after it is hung: killed, and the test fails), print one line with the resume command and no traceback, leave no process
 behind (no process carries the run's PREFECT_HOME in its environment), and have marked
 the run interrupted in the lake (status.json), MLflow (KILLED) and Prefect (Crashed). Then
 the run resumes to the end; after a resume in RL steps the Prefect step table holds every
@@ -180,7 +182,7 @@ def check_interrupted(result: Interrupted, lake_uri: str, run_id: str, signal_na
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("send", ["int"])  # SIGTERM takes the same path; it is sent in the Prefect-server test below (CI time)
+@pytest.mark.parametrize("send", ["term"])  # ^C (SIGINT) is sent in the Prefect-server test below: one run per signal (CI time)
 def test_signal_in_ephemeral_mode_ends_in_order_and_the_run_resumes(
     tmp_path: Path, send: str, prefect_db_snapshot: Path | None
 ) -> None:
@@ -199,16 +201,15 @@ def test_signal_in_ephemeral_mode_ends_in_order_and_the_run_resumes(
 
     shown = run_cli(["runs", "show", run_id, "--lake", where.lake_uri], env, tmp_path)
     assert f"resume with: rlpipe resume {run_id} --lake {where.lake_uri}" in shown.stdout, shown.stdout
-    if send == "int":  # one resume is enough to show the interrupted run goes on
-        resumed = run_cli(["resume", run_id, "--lake", where.lake_uri], env, tmp_path)
-        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-        assert Lake.open(where.lake_uri).committed_steps(run_id) == [1, 2, 3, 4, 5, 6]
-        assert ephemeral_states(Path(env["PREFECT_HOME"]), run_id)[1:] == ["COMPLETED"]
-        assert wait_for_no_process(env["PREFECT_HOME"]) == []
+    resumed = run_cli(["resume", run_id, "--lake", where.lake_uri], env, tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert Lake.open(where.lake_uri).committed_steps(run_id) == [1, 2, 3, 4, 5, 6]
+    assert ephemeral_states(Path(env["PREFECT_HOME"]), run_id)[1:] == ["COMPLETED"]
+    assert wait_for_no_process(env["PREFECT_HOME"]) == []
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("send", ["int", "term"])
+@pytest.mark.parametrize("send", ["int"])  # SIGTERM: the ephemeral-mode test above
 def test_signal_with_a_prefect_server_ends_in_order(tmp_path: Path, prefect_api_url: str, send: str) -> None:
     """Interrupted in an RL step (once step 1 is persisted); the ^C run resumes, and its
     Prefect step table then holds every step, also those before the interruption."""
@@ -222,12 +223,11 @@ def test_signal_with_a_prefect_server_ends_in_order(tmp_path: Path, prefect_api_
     assert where_stopped["step"] >= 1 and where_stopped["stage"] != "warm-start"  # step 1 persisted: in its update or later
     assert wait_for_no_process(env["PREFECT_HOME"]) == []
     assert asyncio.run(flow_run_states(run_id))[0] in ENDED
-    if send == "int":
-        resumed = run_cli(["resume", run_id, "--lake", where.lake_uri], env, tmp_path)
-        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-        assert asyncio.run(flow_run_states(run_id))[1:] == ["COMPLETED"]
-        key = "rlpipe-steps-" + run_id.lower()
-        assert [int(row["step"]) for row in asyncio.run(step_table(key))] == [1, 2, 3, 4, 5, 6]
+    resumed = run_cli(["resume", run_id, "--lake", where.lake_uri], env, tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert asyncio.run(flow_run_states(run_id))[1:] == ["COMPLETED"]
+    key = "rlpipe-steps-" + run_id.lower()
+    assert [int(row["step"]) for row in asyncio.run(step_table(key))] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize(
