@@ -13,7 +13,7 @@ from rlpipe.core.errors import EngineFailed, ModelNotFoundError, StorageUnavaila
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.workers.client import EngineClient, WorkerSpec
 from rlpipe.workers.protocol import RemoteError, UpdateResult, failed_from, raise_failed
-from tests.workers.workers_at_hand import tiny_config, worker_pair
+from tests.workers.workers_at_hand import engine_worker, tiny_config
 
 
 def _carried(error: BaseException) -> BaseException:
@@ -38,7 +38,7 @@ def test_errors_cross_as_their_own_class_infra_faults_as_engine_failed_bugs_as_r
 
 
 def test_generate_and_version_round_trip_through_a_real_engine_worker(tmp_path: Path) -> None:
-    with worker_pair(tmp_path) as (engine, _, _):
+    with engine_worker(tmp_path) as engine:
         params = SamplingParams(n=3, max_new_tokens=4, seed=5)
         result = engine.generate([("t1", "1+2="), ("t2", "3+4=")], params)
         # 2 prompts x n=3, prompt-major, each stamped with the version the engine serves (0)
@@ -53,7 +53,7 @@ def test_generate_and_version_round_trip_through_a_real_engine_worker(tmp_path: 
 
 
 def test_a_request_the_worker_does_not_serve_is_a_remote_error_and_the_worker_lives_on(tmp_path: Path) -> None:
-    with worker_pair(tmp_path) as (engine, _, _):
+    with engine_worker(tmp_path) as engine:
         engine.version()
         pid_before = engine.pid
         with pytest.raises(RemoteError, match="does not serve UpdateResult"):

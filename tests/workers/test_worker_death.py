@@ -21,14 +21,14 @@ from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
 from tests.durability.cli_runs import final_weights
 from tests.flows.runs import tiny_config
-from tests.workers.workers_at_hand import wait_until_gone, worker_pair
+from tests.workers.workers_at_hand import engine_worker, wait_until_gone
 
 PARAMS = SamplingParams(n=2, max_new_tokens=4, seed=3)
 PROMPTS = [("t", "5+5=")]
 
 
 def test_a_worker_killed_between_calls_is_restarted_by_the_next_call(tmp_path: Path) -> None:
-    with worker_pair(tmp_path) as (engine, _, _):
+    with engine_worker(tmp_path) as engine:
         first = engine.generate(PROMPTS, PARAMS)
         old_pid = engine.pid
         os.kill(old_pid, signal.SIGKILL)
@@ -41,7 +41,7 @@ def test_a_worker_killed_between_calls_is_restarted_by_the_next_call(tmp_path: P
 def test_a_call_sent_to_a_worker_being_killed_goes_to_a_fresh_one(tmp_path: Path) -> None:
     """No wait after the kill: the process may still exist when the request is sent, but it
     never reads it (no Accepted comes back), so the client sends it again to a fresh worker."""
-    with worker_pair(tmp_path) as (engine, _, _):
+    with engine_worker(tmp_path) as engine:
         first = engine.generate(PROMPTS, PARAMS)
         old_pid = engine.pid
         os.kill(old_pid, signal.SIGKILL)
@@ -54,7 +54,7 @@ def test_a_worker_killed_during_a_call_raises_engine_failed_and_the_next_call_st
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RLPIPE_FAILPOINTS", "engine-generate@1")  # the worker SIGKILLs itself in its 1st generate
-    with worker_pair(tmp_path) as (engine, _, _):
+    with engine_worker(tmp_path) as engine:
         with pytest.raises(EngineFailed, match="died during Generate") as caught:
             engine.generate(PROMPTS, PARAMS)
         assert "exit code -9" in caught.value.message

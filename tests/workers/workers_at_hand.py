@@ -1,5 +1,7 @@
-"""Helpers for worker tests: a pair of real workers (engine, trainer) for a tiny config,
-started in this process and stopped at the end, and process checks through /proc."""
+"""Helpers for worker tests: a pair of real workers (engine, trainer) for a tiny config, or
+the engine worker alone (each worker start imports torch and transformers: a test that never
+calls the trainer does not start one), started in this process and stopped at the end, and
+process checks through /proc."""
 
 from __future__ import annotations
 
@@ -22,9 +24,18 @@ def tiny_config(tmp_path: Path, *overrides: str) -> RunConfig:
 
 
 @contextmanager
-def worker_pair(tmp_path: Path, run_id: str = "w", *overrides: str) -> Iterator[tuple[EngineClient, TrainerClient, Path]]:
+def engine_worker(tmp_path: Path, run_id: str = "w") -> Iterator[EngineClient]:
+    """The engine worker of a tiny run, without a trainer."""
+    with worker_pair(tmp_path, run_id, start_trainer=False) as (engine, _, _):
+        yield engine
+
+
+@contextmanager
+def worker_pair(
+    tmp_path: Path, run_id: str = "w", *overrides: str, start_trainer: bool = True
+) -> Iterator[tuple[EngineClient, TrainerClient, Path]]:
     """(engine, trainer, weights folder) of a tiny run; the socket folder is short (AF_UNIX
-    paths stop at 107 bytes)."""
+    paths stop at 107 bytes). With start_trainer=False the trainer starts on its first call."""
     config = tiny_config(tmp_path, *overrides)
     sockets = Path(tempfile.mkdtemp(prefix="rlw-"))
     shm = tmp_path / "shm"
@@ -36,7 +47,8 @@ def worker_pair(tmp_path: Path, run_id: str = "w", *overrides: str) -> Iterator[
     engine, trainer = EngineClient(spec("engine")), TrainerClient(spec("trainer"))
     try:
         engine.start()
-        trainer.start()
+        if start_trainer:
+            trainer.start()
         yield engine, trainer, shm
     finally:
         engine.stop()
