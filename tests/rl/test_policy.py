@@ -44,7 +44,7 @@ def test_saved_policy_loads_the_same_through_auto_classes_and_pipeline(architect
     model = build_tiny_model(architecture, len(tokenizer), 64, 2, 4, 128, 64, seed=0)
     env = ReverseEnv(max_word_len=3)
     train_tasks = env.tasks("train", 200, seed=0)
-    warm_start(model, tokenizer, [(t.prompt, t.reference_answer) for t in train_tasks], steps=80, batch_size=32, lr=3e-3, seed=0)
+    warm_start(model, tokenizer, [(t.prompt, t.reference_answer) for t in train_tasks], steps=30, batch_size=32, lr=3e-3, seed=0)
     save_checkpoint(tmp_path, model, tokenizer, {}, CheckpointMeta(step=0, policy_version=0, config_hash="test"))
     folder = tmp_path / POLICY_DIR
     assert sorted(path.name for path in folder.iterdir()) == [
