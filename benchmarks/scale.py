@@ -68,6 +68,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from rlpipe.workers.shm import weights_folder  # noqa: E402 - torch-free: names the run's /dev/shm folder
 GIB = 1024**3
 MAX_OPERAND = 3  # arithmetic a+b, a and b in 0..3: answers 0..6, guessable by a barely trained model
 
@@ -130,13 +132,12 @@ class Watch:
     """VmHWM of a process tree, polled until stopped."""
 
     root: int
+    shm_folder: Path  # the run's weight-sync folder (workers/shm.py)
     peaks: dict[int, ProcessPeak] = field(default_factory=dict)
-    shm_base: int = 0
     shm_peak: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        self.shm_base = shutil.disk_usage("/dev/shm").used
         while not self.stop.is_set():
             for pid in _descendants(self.root):
                 status = _status_kib(pid)
@@ -149,8 +150,22 @@ class Watch:
                     peak.role = _role(pid, self.root)
                 peak.vmhwm_kib = max(peak.vmhwm_kib, status["VmHWM"])
                 peak.anon_kib = max(peak.anon_kib, status.get("RssAnon", 0))
-            self.shm_peak = max(self.shm_peak, shutil.disk_usage("/dev/shm").used - self.shm_base)
+            self.shm_peak = max(self.shm_peak, _folder_bytes(self.shm_folder))
             self.stop.wait(0.2)
+
+
+def _folder_bytes(folder: Path) -> int:
+    """Bytes of the files in `folder` (0 when it is gone)."""
+    total = 0
+    try:
+        for entry in os.scandir(folder):
+            try:
+                total += entry.stat().st_size
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return total
 
 
 def _children() -> dict[int, list[int]]:
@@ -273,7 +288,7 @@ def run_variant(name: str, overrides: list[str], model: Path, work: Path, thread
     log = work / f"{name}.log"
     with log.open("w") as out:
         process = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
-        watch = Watch(process.pid)
+        watch = Watch(process.pid, weights_folder(run_id))
         thread = threading.Thread(target=watch.run, daemon=True)
         thread.start()
         returncode = process.wait()
