@@ -101,23 +101,29 @@ class HFEngine:
         """Rows (dim 0; 1 for a 0-dim tensor) of every parameter, by name."""
         return {name: parameter.shape[0] if parameter.dim() else 1 for name, parameter in self._parameters.items()}
 
-    @torch.no_grad()
-    def copy_rows(self, name: str, first_row: int, tensor: torch.Tensor) -> None:
-        """Copy `tensor` in place into rows first_row.. of parameter `name` (cast to its device
-        and dtype), leaving the policy version as it is: a chunk of a weight stream
-        (workers/weights.py). Unknown names or shapes that do not fit raise ValueError."""
+    def rows_view(self, name: str, first_row: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """The engine's parameter `name`, rows first_row.. as a tensor of `shape` (a view: writing
+        it changes the weights in place; the policy version stays as it is). The way a chunk of
+        a weight stream (workers/weights.py) lands. Unknown names or shapes that do not fit
+        raise ValueError."""
         parameter = self._parameters.get(name)
         if parameter is None:
             raise ValueError(f"engine model has no parameter {name!r}; weight names must match the trainer model's")
-        rows = tensor.shape[0] if tensor.dim() else 1
+        rows = shape[0] if shape else 1
         if parameter.dim() and not 0 <= first_row <= parameter.shape[0] - rows:
             raise ValueError(f"weight {name!r} rows {first_row}..{first_row + rows} are outside the engine's parameter "
                              f"of shape {tuple(parameter.shape)}")
-        target = parameter.narrow(0, first_row, rows) if parameter.dim() and tensor.dim() else parameter
-        if target.shape != tensor.shape:
-            raise ValueError(f"weight {name!r} rows {first_row}.. of shape {tuple(tensor.shape)} do not fit the engine's "
+        target = parameter.narrow(0, first_row, rows) if parameter.dim() and shape else parameter
+        if tuple(target.shape) != tuple(shape):
+            raise ValueError(f"weight {name!r} rows {first_row}.. of shape {tuple(shape)} do not fit the engine's "
                              f"parameter of shape {tuple(parameter.shape)}")
-        target.copy_(tensor.detach().to(parameter.device, parameter.dtype))
+        return target.detach()
+
+    @torch.no_grad()
+    def copy_rows(self, name: str, first_row: int, tensor: torch.Tensor) -> None:
+        """Copy `tensor` in place into rows first_row.. of parameter `name` (cast to its device and dtype)."""
+        target = self.rows_view(name, first_row, tuple(tensor.shape))
+        target.copy_(tensor.detach().to(target.device, target.dtype))
 
     def acknowledge(self, policy_version: int) -> None:
         """The engine now serves `policy_version` (after a complete weight stream)."""

@@ -146,7 +146,7 @@ def _load_stream(service: EngineService, request: Any) -> int | None:
     """BeginWeightLoad / LoadWeightChunk / EndWeightLoad (see the module docstring)."""
     engine = service.engine
     if isinstance(request, BeginWeightLoad):
-        if not hasattr(engine, "copy_rows"):
+        if not hasattr(engine, "rows_view"):
             raise ValueError(f"{type(engine).__name__} takes whole weight files only (LoadWeightsFile), not a stream")
         service._stream = _StreamLoad(request, engine.weight_rows())  # weights still whole: not poisoned yet
         return None
@@ -157,7 +157,7 @@ def _load_stream(service: EngineService, request: Any) -> int | None:
     service.poisoned = True  # from the first chunk on, the weights are mixed until the stream ends
     if isinstance(request, LoadWeightChunk):
         failpoint("engine-weight-chunk", whole_run=False)  # tests: the engine dies mid-stream
-        for name, _, rows in weights.load_chunk(request.path, engine.copy_rows):
+        for name, _, rows in weights.load_chunk(request.path, engine.rows_view):
             stream.add(name, rows)
         return None
     missing = stream.missing()

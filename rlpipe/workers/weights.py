@@ -6,9 +6,9 @@ weights (the trainer model's named_parameters, or only the LoRA adapter's: whate
 `Trainer.named_weights()` yields) into pieces of rows (dim 0) and packs them into chunks of at
 most `chunk_bytes` each (a single row larger than that is a chunk of its own).
 `write_chunk` writes one chunk as a safetensors file whose metadata gives each piece's first
-row; `load_chunk` copies a chunk's pieces in place into the engine's parameters and deletes
-the file. So the memory a sync adds is about one chunk (the file, plus the engine's read of
-one piece), never a second copy of the model.
+row; `load_chunk` reads a chunk's pieces straight into the engine's parameter rows (no
+buffer when the dtype matches) and deletes the file. So the memory a sync adds is one chunk
+file on /dev/shm, never a second copy of the model.
 
 Whole files (async runs, tasks/engine_versions.py): `publish` writes every tensor into one
 file that must outlive the trainer's next updates; the engine worker loads it with
@@ -36,6 +36,7 @@ from safetensors import safe_open
 
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64", torch.int64: "I64",
            torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+_FROM_NAME = {name: dtype for dtype, name in _DTYPES.items()}
 FIRST_ROWS_KEY = "first_rows"  # metadata: JSON {name: first row of the piece in its parameter}
 
 
@@ -112,16 +113,28 @@ def write_chunk(named_tensors: Iterable[tuple[str, torch.Tensor]], chunk: list[P
     return _write(path, tensors, {"policy_version": str(policy_version), FIRST_ROWS_KEY: first_rows})
 
 
-def load_chunk(path: str | Path, copy_rows) -> list[tuple[str, int, int]]:  # noqa: ANN001 - (name, first_row, tensor) -> None
-    """Hand each piece of a chunk file to `copy_rows(name, first_row, tensor)`, then delete
-    the file; returns the pieces as (name, first row, rows)."""
+def load_chunk(path: str | Path, rows_view) -> list[tuple[str, int, int]]:  # noqa: ANN001 - (name, first_row, shape) -> Tensor
+    """Read each piece of a chunk file into `rows_view(name, first_row, shape)` (the engine's
+    parameter rows, written in place: straight from the file when dtype and layout match, else
+    through a piece-sized buffer cast by copy_), then delete the file; returns the pieces as
+    (name, first row, rows)."""
     loaded = []
-    with safe_open(str(path), framework="pt", device="cpu") as chunk:
-        first_rows = json.loads((chunk.metadata() or {})[FIRST_ROWS_KEY])
-        for name in chunk.keys():
-            tensor = chunk.get_tensor(name)
-            copy_rows(name, int(first_rows[name]), tensor)
-            loaded.append((name, int(first_rows[name]), _rows(tensor)))
+    with open(path, "rb") as chunk:
+        size = int.from_bytes(chunk.read(8), "little")
+        header = json.loads(chunk.read(size))
+        first_rows = json.loads(header.pop("__metadata__")[FIRST_ROWS_KEY])
+        for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+            start, stop = entry["data_offsets"]
+            shape, dtype = tuple(entry["shape"]), _FROM_NAME[entry["dtype"]]
+            target = rows_view(name, int(first_rows[name]), shape)
+            direct = target.dtype == dtype and target.device.type == "cpu" and target.is_contiguous()
+            buffer = target if direct else torch.empty(shape, dtype=dtype)
+            chunk.seek(8 + size + start)
+            if stop > start and chunk.readinto(memoryview(buffer.reshape(-1).view(torch.uint8).numpy())) != stop - start:
+                raise OSError(f"weight chunk {path} ends inside {name!r}: a truncated file")
+            if not direct:
+                target.copy_(buffer.to(target.device, target.dtype))
+            loaded.append((name, int(first_rows[name]), _rows(buffer)))
     Path(path).unlink(missing_ok=True)
     return loaded
 
