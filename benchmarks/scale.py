@@ -16,38 +16,47 @@ Each variant is a real `rlpipe train` run through the workers (controller, engin
 trainer worker, Prefect's temporary server): model.path = that folder, no warm start, 4 prompts x
 4 samples x 32 new tokens of that arithmetic domain, train.steps = 1, 4 held-out tasks. While it
 runs, /proc/PID/status of the CLI and all its descendants is polled (every 0.2 s) for VmHWM,
-the peak resident set of each process (it includes mapped /dev/shm pages: the engine worker maps
-the weight file it loads). Printed per variant: the step time (`time/step_s` of the lake's step
-metrics), the peak of each process, their sum, and the sum against 6x the fp32 weight size
-(parameters x 4 bytes). VmHWM counts file pages too: the model's safetensors file that
-from_pretrained maps (page cache, 1x the weights while loading) and the weight-sync file the
-engine worker maps (/dev/shm). So a second sum counts private memory only: the polled peak of
-each process's RssAnon plus the peak of /dev/shm's use (the sync file once); polling every 0.2 s
-can miss a short peak, so that sum is a lower bound.
+the peak resident set of each process, and for RssAnon; the run's weight-sync folder
+(/dev/shm/rlpipe-<run id>) is polled for the bytes of its files. Printed per variant: the step
+time (`time/step_s` of the lake's step metrics), the peak of each process, their sum, and the
+sum against 6x the fp32 weight size (parameters x 4 bytes). VmHWM counts mapped file pages
+(shared libraries, the model file from_pretrained maps) but not a file on /dev/shm that no
+process maps: the weight-sync files are written and read with write()/read(). So a second sum
+counts private memory: the polled peak of each process's RssAnon plus the peak of the sync
+folder; polling every 0.2 s can miss a short peak, so that sum is a lower bound.
 
 Variants (rows): fp32 (full fine-tuning, the defaults), gc (train.gradient_checkpointing),
 bf16 (model.dtype = bfloat16: the engine's and the trainer's weights in bf16, but the trainer
 keeps fp32 master weights, fp32 gradients and fp32 AdamW states, rl/precision.py), lora (rank 8 on
 every linear layer: only the adapter has gradients and AdamW states).
 
-Measured 2026-12-01 on the shared 2-core, 24 GiB machine (load 4-13, other runs using 10-16
-GiB; fp32 weights 1.84 GiB, 6x = 11.04 GiB; OMP_NUM_THREADS=2, nice 10):
-- lora: step 48.0 s (generate 11.9, update 35.4, sync 0.5); VmHWM trainer 4.41, engine 4.13,
-  controller 0.71, Prefect 0.22 GiB: sum 9.47 GiB = 5.15x, UNDER; private (RssAnon) 2.41 + 2.24
-  + 0.53 + 0.19 + /dev/shm 0.02 = 5.39 GiB = 2.93x. (VmHWM - RssAnon ~ 2 GiB in each worker:
-  from_pretrained's mapped model file, page cache.)
-- gc (full fp32 fine-tuning): the step ran (generate 4.9 s, update 70.6 s, sync 6.3 s,
-  grad_norm 18.7), then the trainer worker was OOM-killed (another 8-10 GiB in use) at RssAnon
-  7.8 GiB, restarted by the retried task, reached 8.7 GiB, and the run was stopped: VmHWM sum
-  13.95 GiB = 7.58x, OVER; private 13.96 GiB = 7.58x (trainer 8.72 = weights 1x + gradients 1x
-  + AdamW 2x + ~0.7x, engine 2.17 = 1.2x, the sync file on /dev/shm 1x, controller and Prefect
-  0.4x). fp32 without checkpointing: the same OOM (trainer 7.96 GiB VmHWM before the kill).
-  bf16 was not run (no memory left): its trainer keeps fp32 masters, gradients and AdamW states
-  (>= 4.5x), so it would not be under 6x either; the engine's half (0.5x) and a half-size sync
-  file (0.5x) are what it saves.
-So on this machine only LoRA is under 6x; full fine-tuning needs the sync file not to coexist
-with the engine's weights (sync in chunks), and less than 4x in the trainer (8-bit or bf16
-AdamW states, or an optimizer offload) to get there.
+Measured 2026-12-01 on the shared 2-core, 24 GiB machine (fp32 weights 1.84 GiB, 6x = 11.04
+GiB; OMP_NUM_THREADS=2, nice 10; `--variant fp32 --variant gc --keep DIR`):
+- lora (before the chunked sync): step 48.0 s; VmHWM sum 9.47 GiB = 5.15x, UNDER; private
+  5.39 GiB = 2.93x.
+- fp32 with the whole-file sync (load average 9-15): step 81.6 s (generate 10.8, update 62.2,
+  sync 8.3); VmHWM trainer 7.93, engine 2.33, controller 0.71, Prefect 0.22: sum 11.18 GiB =
+  6.08x, OVER; private 10.71 GiB = 5.82x as printed, but that run's /dev/shm column was the
+  machine-wide /dev/shm delta (0.06 GiB, confounded by other jobs' files), which missed the
+  1.84 GiB sync file that coexisted with the engine's weights: counting it, 12.49 GiB = 6.79x.
+- fp32 with the chunked sync, fused AdamW and gradients freed after the step (load 6-10):
+  step 79.1 s (generate 10.3, update 59.7, sync 8.9); VmHWM trainer 7.93, engine 2.33,
+  controller 0.70, Prefect 0.19: sum 11.15 GiB = 6.06x, OVER by 0.11 GiB; private 10.64 GiB
+  = 5.78x, UNDER (sync folder peak 0.06 GiB: one 64 MiB chunk).
+- fp32 again once chunks were read straight into the engine's parameters (readinto, no
+  buffer; load 5-6): step 75.8 s (generate 10.3, update 61.4, sync 3.8); VmHWM 7.94 + 2.29 +
+  0.70 + 0.19 = 11.12 GiB = 6.04x, OVER by 0.08 GiB; private 10.68 GiB = 5.81x, UNDER.
+- gc, with the chunked sync before readinto (load 4-8): step 18.0 s (generate 1.7, update 13.3, sync 2.9); VmHWM 7.93 +
+  2.37 + 0.70 + 0.22 = 11.23 GiB = 6.10x, OVER by 0.19 GiB; private 10.69 GiB = 5.81x, UNDER.
+What remains: the trainer's peak is AdamW's floor, weights + gradients + two moments = 4x
+(7.36 GiB) plus ~0.5 GiB of libraries and buffers, and neither the fused AdamW (no
+temporaries in the step: the unfused CPU step allocates 2x the largest tensor, here the 519
+MiB embedding) nor checkpointing moved it: the measured peak is the 4x itself. The engine is
+its weights plus ~0.5 GiB, the controller and Prefect 0.9 GiB (0.5x). So full fp32 AdamW fits
+6x in private memory, with the sync no longer adding a second copy of the weights (1x before),
+but not by VmHWM (6.04x), whose extra 0.5 GiB is mapped libraries and files; getting under
+that needs less than 4x in the trainer (8-bit or bf16 AdamW moments: other numerics, so not
+by default) or a lighter controller.
 
 What it does not do: assert anything, measure a GPU, or measure more than one step (the first
 step includes no warm-up beyond the engine's own).
@@ -68,6 +77,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from rlpipe.workers.shm import weights_folder  # noqa: E402 - torch-free: names the run's /dev/shm folder
 GIB = 1024**3
 MAX_OPERAND = 3  # arithmetic a+b, a and b in 0..3: answers 0..6, guessable by a barely trained model
 
@@ -130,13 +141,12 @@ class Watch:
     """VmHWM of a process tree, polled until stopped."""
 
     root: int
+    shm_folder: Path  # the run's weight-sync folder (workers/shm.py)
     peaks: dict[int, ProcessPeak] = field(default_factory=dict)
-    shm_base: int = 0
     shm_peak: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        self.shm_base = shutil.disk_usage("/dev/shm").used
         while not self.stop.is_set():
             for pid in _descendants(self.root):
                 status = _status_kib(pid)
@@ -149,8 +159,22 @@ class Watch:
                     peak.role = _role(pid, self.root)
                 peak.vmhwm_kib = max(peak.vmhwm_kib, status["VmHWM"])
                 peak.anon_kib = max(peak.anon_kib, status.get("RssAnon", 0))
-            self.shm_peak = max(self.shm_peak, shutil.disk_usage("/dev/shm").used - self.shm_base)
+            self.shm_peak = max(self.shm_peak, _folder_bytes(self.shm_folder))
             self.stop.wait(0.2)
+
+
+def _folder_bytes(folder: Path) -> int:
+    """Bytes of the files in `folder` (0 when it is gone)."""
+    total = 0
+    try:
+        for entry in os.scandir(folder):
+            try:
+                total += entry.stat().st_size
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return total
 
 
 def _children() -> dict[int, list[int]]:
@@ -273,7 +297,7 @@ def run_variant(name: str, overrides: list[str], model: Path, work: Path, thread
     log = work / f"{name}.log"
     with log.open("w") as out:
         process = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
-        watch = Watch(process.pid)
+        watch = Watch(process.pid, weights_folder(run_id))
         thread = threading.Thread(target=watch.run, daemon=True)
         thread.start()
         returncode = process.wait()

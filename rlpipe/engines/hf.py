@@ -59,7 +59,7 @@ class HFEngine:
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int = 128, device: str = "cpu",
         prompt_format: PromptFormat = "plain", *, dtype: torch.dtype | str = torch.float32,
-        prefix_sharing: bool = True, drop_finished_rows: bool = True,
+        prefix_sharing: bool = True, drop_finished_rows: bool = True, copy_model: bool = True,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -68,8 +68,11 @@ class HFEngine:
             self._device = torch.device(device)
         except RuntimeError as exc:
             raise ValueError(f"engine device must be cpu, cuda or cuda:N, got {device!r}") from exc
-        self._model = copy.deepcopy(model).to(device=self._device, dtype=self._dtype).eval()
+        # copy_model=False: the caller hands over a model nobody else uses (the engine worker's),
+        # which is then moved and cast in place: no second copy of the weights while building
+        self._model = (copy.deepcopy(model) if copy_model else model).to(device=self._device, dtype=self._dtype).eval()
         self._model.requires_grad_(False)
+        self._parameters = dict(self._model.named_parameters())
         self._tokenizer = tokenizer
         self._batch_size = batch_size
         self._eos_id = tokenizer.eos_token_id
@@ -87,11 +90,43 @@ class HFEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None:
         """Copy tensors into the engine's parameters by name (cast to its device and dtype);
         unknown names raise ValueError."""
-        parameters = dict(self._model.named_parameters())
         for name, tensor in named_tensors:
-            if name not in parameters:
-                raise ValueError(f"engine model has no parameter {name!r}; weight names must match the trainer model's")
-            parameters[name].copy_(tensor.detach().to(parameters[name].device, parameters[name].dtype))
+            parameter = self._parameters.get(name)
+            if parameter is not None and parameter.shape != tensor.shape:
+                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, the engine's parameter {tuple(parameter.shape)}")
+            self.copy_rows(name, 0, tensor)
+        self._policy_version = policy_version
+
+    def weight_rows(self) -> dict[str, int]:
+        """Rows (dim 0; 1 for a 0-dim tensor) of every parameter, by name."""
+        return {name: parameter.shape[0] if parameter.dim() else 1 for name, parameter in self._parameters.items()}
+
+    def rows_view(self, name: str, first_row: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """The engine's parameter `name`, rows first_row.. as a tensor of `shape` (a view: writing
+        it changes the weights in place; the policy version stays as it is). The way a chunk of
+        a weight stream (workers/weights.py) lands. Unknown names or shapes that do not fit
+        raise ValueError."""
+        parameter = self._parameters.get(name)
+        if parameter is None:
+            raise ValueError(f"engine model has no parameter {name!r}; weight names must match the trainer model's")
+        rows = shape[0] if shape else 1
+        if parameter.dim() and not 0 <= first_row <= parameter.shape[0] - rows:
+            raise ValueError(f"weight {name!r} rows {first_row}..{first_row + rows} are outside the engine's parameter "
+                             f"of shape {tuple(parameter.shape)}")
+        target = parameter.narrow(0, first_row, rows) if parameter.dim() and shape else parameter
+        if tuple(target.shape) != tuple(shape):
+            raise ValueError(f"weight {name!r} rows {first_row}.. of shape {tuple(shape)} do not fit the engine's "
+                             f"parameter of shape {tuple(parameter.shape)}")
+        return target.detach()
+
+    @torch.no_grad()
+    def copy_rows(self, name: str, first_row: int, tensor: torch.Tensor) -> None:
+        """Copy `tensor` in place into rows first_row.. of parameter `name` (cast to its device and dtype)."""
+        target = self.rows_view(name, first_row, tuple(tensor.shape))
+        target.copy_(tensor.detach().to(target.device, target.dtype))
+
+    def acknowledge(self, policy_version: int) -> None:
+        """The engine now serves `policy_version` (after a complete weight stream)."""
         self._policy_version = policy_version
 
     def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> list[Completion]:

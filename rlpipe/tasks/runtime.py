@@ -37,6 +37,7 @@ from rlpipe.storage.tracking import Tracker
 from rlpipe.tasks.builders import build_lake, build_tracker
 from rlpipe.workers.client import EngineClient, TrainerClient, WorkerSpec
 from rlpipe.workers.shm import weights_folder
+from rlpipe.workers.weight_stream import stream_weights
 
 _RUNTIMES: dict[str, "Runtime"] = {}
 
@@ -206,9 +207,13 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
 
 
 def sync_weights(runtime: Runtime) -> float:
-    """Publish the trainer's weights, load them into the engine, delete the file; returns
-    the seconds it took. The engine's acknowledged version is recorded."""
+    """Bring the trainer's weights into the engine; returns the seconds it took. The engine's
+    acknowledged version is recorded. hf: streamed in bounded chunks copied in place
+    (workers/weight_stream.py); other engines: one whole file published, loaded, deleted."""
     started = time.perf_counter()
+    if runtime.config.rollout.engine == "hf":
+        runtime.engine_version = stream_weights(runtime.trainer, runtime.engine).policy_version
+        return time.perf_counter() - started
     published = runtime.trainer.publish_weights()
     try:
         runtime.engine_version = runtime.engine.load_weights_file(published.path, published.policy_version)

@@ -10,6 +10,13 @@ RenderChat (a policy agent's conversation through the tokenizer's chat template)
 vllm and openai are imported only when chosen; a failed import is a ConfigError that says
 what to install.
 
+Weights arrive as a whole file (LoadWeightsFile: async runs, and engines other than hf) or as a
+stream of chunks copied in place (BeginWeightLoad, LoadWeightChunk..., EndWeightLoad: the
+synchronous sync of the hf engine, workers/weight_stream.py). Between the first change of the
+weights and the end of a load the engine's weights are mixed: it refuses to generate (an
+infra error), and any failure in that state makes the worker exit after its reply (poisoned),
+so the fresh worker the retried task starts is synced from scratch.
+
 Every completion carries the engine's policy version (the version it acknowledged last).
 Not here: sockets (server.py), when weights change (the controller decides).
 """
@@ -25,8 +32,8 @@ from rlpipe.core.errors import ConfigError
 from rlpipe.core.failpoints import failpoint
 from rlpipe.workers import weights
 from rlpipe.workers.builders import build_policy, build_tokenizer, resolve_device, with_lora
-from rlpipe.workers.protocol import (EngineVersion, Generate, GenerateResult, LoadWeightsFile, RenderChat, RenderedChat,
-                                     WeightsDigest)
+from rlpipe.workers.protocol import (BeginWeightLoad, EndWeightLoad, EngineVersion, Generate, GenerateResult,
+                                     LoadWeightChunk, LoadWeightsFile, RenderChat, RenderedChat, WeightsDigest)
 
 
 def _engine_class(module: str, name: str, hint: str) -> Any:
@@ -42,7 +49,7 @@ def build_engine(config: RunConfig, scratch_folder: str) -> Any:
         from rlpipe.engines.hf import HFEngine
 
         policy, tokenizer = build_policy(config)
-        return HFEngine(with_lora(config, policy), tokenizer, batch_size=rollout.batch_size,
+        return HFEngine(with_lora(config, policy), tokenizer, batch_size=rollout.batch_size, copy_model=False,
                         device=resolve_device(model.device), dtype=model.dtype, prompt_format=model.prompt_format)
     if rollout.engine == "vllm":
         engine_class = _engine_class("rlpipe.engines.vllm", "VLLMEngine",
@@ -73,16 +80,23 @@ class EngineService:
         self.run_id = run_id
         self.engine = build_engine(config, scratch_folder)
         self.poisoned = False
+        self._stream: _StreamLoad | None = None  # a weight stream under way
 
     def handle(self, request: Any) -> Any:
+        if isinstance(request, (BeginWeightLoad, LoadWeightChunk, EndWeightLoad)):
+            return _load_stream(self, request)
         if isinstance(request, Generate):
+            if self._stream is not None:
+                self.poisoned = True  # mixed weights: this worker must not serve; a fresh one is synced
+                raise RuntimeError(f"the engine's weights are half-loaded (weight stream {self._stream.stream_id} did not "
+                                   "finish); it does not generate with them and exits")
             failpoint("engine-generate", whole_run=False)  # tests: this worker dies mid-run
             completions = self.engine.generate(list(request.prompts), request.params)
             return GenerateResult(completions, self.engine.policy_version)
         if isinstance(request, LoadWeightsFile):
             self.poisoned = True  # a load that fails half-way leaves mixed weights: start afresh
             version = weights.load_into(self.engine, request.path, request.policy_version)
-            self.poisoned = False
+            self._stream, self.poisoned = None, False
             return version
         if isinstance(request, EngineVersion):
             return self.engine.policy_version
@@ -101,3 +115,55 @@ class EngineService:
                 raise ValueError(f"{type(self.engine).__name__} does not expose its weights for a digest")
             return weights.digest(model.named_parameters())
         raise ValueError(f"the engine worker does not serve {type(request).__name__}")
+
+
+class _StreamLoad:
+    """The rows of each weight a stream has copied so far, against the rows it announced."""
+
+    def __init__(self, request: BeginWeightLoad, engine_rows: dict[str, int]) -> None:
+        unknown = [name for name, _ in request.rows if name not in engine_rows]
+        if unknown:
+            raise ValueError(f"engine model has no parameter {unknown[0]!r} ({len(unknown)} unknown); weight names must "
+                             "match the trainer model's")
+        mismatched = [(name, rows, engine_rows[name]) for name, rows in request.rows if engine_rows[name] != rows]
+        if mismatched:
+            name, rows, theirs = mismatched[0]
+            raise ValueError(f"weight {name!r} has {rows} rows in the trainer, {theirs} in the engine")
+        self.stream_id, self.policy_version = request.stream_id, request.policy_version
+        self.expected = dict(request.rows)
+        self.filled = dict.fromkeys(self.expected, 0)
+
+    def add(self, name: str, rows: int) -> None:
+        if name not in self.expected:
+            raise ValueError(f"weight stream {self.stream_id} sent {name!r}, which it did not announce")
+        self.filled[name] += rows
+
+    def missing(self) -> list[str]:
+        return [name for name, rows in self.expected.items() if self.filled[name] != rows]
+
+
+def _load_stream(service: EngineService, request: Any) -> int | None:
+    """BeginWeightLoad / LoadWeightChunk / EndWeightLoad (see the module docstring)."""
+    engine = service.engine
+    if isinstance(request, BeginWeightLoad):
+        if not hasattr(engine, "rows_view"):
+            raise ValueError(f"{type(engine).__name__} takes whole weight files only (LoadWeightsFile), not a stream")
+        service._stream = _StreamLoad(request, engine.weight_rows())  # weights still whole: not poisoned yet
+        return None
+    stream = service._stream
+    if stream is None or stream.stream_id != request.stream_id:
+        raise RuntimeError(f"no weight stream {request.stream_id} is under way in this engine worker (a restarted "
+                           "worker); the sync is retried")
+    service.poisoned = True  # from the first chunk on, the weights are mixed until the stream ends
+    if isinstance(request, LoadWeightChunk):
+        failpoint("engine-weight-chunk", whole_run=False)  # tests: the engine dies mid-stream
+        for name, _, rows in weights.load_chunk(request.path, engine.rows_view):
+            stream.add(name, rows)
+        return None
+    missing = stream.missing()
+    if missing:
+        raise RuntimeError(f"weight stream {stream.stream_id} ended with {len(missing)} weights incomplete "
+                           f"(first: {missing[0]!r}); the engine's weights are mixed and the worker exits")
+    engine.acknowledge(stream.policy_version)
+    service._stream, service.poisoned = None, False
+    return stream.policy_version

@@ -83,6 +83,32 @@ class LoadWeightsFile:
 
 
 @dataclass(frozen=True)
+class BeginWeightLoad:
+    """A weight stream begins (workers/weight_stream.py): until EndWeightLoad the engine's
+    weights are mixed, so it refuses to generate, and a failure makes the worker exit.
+    `rows`: (name, rows) of every weight the stream will fill."""
+
+    stream_id: str
+    policy_version: int
+    rows: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class LoadWeightChunk:
+    """Copy one chunk file of the stream into the engine's weights in place, delete the file."""
+
+    stream_id: str
+    path: str
+
+
+@dataclass(frozen=True)
+class EndWeightLoad:
+    """Every row of every weight arrived: serve the stream's version; reply: that version."""
+
+    stream_id: str
+
+
+@dataclass(frozen=True)
 class EngineVersion:
     """Reply: the policy version the engine serves."""
 
@@ -196,6 +222,40 @@ class PublishWeights:
     `folder`; reply: Published."""
 
     folder: str
+
+
+@dataclass(frozen=True)
+class BeginWeightStream:
+    """Plan a stream of the current weights in chunks of at most `chunk_bytes`; reply:
+    WeightStreamPlan. The plan holds while the weights do not change (an update, a restore or
+    a warm-start step ends it)."""
+
+    chunk_bytes: int
+
+
+@dataclass(frozen=True)
+class WeightStreamPlan:
+    stream_id: str
+    policy_version: int
+    chunks: int
+    rows: tuple[tuple[str, int], ...]  # (name, rows) of every weight streamed
+    bytes: int
+
+
+@dataclass(frozen=True)
+class PublishWeightChunk:
+    """Write chunk `index` of stream `stream_id` as a file in `folder`; reply: WeightChunk.
+    Fails (RuntimeError) if the weights changed since the stream began."""
+
+    stream_id: str
+    index: int
+    folder: str
+
+
+@dataclass(frozen=True)
+class WeightChunk:
+    path: str
+    bytes: int
 
 
 @dataclass(frozen=True)

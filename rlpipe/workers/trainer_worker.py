@@ -23,6 +23,7 @@ Not here: sockets (server.py), what runs when (tasks/).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import tempfile
 import threading
@@ -48,7 +49,9 @@ from rlpipe.workers import weights
 from rlpipe.workers.builders import build_policy, build_trainer
 from rlpipe.workers.lake_access import build_lake
 from rlpipe.workers.protocol import (
+    BeginWeightStream,
     Published,
+    PublishWeightChunk,
     PublishWeights,
     ResetReference,
     Restore,
@@ -60,7 +63,9 @@ from rlpipe.workers.protocol import (
     WarmStartContinue,
     WarmStartState,
     WarmStartWait,
+    WeightChunk,
     WeightsDigest,
+    WeightStreamPlan,
 )
 
 log = logging.getLogger("rlpipe.workers.trainer")
@@ -81,6 +86,8 @@ class TrainerService:
         self.policy_version = 0
         self.poisoned = False
         self._warm: _WarmStart | None = None
+        self.weights_generation = 0  # +1 whenever the weights may change: ends a weight stream
+        self._stream: tuple[str, int, list[list[weights.Piece]]] | None = None  # (id, generation, chunks)
 
     def handle(self, request: Any) -> Any:
         if isinstance(request, Update):
@@ -88,11 +95,16 @@ class TrainerService:
         if isinstance(request, PublishWeights):
             path, size = weights.publish(self.trainer.named_weights(), Path(request.folder), self.policy_version)
             return Published(str(path), self.policy_version, size)
+        if isinstance(request, BeginWeightStream):
+            return self.begin_stream(request.chunk_bytes)
+        if isinstance(request, PublishWeightChunk):
+            return self.publish_chunk(request.stream_id, request.index, Path(request.folder))
         if isinstance(request, SaveCheckpoint):
             return self.save(request.step, request.config_hash)
         if isinstance(request, Restore):
             return self.restore(request.target_version, request.seed)
         if isinstance(request, WarmStartBegin):
+            self.weights_generation += 1
             self.poisoned = True  # until it ends well: a half warm-start is no state to go on from
             self._warm = _WarmStart(self, request)
             return None
@@ -111,6 +123,31 @@ class TrainerService:
             return weights.digest(self.trainer.named_weights())
         raise ValueError(f"the trainer worker does not serve {type(request).__name__}")
 
+    def begin_stream(self, chunk_bytes: int) -> WeightStreamPlan:
+        """Plan the chunks of the current weights (workers/weights.py); the plan is kept until
+        the next stream or the next change of the weights."""
+        named = list(self.trainer.named_weights())
+        chunks = weights.plan_chunks(named, chunk_bytes)
+        self._stream = (os.urandom(6).hex(), self.weights_generation, chunks)
+        rows = tuple((name, tensor.shape[0] if tensor.dim() else 1) for name, tensor in named)
+        size = sum(tensor.numel() * tensor.element_size() for _, tensor in named)
+        return WeightStreamPlan(self._stream[0], self.policy_version, len(chunks), rows, size)
+
+    def publish_chunk(self, stream_id: str, index: int, folder: Path) -> WeightChunk:
+        if self._stream is None or self._stream[0] != stream_id:
+            raise RuntimeError(f"weight stream {stream_id} is not this trainer's current one (a restarted trainer, or "
+                               "a newer stream began); the sync is retried")
+        _, generation, chunks = self._stream
+        if generation != self.weights_generation:
+            raise RuntimeError(f"the trainer's weights changed during weight stream {stream_id}; the sync is retried")
+        failpoint("trainer-weight-chunk", whole_run=False)  # tests: the trainer dies mid-stream
+        path = folder / f"stream-{stream_id}-{index:05d}.safetensors"
+        size = weights.write_chunk(self.trainer.named_weights(), chunks[index], path, self.policy_version)
+        if generation != self.weights_generation:  # a warm-start step ran while it was written
+            path.unlink(missing_ok=True)
+            raise RuntimeError(f"the trainer's weights changed during weight stream {stream_id}; the sync is retried")
+        return WeightChunk(str(path), size)
+
     def _warm_start(self) -> _WarmStart:
         if self._warm is None:
             raise ValueError("no warm-start is running in this trainer worker")
@@ -126,6 +163,7 @@ class TrainerService:
         samples = train_samples(fresh)
         conflict = self.gradient_conflict(step, fresh)  # before the update, at its weights; changes nothing
         self.poisoned = True
+        self.weights_generation += 1
         metrics = self.trainer.update(samples, shuffle_seed=shuffle_seed)
         failpoint("update")  # weights changed, version not advanced: the whole run dies here
         failpoint("trainer-update", whole_run=False)  # tests: only this worker dies here
@@ -163,6 +201,7 @@ class TrainerService:
         if step is None:
             return RestoreResult(-1, self.policy_version, None, {}, ())
         self.poisoned = True
+        self.weights_generation += 1
         step, meta, trainer_state, fallbacks = self._load_newest_intact(step)
         self.trainer.load_state_dict(trainer_state)
         self.policy_version = meta.policy_version
@@ -217,11 +256,15 @@ class _WarmStart:
                 service.trainer.model, service.tokenizer, list(request.examples), steps=request.steps,
                 batch_size=request.batch_size, lr=request.lr, seed=request.seed,
                 stop_check=self._check if request.with_checks else None, check_every=request.check_every,
-                on_step=lambda step, loss: self._events.put(("loss", step, loss)),
+                on_step=lambda step, loss: self._stepped(service, step, loss),
             )
             self._events.put(("done",))
         except BaseException as exc:  # noqa: BLE001 - handed to the controller by wait()
             self._events.put(("error", exc, traceback.format_exc()))
+
+    def _stepped(self, service: TrainerService, step: int, loss: float) -> None:
+        service.weights_generation += 1  # a weight stream begun before this step is void
+        self._events.put(("loss", step, loss))
 
     def _check(self, steps_done: int) -> bool:
         self._events.put(("check", steps_done))

@@ -27,6 +27,15 @@ def sequence_logprob(model, sample):
         return float((token_logprobs(model, batch) * batch.completion_mask).sum())
 
 
+def stepped_gradient(trainer) -> list:
+    """The gradients each optimizer step of `trainer` steps with, recorded just before it (the
+    trainer frees them right after the step)."""
+    seen: list = []
+    trainer.optimizer.register_step_pre_hook(lambda optimizer, *_: seen.append(torch.cat(
+        [p.grad.flatten() for group in optimizer.param_groups for p in group["params"] if p.grad is not None])))
+    return seen
+
+
 def test_pad_samples_layout():
     batch = pad_samples([TrainSample((5, 6), (7,), (-0.5,), 1.0), TrainSample((5,), (8, 9, 1), (-1.0, -2.0, -3.0), None)])
     assert batch.input_ids.tolist() == [[5, 6, 7, 0], [5, 8, 9, 1]]
@@ -62,8 +71,9 @@ def test_micro_batch_size_does_not_change_the_gradient(tiny_model, tokenizer):
     grads = []
     for micro_batch_size in (1, 3, 8):
         trainer = Trainer(tiny_model, lr=0.0, micro_batch_size=micro_batch_size, grad_clip=1e9)
+        stepped = stepped_gradient(trainer)
         trainer.update(samples)
-        grads.append(torch.cat([p.grad.flatten() for p in tiny_model.parameters() if p.grad is not None]))
+        grads.append(stepped[0])
     assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
 
 
