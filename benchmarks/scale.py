@@ -49,9 +49,10 @@ GiB; OMP_NUM_THREADS=2, nice 10; `--variant fp32 --variant gc --keep DIR`):
 - gc, with the chunked sync before readinto (load 4-8): step 18.0 s (generate 1.7, update 13.3, sync 2.9); VmHWM 7.93 +
   2.37 + 0.70 + 0.22 = 11.23 GiB = 6.10x, OVER by 0.19 GiB; private 10.69 GiB = 5.81x, UNDER.
 What remains: the trainer's peak is AdamW's floor, weights + gradients + two moments = 4x
-(7.36 GiB) plus ~0.5 GiB of libraries and buffers, and neither the fused AdamW (no
-temporaries in the step: the unfused CPU step allocates 2x the largest tensor, here the 519
-MiB embedding) nor checkpointing moved it: the measured peak is the 4x itself. The engine is
+(7.36 GiB) plus ~0.5 GiB of libraries and buffers, and neither torch's fused AdamW (no
+temporaries in the step: the default CPU step allocates 2x the largest tensor, here the 519
+MiB embedding; the trainer peaked at 7.93 GiB with either, so rlpipe keeps the default
+kernel and its numerics) nor checkpointing moved it: the measured peak is the 4x itself. The engine is
 its weights plus ~0.5 GiB, the controller and Prefect 0.9 GiB (0.5x). So full fp32 AdamW fits
 6x in private memory, with the sync no longer adding a second copy of the weights (1x before),
 but not by VmHWM (6.04x), whose extra 0.5 GiB is mapped libraries and files; getting under

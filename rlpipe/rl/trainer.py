@@ -25,8 +25,9 @@ Devices and memory:
   moments steps fp32 copies, gradients accumulate in fp32, the bf16 weights are the master
   rounded after each step; pure bf16 AdamW would round small steps away). The masters are
   part of `state_dict()` (resume is exact, not re-derived from the rounded bf16 weights).
-- AdamW is torch's fused kernel where the device has one (`lean_adamw`: no temporaries in the
-  step), and the gradients are freed right after each optimizer step.
+- AdamW is torch's default kernel (the fused one was tried: it did not lower the trainer's
+  measured peak on CPU, benchmarks/scale.py, and changes results by float rounding), and the
+  gradients are freed right after each optimizer step.
 - `gradient_checkpointing`: the model recomputes each decoder layer's activations in the
   backward pass (transformers' non-reentrant checkpointing) and keeps no KV cache.
 - `lora_rank > 0`: the model is wrapped with a LoRA adapter (rl/lora.py; `self.model` is then
@@ -161,7 +162,7 @@ class Trainer:
             self.reference_model.eval().requires_grad_(False)
         self._device = next(model.parameters()).device
         self._weights = MasterWeights([p for p in model.parameters() if p.requires_grad])
-        self.optimizer = lean_adamw(self._weights.stepped, lr=lr, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(self._weights.stepped, lr=lr, weight_decay=weight_decay)
 
     def update(self, samples: list[TrainSample], shuffle_seed: int | None = None) -> UpdateMetrics:
         """One RL update on the step's samples; see the module docstring. `shuffle_seed`
@@ -329,22 +330,6 @@ class Trainer:
         for group, (fused, foreach) in zip(self.optimizer.param_groups, implementation):
             group["fused"], group["foreach"] = fused, foreach  # a state saved by another implementation steps as this one
         self._weights.load(masters)
-
-
-def lean_adamw(tensors: list[torch.Tensor], lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """torch's AdamW, fused where every tensor is a float on a device that has the fused kernel
-    (cpu, cuda, ...): it updates each tensor in place with no temporaries, where the unfused
-    step allocates 2x the largest tensor (torch's CPU default, the single-tensor loop: 1 GiB for
-    Qwen2.5-0.5B's embedding) or 1x all of them (foreach, the CUDA default). Same state (fp32
-    moments, same keys); results equal the unfused step's up to float rounding
-    (tests/rl/test_lean_adamw.py)."""
-    try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-        supported = set(_get_fused_kernels_supported_devices())
-    except ImportError:  # a private helper of torch: without it, the devices torch 2.4+ has the kernel for
-        supported = {"cpu", "cuda"}
-    fused = bool(tensors) and all(t.device.type in supported and t.is_floating_point() for t in tensors)
-    return torch.optim.AdamW(tensors, lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
 def _as_device(device: str | torch.device) -> torch.device:
