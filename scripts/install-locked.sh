@@ -3,8 +3,9 @@
 # sources pip is configured with, then byte-compile what it installed.
 #
 # Why uv: the lock holds ~220 packages (torch among them). pip unpacks and byte-compiles them
-# one by one on one core; uv does both in parallel. Measured side by side on a 2-core machine
-# with other jobs running: pip 4 min 45 s, uv 1 min 18 s for the same lock. Byte-compiling at
+# one by one on one core; uv does both in parallel. Measured one after the other on a 2-core
+# machine with other jobs running (so the wall times are rough): pip 4 min 45 s (203 s of
+# CPU), uv 1 min 18 s (140 s of CPU) for the same lock; CI prints the set-up time of each run. Byte-compiling at
 # install matters on machines that set PYTHONDONTWRITEBYTECODE (nothing compiled later is ever
 # cached there, so every test process would compile torch from source again).
 #
