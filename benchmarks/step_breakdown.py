@@ -9,6 +9,13 @@ from the same warm-started policy, so that a machine's changing load hits all th
              2026-12-01), for comparison.
 Prints seconds per stage (plain) and the ratios tasks/plain and nested/plain per step,
 i.e. what orchestration costs. Uses configs/quickstart.toml with fewer steps by default.
+Prefect's API is the temporary server `rlpipe train` starts (tasks/prefect_server.py; a
+PREFECT_API_URL in the environment is used instead). On a loaded machine the wall-clock
+ratios move by +-15 % from run to run, so it also prints the CPU seconds per step that
+the controller (all its threads) spent in each mode (tasks - plain: what orchestration
+costs the controller in CPU, whatever the load) and the Prefect server process's CPU in
+the same intervals (the server handles a step's events a little after them, so some of
+a tasks step's server CPU falls into the step that follows it).
 Then the peak resident memory (VmHWM) of the controller (this process) and of the run's
 engine and trainer workers, each over the whole benchmark (warm-start included).
 
@@ -38,6 +45,7 @@ def main() -> None:
     from rlpipe.core.config import load_config
     from rlpipe.flows.steps import rl_step
     from rlpipe.tasks import advantage, lifecycle, persist, rollout, track, update, verify
+    from rlpipe.tasks.prefect_server import temporary_prefect_server
     from rlpipe.tasks.runtime import build_runtime, get_runtime, release_runtime
 
     with tempfile.TemporaryDirectory() as lake:
@@ -62,10 +70,13 @@ def main() -> None:
         def _steps(run_id: str) -> dict[str, list[float]]:
             lifecycle.open_run(run_id)
             lifecycle.warm_start(run_id)
+            runtime = get_runtime(run_id)
+            workers = {runtime.engine.pid, runtime.trainer.pid}
             stage_s: dict[str, list[float]] = defaultdict(list)
             step_s: dict[str, list[float]] = defaultdict(list)
             for step in range(1, 3 * args.steps + 1):
                 mode = ("plain", "tasks", "nested")[(step - 1) % 3]
+                cpu_before = _orchestration_cpu_s(workers)
                 started = time.perf_counter()
                 if mode == "tasks":
                     rl_step(run_id, step, config)
@@ -74,6 +85,8 @@ def main() -> None:
                 else:
                     _plain_step(run_id, step, stage_s)
                 step_s[mode].append(time.perf_counter() - started)
+                for name, seconds in zip(("controller", "server"), _orchestration_cpu_s(workers)):
+                    cpu_s[f"{mode}_{name}"].append(seconds - cpu_before[name == "server"])
             return {**stage_s, **{f"{mode}_step": values for mode, values in step_s.items()}}
 
         def _plain_step(run_id: str, step: int, stage_s: dict[str, list[float]]) -> None:
@@ -87,7 +100,9 @@ def main() -> None:
             _timed(stage_s, "track", track.track.fn, run_id, step, metrics)
 
         peaks: dict[str, float] = {}
-        result = bench()
+        cpu_s: dict[str, list[float]] = defaultdict(list)
+        with temporary_prefect_server():  # as `rlpipe train` runs (90 s to start, not Prefect's 20 s)
+            result = bench()
         peaks["controller"] = _peak_rss_mb(os.getpid())
 
     print(f"\nper-stage seconds, plain calls ({args.steps} steps, median):")
@@ -100,9 +115,33 @@ def main() -> None:
         flowed = statistics.median(result[f"{mode}_step"])
         print(f"step as {label}: {flowed:.3f} s; overhead {flowed - plain:+.3f} s = {(flowed - plain) / plain:.1%}; "
               f"ratio {mode}/plain {flowed / plain:.3f}")
+    print("\nCPU seconds per step (median), the controller (all its threads) and the Prefect server process:")
+    for mode in ("plain", "tasks", "nested"):
+        controller, server = (statistics.median(cpu_s[f"{mode}_{name}"]) for name in ("controller", "server"))
+        extra = controller - statistics.median(cpu_s["plain_controller"])
+        print(f"  {mode:<6} controller {controller:.3f} s ({extra:+.3f} s vs plain = {extra / plain:.1%} of a plain step), "
+              f"server {server:.3f} s")
     print("\npeak resident memory (VmHWM), MB:")
     for name, megabytes in peaks.items():
         print(f"  {name:<15} {megabytes:8.1f}")
+
+
+def _orchestration_cpu_s(workers: set[int]) -> tuple[float, float]:
+    """CPU seconds so far of this process (every thread: the flow's, Prefect's event and log
+    workers), and of its other children (the temporary Prefect server), not the workers."""
+    import psutil
+
+    times = os.times()
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        if child.pid in workers:
+            continue
+        try:
+            child_times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += child_times.user + child_times.system
+    return times.user + times.system, total
 
 
 def _peak_rss_mb(pid: int | None) -> float:

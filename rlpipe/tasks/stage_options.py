@@ -6,7 +6,8 @@
   outlast a minute's outage), read once at import; the tests set it small so that a retried
   stage does not cost them a minute. Not a user setting: it is not part of the run config.
 - Task run names say the step ("generate-step-4"): a run's stages are tasks of its one flow
-  run, so the Prefect UI and API tell steps apart by name (and by the `step-N` tag).
+  run, so the Prefect UI and API tell steps apart by name. No tags: Prefect asks its API
+  for the concurrency limits of a task run's tags on every call (a round trip per stage).
 - Cache keys: (run id, run incarnation, step and round, stage, config hash, the policy
   version that generates the step), never
   the Prefect run id, so a UI retry of a crashed flow run and a new flow run started with
