@@ -129,7 +129,7 @@ class TrainerService:
         named = list(self.trainer.named_weights())
         chunks = weights.plan_chunks(named, chunk_bytes)
         self._stream = (os.urandom(6).hex(), self.weights_generation, chunks)
-        rows = tuple((name, tensor.shape[0] if tensor.dim() else 1) for name, tensor in named)
+        rows = tuple((name, weights.rows_of(tensor)) for name, tensor in named)
         size = sum(tensor.numel() * tensor.element_size() for _, tensor in named)
         return WeightStreamPlan(self._stream[0], self.policy_version, len(chunks), rows, size)
 
@@ -138,15 +138,20 @@ class TrainerService:
             raise RuntimeError(f"weight stream {stream_id} is not this trainer's current one (a restarted trainer, or "
                                "a newer stream began); the sync is retried")
         _, generation, chunks = self._stream
-        if generation != self.weights_generation:
-            raise RuntimeError(f"the trainer's weights changed during weight stream {stream_id}; the sync is retried")
+        self._check_unchanged(stream_id, generation)
         failpoint("trainer-weight-chunk", whole_run=False)  # tests: the trainer dies mid-stream
         path = folder / f"stream-{stream_id}-{index:05d}.safetensors"
         size = weights.write_chunk(self.trainer.named_weights(), chunks[index], path, self.policy_version)
-        if generation != self.weights_generation:  # a warm-start step ran while it was written
+        try:
+            self._check_unchanged(stream_id, generation)  # a warm-start step may have run while it was written
+        except RuntimeError:
             path.unlink(missing_ok=True)
-            raise RuntimeError(f"the trainer's weights changed during weight stream {stream_id}; the sync is retried")
+            raise
         return WeightChunk(str(path), size)
+
+    def _check_unchanged(self, stream_id: str, generation: int) -> None:
+        if generation != self.weights_generation:
+            raise RuntimeError(f"the trainer's weights changed during weight stream {stream_id}; the sync is retried")
 
     def _warm_start(self) -> _WarmStart:
         if self._warm is None:

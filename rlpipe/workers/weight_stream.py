@@ -49,8 +49,7 @@ def stream_weights(trainer: TrainerClient, engine: EngineClient, chunk_bytes: in
         for index in range(plan.chunks):
             chunk: p.WeightChunk = trainer.call(p.PublishWeightChunk(plan.stream_id, index, str(folder)))
             path = Path(chunk.path)
-            engine.call(p.LoadWeightChunk(plan.stream_id, chunk.path))
-            path.unlink(missing_ok=True)  # the engine deleted it; a backstop
+            engine.call(p.LoadWeightChunk(plan.stream_id, chunk.path))  # the engine deletes the file
         version = engine.call(p.EndWeightLoad(plan.stream_id))
     except BaseException:
         if path is not None:

@@ -49,7 +49,8 @@ class Piece:
     stop: int
 
 
-def _rows(tensor: torch.Tensor) -> int:
+def rows_of(tensor: torch.Tensor) -> int:
+    """Rows along dim 0, the unit a stream splits weights by (a 0-dim tensor is one row)."""
     return tensor.shape[0] if tensor.dim() else 1
 
 
@@ -65,7 +66,7 @@ def plan_chunks(named_tensors: Iterable[tuple[str, torch.Tensor]], chunk_bytes: 
     chunks: list[list[Piece]] = [[]]
     used = 0
     for name, tensor in named_tensors:
-        rows = _rows(tensor)
+        rows = rows_of(tensor)
         row_bytes = tensor.numel() * tensor.element_size() // max(rows, 1)
         per_piece = max(1, chunk_bytes // max(row_bytes, 1))
         for start in range(0, max(rows, 1), per_piece):
@@ -134,7 +135,7 @@ def load_chunk(path: str | Path, rows_view) -> list[tuple[str, int, int]]:  # no
                 raise OSError(f"weight chunk {path} ends inside {name!r}: a truncated file")
             if not direct:
                 target.copy_(buffer.to(target.device, target.dtype))
-            loaded.append((name, int(first_rows[name]), _rows(buffer)))
+            loaded.append((name, int(first_rows[name]), rows_of(buffer)))
     Path(path).unlink(missing_ok=True)
     return loaded
 
