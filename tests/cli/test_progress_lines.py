@@ -5,7 +5,6 @@ once, at the end."""
 from __future__ import annotations
 
 import io
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -14,12 +13,11 @@ from rlpipe.cli.progress import PlainLines, follow_run
 from rlpipe.core.config import load_config
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import RunState, RunStatus
+from tests.helpers.waiting import wait_until
 
 
-def _wait_for(text: str, output: io.StringIO, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in output.getvalue() and time.monotonic() < deadline:
-        time.sleep(0.1)
+def _wait_for(text: str, output: io.StringIO) -> None:
+    wait_until(lambda: text in output.getvalue(), f"the line {text!r}")
 
 
 def test_a_run_logged_to_a_file_prints_plain_lines_as_the_warm_start_moves(tmp_path: Path) -> None:
