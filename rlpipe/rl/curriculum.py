@@ -40,7 +40,7 @@ REWARD_PREFIX = "reward/"
 
 @dataclass(frozen=True)
 class CurriculumSettings:
-    """The [curriculum] table (see rlpipe/core/config.py for each field) plus the delay."""
+    """The [curriculum] table (see rlpipe/core/config_sections.py for each field) plus the delay."""
 
     low: float = 0.2
     high: float = 0.8
