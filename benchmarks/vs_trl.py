@@ -1,7 +1,7 @@
 """The race: rlpipe's GRPO beside TRL's GRPOTrainer at an equal training time budget.
 
     .venv/bin/python benchmarks/vs_trl.py [--seconds 240] [--repeats 2] [--threads 1] [--lr 1e-3] [--clock wall|cpu]
-        [--sizes 8x8,128x8] [--eval-every 60]
+        [--sizes 8x8,128x8] [--eval-every 60] [--dynamic-sampling on|off]
     (needs the `bench` extra: pip install -e .[bench], i.e. trl)
 
 One invocation: builds the quickstart's warm-start checkpoint ONCE (configs/quickstart.toml,
@@ -24,8 +24,10 @@ CPU seconds instead, which other jobs on a shared machine do not inflate. Each r
 both, and the load average before and after the invocation.
 
 What "rlpipe" means here: the library loop of one RL step (engine -> verifier -> group
-advantages -> Trainer.update with seeded shuffled mini-batches -> weight sync), the same
-calls the train flow's stages make, WITHOUT the Prefect orchestration and the lake writes
+advantages -> Trainer.update with seeded shuffled mini-batches -> weight sync), with the
+quickstart's dynamic sampling (`--dynamic-sampling on`, the default: up to 2 extra rounds
+per step until 128 groups have rewards that differ, only those trained; TRL's GRPOTrainer
+has no such option, so `off` is the like-for-like loop), the same calls the train flow's stages make, WITHOUT the Prefect orchestration and the lake writes
 (the flow adds those per step; see benchmarks/step_breakdown.py). TRL runs its own loop
 (model.generate, its loss with the fused LM head) on the same CPU threads.
 
@@ -79,6 +81,7 @@ from rlpipe.engines.sampling import SamplingParams  # noqa: E402
 from rlpipe.engines.hf import HFEngine  # noqa: E402
 from rlpipe.rl.advantages import group_advantages  # noqa: E402
 from rlpipe.rl.batching import TrainSample  # noqa: E402
+from rlpipe.rl.dynamic_sampling import extra_round_size  # noqa: E402
 from rlpipe.rl.trainer import Trainer  # noqa: E402
 from rlpipe.rl.warmstart import warm_start  # noqa: E402
 from rlpipe.tasks.runtime import build_mixture  # noqa: E402
@@ -167,8 +170,11 @@ class Setup:
         return sum(self.env.verify(t, c.text).passed for t, c in zip(tasks, completions)) / len(tasks)
 
 
-def race_rlpipe(setup: Setup, seed: int, budget: Budget) -> tuple[torch.nn.Module, int]:
-    """rlpipe's RL steps until the budget is spent; returns (model, RL steps)."""
+def race_rlpipe(setup: Setup, seed: int, budget: Budget, dynamic_sampling: bool) -> tuple[torch.nn.Module, int]:
+    """rlpipe's RL steps until the budget is spent; returns (model, RL steps). With
+    `dynamic_sampling` (the quickstart's recipe) a step generates up to 1 + max_extra_rounds
+    rounds, as the train flow does (tasks/rollout.py, rl/dynamic_sampling.py), and trains
+    the first prompts_per_step groups whose rewards differ."""
     config, rollout = setup.config, setup.config.rollout
     model = copy.deepcopy(setup.policy)
     trainer = Trainer(
@@ -177,20 +183,35 @@ def race_rlpipe(setup: Setup, seed: int, budget: Budget) -> tuple[torch.nn.Modul
         loss_agg=config.algo.loss_agg, temperature=rollout.temperature,
     )
     engine = HFEngine(model, setup.tokenizer, batch_size=rollout.batch_size)
+    wanted, rounds = rollout.prompts_per_step, 1 + (rollout.max_extra_rounds if dynamic_sampling else 0)
     step = 0
     budget.start()
     while not budget.spent():
         step += 1
-        tasks = setup.mixture.sample(rollout.prompts_per_step, rng_seed=derive_seed(seed, step, "sample"))
-        params = SamplingParams(n=rollout.group_size, temperature=rollout.temperature, top_p=rollout.top_p,
-                                max_new_tokens=rollout.max_new_tokens, stop=rollout.stop, seed=derive_seed(seed, step, "generate"))
-        completions = engine.generate([(t.task_id, t.prompt) for t in tasks], params)
-        by_task = defaultdict(list)
-        for task, completion in zip((t for t in tasks for _ in range(rollout.group_size)), completions):
-            by_task[task.task_id].append((completion, setup.env.verify(task, completion.text).reward))
+        groups: list[list[tuple]] = []  # [(completion, reward)] per task, in round then task order
+        seen: set[str] = set()
+        for round_ in range(rounds):
+            with_signal = sum(1 for group in groups if len({reward for _, reward in group}) > 1)
+            if round_ and with_signal >= wanted:
+                break
+            count = wanted if round_ == 0 else extra_round_size(wanted - with_signal, with_signal, len(groups), cap=wanted)
+            drawn = setup.mixture.sample(count + len(seen), rng_seed=derive_seed(seed, step, f"sample-round-{round_}"))
+            tasks = list({t.task_id: t for t in drawn if t.task_id not in seen}.values())[:count]
+            seen.update(t.task_id for t in tasks)
+            params = SamplingParams(n=rollout.group_size, temperature=rollout.temperature, top_p=rollout.top_p,
+                                    max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
+                                    seed=derive_seed(seed, step, f"generate-round-{round_}"))
+            completions = engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+            by_task = defaultdict(list)
+            for task, completion in zip((t for t in tasks for _ in range(rollout.group_size)), completions):
+                by_task[task.task_id].append((completion, setup.env.verify(task, completion.text).reward))
+            groups.extend(by_task[t.task_id] for t in tasks)
+            if not dynamic_sampling:
+                break
+        if dynamic_sampling:
+            groups = [group for group in groups if len({reward for _, reward in group}) > 1][:wanted]
         samples = []
-        for task_id in sorted(by_task):
-            group = by_task[task_id]
+        for group in groups:
             for (completion, _), advantage in zip(group, group_advantages([reward for _, reward in group], config.algo.advantage)):
                 samples.append(TrainSample(completion.prompt_token_ids, completion.token_ids, completion.logprobs, advantage))
         trainer.update(samples, shuffle_seed=derive_seed(seed, step, "mini-batches"))
@@ -257,6 +278,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of both")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="what --seconds counts: wall or process CPU time")
     parser.add_argument("--sizes", default="8x8,128x8", help="comma-separated PROMPTSxGROUP completions per step")
+    parser.add_argument("--dynamic-sampling", choices=("on", "off"), default="on",
+                        help="rlpipe's dynamic sampling (on: the quickstart's recipe; TRL's GRPOTrainer has none)")
     parser.add_argument("--eval-every", type=float, default=60.0, help="training seconds between held-out points (0: end only)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -264,9 +287,11 @@ def main() -> None:
     base = Setup(args.lr)
     start_accuracy = base.accuracy(base.policy)
     print(f"warm start: {base.warm_seconds:.0f} s; held-out accuracy {start_accuracy:.3f} on {len(base.heldout)} tasks; "
-          f"{args.seconds:.0f} {args.clock} s of training per run, lr {args.lr:g}, {args.threads} threads; "
+          f"{args.seconds:.0f} {args.clock} s of training per run, lr {args.lr:g}, {args.threads} threads, "
+          f"rlpipe's dynamic sampling {args.dynamic_sampling}; "
           f"load average {load_before[0]:.1f} (1 min), {load_before[1]:.1f} (5 min) at start", flush=True)
-    races = {"rlpipe": race_rlpipe, "trl": race_trl}
+    dynamic = args.dynamic_sampling == "on"
+    races = {"rlpipe": lambda *a: race_rlpipe(*a, dynamic_sampling=dynamic), "trl": race_trl}
     systems = args.systems.split(",")
     for size in args.sizes.split(","):
         prompts, group = (int(part) for part in size.lower().split("x"))
