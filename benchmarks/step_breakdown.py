@@ -50,7 +50,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as lake:
         overrides = [f'storage.lake_uri="{lake}/lake"', f'tracking.mlflow_uri="sqlite:///{lake}/mlflow.db"']
-        config = load_config(args.config, overrides + [f"train.steps={3 * args.steps}", "checkpoint.every_steps=100000"])
+        # one generation round per step in every mode: the plain step below calls each stage once
+        config = load_config(args.config, overrides + [f"train.steps={3 * args.steps}", "checkpoint.every_steps=100000",
+                                                       "rollout.dynamic_sampling=false"])
         def one_step(run_id: str, step: int) -> None:
             rl_step(run_id, step, config)
 
