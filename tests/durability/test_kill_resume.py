@@ -24,6 +24,11 @@ generate mid-run.)
 cached `generate` of step 4 points at) before its resume: the resume falls back to checkpoint
 0 and recomputes step 4's stages uncached.
 
+The curriculum is on (two domains; ratios move half-way to their target each step, over a
+window of 2 steps; arithmetic on operands 0..4 after 80 warm-start steps has reward to
+find, reverse has none yet, so the ratios move), so every resume must also draw each step's tasks by the ratios the
+killed run would have drawn by: they come from the committed steps' rewards in the lake.
+
 All runs of the module go in one fixture, three processes at a time (each with its own lake,
 MLflow store and Prefect home, all reporting to the session's Prefect server).
 """
@@ -53,6 +58,7 @@ from rlpipe.storage.lake import Lake
 from tests.durability.cli_runs import (
     SMALL_ROWS,
     SMALL_STEPS,
+    SMALL_TOML,
     Where,
     checkpoint_file_count,
     cli_env,
@@ -66,6 +72,10 @@ from tests.helpers.prefect_runs import step_stage_runs
 
 pytestmark = pytest.mark.slow
 
+# The curriculum on, with a domain that has reward to find (sums of operands 0..4 after 80
+# warm-start steps) beside one that has none yet (reverse), so the ratios move.
+KR_TOML = (SMALL_TOML.replace("[warmstart]\nsteps = 5\n", "[warmstart]\nsteps = 80\n").replace("[envs]\n", "[envs]\nmax_operand = 4\n")
+           + "[curriculum]\nenabled = true\nrate = 0.5\nwindow = 2\n")
 # name -> (failpoint spec, the step the kill lands in, steps committed when it dies)
 # checkpoint-write's hit count is filled in from the reference: files per checkpoint.
 SCENARIOS: dict[str, tuple[str, int, list[int]]] = {
@@ -100,7 +110,7 @@ class Outcome:
 
 
 def _run_reference(root: Path, api: str) -> Outcome:
-    where = make_where(root / "reference")
+    where = make_where(root / "reference", toml=KR_TOML)
     outcome = Outcome("kr-reference", where)
     started = time.monotonic()
     result = run_cli(["train", str(where.config_path), "--run-id", outcome.run_id], cli_env(where, api), where.folder)
@@ -110,7 +120,7 @@ def _run_reference(root: Path, api: str) -> Outcome:
 
 
 def _run_scenario(root: Path, api: str, name: str, failpoints: str) -> Outcome:
-    where = make_where(root / name)
+    where = make_where(root / name, toml=KR_TOML)
     outcome = Outcome(f"kr-{name}", where)
     started = time.monotonic()
     outcome.killed = run_cli(
@@ -160,6 +170,28 @@ def test_reference_run_is_complete(runs: dict[str, Outcome]) -> None:
     assert lake.committed_steps(reference.run_id) == list(range(1, SMALL_STEPS + 1))
     assert count_rows(lake, reference.run_id) == (SMALL_ROWS, SMALL_ROWS)
     assert lake.read_status(reference.run_id).state.value == "finished"
+
+
+def _step_ratios(outcome: Outcome) -> dict[int, dict[str, float]]:
+    """Each step's curriculum ratios, as its TRAIN.json in the lake records them."""
+    lake = outcome.where.lake()
+    ratios = {}
+    for step in range(1, SMALL_STEPS + 1):
+        train = lake.read_train_metrics(outcome.run_id, step)
+        assert train is not None, f"step {step} has no TRAIN.json"
+        ratios[step] = {key: value for key, value in dict(train.metrics).items() if key.startswith("curriculum/ratio/")}
+    return ratios
+
+
+def test_the_curriculum_moves_the_ratios_and_every_resume_draws_by_the_same(runs: dict[str, Outcome]) -> None:
+    """Not a vacuous curriculum: the reference's ratios leave the configured 50/50. The resumed
+    runs' rows equal the reference's (test_resumed_run_equals_the_uninterrupted_run), and
+    each step they record the reference's ratios."""
+    reference = _step_ratios(runs["reference"])
+    assert set(reference[1]) == {"curriculum/ratio/arithmetic", "curriculum/ratio/reverse"}
+    assert any(abs(ratios["curriculum/ratio/reverse"] - 0.5) > 0.01 for ratios in reference.values()), reference
+    for name in SCENARIOS:
+        assert _step_ratios(runs[name]) == reference, name
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
