@@ -1,7 +1,9 @@
 """`rlpipe up` / `rlpipe down`: a local Prefect server and MLflow UI on 127.0.0.1.
 
-`up` starts both as background processes (their own session, logs under $RLPIPE_HOME),
-waits until they answer, and records their URLs and pids in the services file
+`up` refuses ports that another process listens on (exit 2, naming the port), starts both
+as background processes (their own session, logs under $RLPIPE_HOME), waits until they
+answer while still alive (a server that exits, e.g. because another took its port
+meanwhile, is an error, never "up"), and records their URLs and pids in the services file
 (storage/local_services.py). From then on `rlpipe train` reports to them without flags;
 after `down` (or when they died) the embedded defaults serve again: Prefect's ephemeral
 mode and MLflow in ./mlruns.db.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +23,7 @@ from pathlib import Path
 import typer
 
 from rlpipe.cli.consoles import stdout_console
-from rlpipe.core.errors import InfraError
+from rlpipe.core.errors import InfraError, UserError
 from rlpipe.storage.local_services import (
     LocalServices,
     clear_services,
@@ -32,6 +35,10 @@ from rlpipe.storage.local_services import (
 
 console = stdout_console()
 STARTUP_TIMEOUT_S = 90.0
+MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+"""The MLflow UI of `up` runs one uvicorn worker and no job runner (MLflow's GenAI jobs,
+unused here): MLflow's defaults (4 workers, a huey job runner and its consumers) made 14
+processes and about 3 GB on a 2-core machine."""
 
 
 def up(
@@ -43,6 +50,7 @@ def up(
     if running is not None:
         console.print(f"already up: Prefect {running.prefect_ui_url}  MLflow {running.mlflow_uri}")
         return
+    _check_ports_free({"--prefect-port": prefect_port, "--mlflow-port": mlflow_port})
     home = rlpipe_home()
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -54,14 +62,16 @@ def up(
         logs / "prefect.log", {"PREFECT_HOME": str(home / "prefect")},
     )
     mlflow = _spawn(
-        [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
+        [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}", "--artifacts-destination", str(home / "mlartifacts")],
-        logs / "mlflow.log", {},
+        logs / "mlflow.log", MLFLOW_ENV,
     )
     services = LocalServices(prefect_api_url=prefect_api, mlflow_uri=mlflow_uri, pids=(prefect.pid, mlflow.pid))
     try:
-        _wait_for(f"{prefect_api}/health", "Prefect server", logs / "prefect.log")
-        _wait_for(f"{mlflow_uri}/health", "MLflow server", logs / "mlflow.log")
+        _wait_for(f"{prefect_api}/health", "Prefect server", logs / "prefect.log", prefect)
+        _wait_for(f"{mlflow_uri}/health", "MLflow server", logs / "mlflow.log", mlflow)
+        for process, what, log in ((prefect, "Prefect server", "prefect.log"), (mlflow, "MLflow server", "mlflow.log")):
+            _check_alive(process, what, logs / log)  # the one that answered was ours
     except InfraError:
         _stop(services.pids)
         raise
@@ -100,9 +110,33 @@ def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[
                                 env={**os.environ, **env}, start_new_session=True)
 
 
-def _wait_for(url: str, what: str, log: Path) -> None:
+def _check_ports_free(ports: dict[str, int]) -> None:
+    """UserError naming the first port (by its option) that is taken on 127.0.0.1, or used twice."""
+    if len(set(ports.values())) < len(ports):
+        raise UserError(f"{' and '.join(ports)} are the same port ({next(iter(ports.values()))})", "give each service its own port")
+    for option, port in ports.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no obstacle
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as exc:
+                raise UserError(
+                    f"port {port} on 127.0.0.1 is taken ({exc.strerror}): another process listens there",
+                    f"stop it (`ss -ltnp 'sport = :{port}'` names it) or pass another {option}",
+                ) from None
+
+
+def _check_alive(process: subprocess.Popen[bytes], what: str, log: Path) -> None:
+    code = process.poll()
+    if code is not None:
+        raise InfraError(f"{what} exited with code {code} while starting (its port taken by another process?)",
+                         f"see its log: {log}")
+
+
+def _wait_for(url: str, what: str, log: Path, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
+        _check_alive(process, what, log)
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return
