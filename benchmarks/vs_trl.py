@@ -27,7 +27,8 @@ What "rlpipe" means here: the library loop of one RL step (engine -> verifier ->
 advantages -> Trainer.update with seeded shuffled mini-batches -> weight sync), with the
 quickstart's dynamic sampling (`--dynamic-sampling on`, the default: up to 2 extra rounds
 per step until 128 groups have rewards that differ, only those trained; TRL's GRPOTrainer
-has no such option, so `off` is the like-for-like loop), the same calls the train flow's stages make, WITHOUT the Prefect orchestration and the lake writes
+has no such option, so `off` is the like-for-like loop), the same calls the train flow's
+stages make, WITHOUT the Prefect orchestration and the lake writes
 (the flow adds those per step; see benchmarks/step_breakdown.py). TRL runs its own loop
 (model.generate, its loss with the fused LM head) on the same CPU threads.
 
@@ -190,8 +191,8 @@ def race_rlpipe(setup: Setup, seed: int, budget: Budget, dynamic_sampling: bool)
         step += 1
         groups: list[list[tuple]] = []  # [(completion, reward)] per task, in round then task order
         seen: set[str] = set()
-        for round_ in range(rounds):
-            with_signal = sum(1 for group in groups if len({reward for _, reward in group}) > 1)
+        for round_ in range(rounds):  # one round without dynamic sampling
+            with_signal = sum(1 for group in groups if _has_signal(group))
             if round_ and with_signal >= wanted:
                 break
             count = wanted if round_ == 0 else extra_round_size(wanted - with_signal, with_signal, len(groups), cap=wanted)
@@ -206,10 +207,8 @@ def race_rlpipe(setup: Setup, seed: int, budget: Budget, dynamic_sampling: bool)
             for task, completion in zip((t for t in tasks for _ in range(rollout.group_size)), completions):
                 by_task[task.task_id].append((completion, setup.env.verify(task, completion.text).reward))
             groups.extend(by_task[t.task_id] for t in tasks)
-            if not dynamic_sampling:
-                break
         if dynamic_sampling:
-            groups = [group for group in groups if len({reward for _, reward in group}) > 1][:wanted]
+            groups = [group for group in groups if _has_signal(group)][:wanted]
         samples = []
         for group in groups:
             for (completion, _), advantage in zip(group, group_advantages([reward for _, reward in group], config.algo.advantage)):
@@ -218,6 +217,11 @@ def race_rlpipe(setup: Setup, seed: int, budget: Budget, dynamic_sampling: bool)
         engine.load_weights(trainer.named_weights(), step)
         budget.checkpoint(model)
     return model, step
+
+
+def _has_signal(group: list[tuple]) -> bool:
+    """Rewards that differ within the group (else every GRPO advantage is 0)."""
+    return len({reward for _, reward in group}) > 1
 
 
 def race_trl(setup: Setup, seed: int, budget: Budget) -> tuple[torch.nn.Module, int]:
