@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 from tests.cli.cli_process import error_lines, run_rlpipe
+from tests.cli.test_signals_up import free_port
 
 
 def _listening() -> socket.socket:
@@ -19,11 +20,9 @@ def _listening() -> socket.socket:
 
 
 def test_up_refuses_a_port_another_process_listens_on(tmp_path: Path) -> None:
-    with _listening() as taken, _listening() as other:
+    with _listening() as taken:  # only the Prefect port is taken
         port = taken.getsockname()[1]
-        free = other.getsockname()[1]
-        other.close()  # free again: only the Prefect port is taken
-        result = run_rlpipe(["up", "--prefect-port", str(port), "--mlflow-port", str(free)], tmp_path, timeout_s=120)
+        result = run_rlpipe(["up", "--prefect-port", str(port), "--mlflow-port", str(free_port())], tmp_path, timeout_s=120)
     assert result.returncode == 2, result.stdout + result.stderr
     error, hint = error_lines(result)
     assert f"port {port} " in error and "taken" in error
@@ -33,8 +32,7 @@ def test_up_refuses_a_port_another_process_listens_on(tmp_path: Path) -> None:
 
 
 def test_up_refuses_one_port_for_both_services(tmp_path: Path) -> None:
-    with _listening() as probe:
-        port = probe.getsockname()[1]
+    port = free_port()
     result = run_rlpipe(["up", "--prefect-port", str(port), "--mlflow-port", str(port)], tmp_path, timeout_s=120)
     assert result.returncode == 2, result.stdout + result.stderr
     error, hint = error_lines(result)

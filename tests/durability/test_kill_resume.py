@@ -26,8 +26,9 @@ cached `generate` of step 4 points at) before its resume: the resume falls back 
 
 The curriculum is on (two domains; ratios move half-way to their target each step, over a
 window of 2 steps; arithmetic on operands 0..4 after 80 warm-start steps has reward to
-find, reverse has none yet, so the ratios move), so every resume must also draw each step's tasks by the ratios the
-killed run would have drawn by: they come from the committed steps' rewards in the lake.
+find, reverse has none yet, so the ratios move), so every resume must also draw each
+step's tasks by the ratios the killed run would have drawn by: they come from the committed
+steps' rewards in the lake.
 
 All runs of the module go in one fixture, three processes at a time (each with its own lake,
 MLflow store and Prefect home, all reporting to the session's Prefect server).
