@@ -1,6 +1,9 @@
 """Read-only commands over the lake: `runs list`, `runs show`, `query`.
 
-`runs show` of a failed or interrupted run says how to resume it (`resume_command`)."""
+`runs show` prints where the run is recorded (the MLflow run and the Prefect flow run, from
+links.json, else the ids in run.json), its newest checkpoint with the command that exports it
+as an HF folder (`export_command`), and, for a failed or interrupted run, how to resume it
+(`resume_command`)."""
 
 from __future__ import annotations
 
@@ -77,9 +80,11 @@ def export_command(run_id: str, lake_uri: str) -> str:
     return f"rlpipe export {shlex.quote(run_id)} DIR --lake {shlex.quote(lake_uri)}"
 
 
-def _links_of(info) -> dict[str, str | None]:
+def _links_of(info) -> dict[str, str | None] | None:
     """What run.json knows of the links (links.json is written when a flow run starts; a run
-    from before it has none): the ids, without URLs."""
+    from before it has none): the ids, without URLs; None when it has neither."""
+    if not info.mlflow_run_id and not info.prefect_flow_run_id:
+        return None
     tracking_uri = json.loads(info.config_json).get("tracking", {}).get("mlflow_uri") or "MLflow (the default store of where it ran)"
     return {"mlflow_run_id": info.mlflow_run_id, "mlflow_tracking_uri": tracking_uri, "mlflow_run_url": None,
             "prefect_flow_run_id": info.prefect_flow_run_id, "prefect_flow_run_url": None}
@@ -108,10 +113,11 @@ def print_run(lake: Lake, run_id: str, json_out: bool, console: Console) -> None
     if report["resume_command"]:
         console.print(f"resume with: {report['resume_command']}", soft_wrap=True, markup=False)
     console.print(f"lake {report['lake_uri']}  mlflow run {report['mlflow_run_id']}  config {report['config_hash']}")
-    from rlpipe.cli.progress import link_lines
+    if report["links"]:
+        from rlpipe.cli.progress import link_lines
 
-    for line in link_lines(report["links"]):  # the MLflow run and the Prefect flow run
-        console.print(line, soft_wrap=True, markup=False)
+        for line in link_lines(report["links"]):  # the MLflow run and the Prefect flow run
+            console.print(line, soft_wrap=True, markup=False)
     if report["latest_checkpoint"] is not None:
         console.print(f"policy at step {report['latest_checkpoint']} (newest checkpoint); export it: {report['export_command']}",
                       soft_wrap=True, markup=False)
