@@ -24,6 +24,7 @@ from rlpipe.cli.consoles import literal, stdout_console
 from rlpipe.cli.errors import report_errors
 from rlpipe.cli.eval import eval_command
 from rlpipe.cli.eval_replay import replay_command
+from rlpipe.cli.export import export as export_command
 from rlpipe.cli.qa import qa as qa_command
 from rlpipe.cli.rescore import rescore as rescore_command
 from rlpipe.cli.verify import verify as verify_command
@@ -42,6 +43,7 @@ eval_app.command("replay", help="Restore the state after step K of a recorded tr
     report_errors(replay_command))
 app.add_typer(eval_app, name="eval")
 app.command("qa", help="Gate an environment: solvability, verifier consistency, reward-hack probes, difficulty.")(report_errors(qa_command))
+app.command("export", help="Write a run's policy at a checkpoint as a Hugging Face model folder.")(report_errors(export_command))
 app.command("rescore", help="Re-verify a run's stored trajectories with the current verifiers; print what flipped.")(report_errors(rescore_command))
 app.command("up", help="Start a local Prefect server and MLflow UI on loopback.")(report_errors(services_cli.up))
 app.command("down", help="Stop what `rlpipe up` started.")(report_errors(services_cli.down))

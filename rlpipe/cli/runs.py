@@ -1,6 +1,9 @@
 """Read-only commands over the lake: `runs list`, `runs show`, `query`.
 
-`runs show` of a failed or interrupted run says how to resume it (`resume_command`)."""
+`runs show` prints where the run is recorded (the MLflow run and the Prefect flow run, from
+links.json, else the ids in run.json), its newest checkpoint with the command that exports it
+as an HF folder (`export_command`), and, for a failed or interrupted run, how to resume it
+(`resume_command`)."""
 
 from __future__ import annotations
 
@@ -59,7 +62,9 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
         "heldout_after_rl": after,
         "lake_uri": lake.uri,
         "resume_command": resume_command(run_id, lake.uri) if status and status.state.value == "failed" else None,
-        "links": lake.read_json(run_id, "links.json"),
+        "links": lake.read_json(run_id, "links.json") or _links_of(info),
+        "latest_checkpoint": lake.latest_checkpoint(run_id),
+        "export_command": export_command(run_id, lake.uri),
         "warmstart": lake.read_json(run_id, "progress/warmstart.json"),
     }
 
@@ -68,6 +73,21 @@ def resume_command(run_id: str, lake_uri: str) -> str:
     """The command that resumes `run_id` from the lake (its config and MLflow store are in
     run.json; an S3 lake's endpoint and keys come from the environment or --config)."""
     return f"rlpipe resume {shlex.quote(run_id)} --lake {shlex.quote(lake_uri)}"
+
+
+def export_command(run_id: str, lake_uri: str) -> str:
+    """The command that writes the run's newest policy as a Hugging Face folder."""
+    return f"rlpipe export {shlex.quote(run_id)} DIR --lake {shlex.quote(lake_uri)}"
+
+
+def _links_of(info) -> dict[str, str | None] | None:
+    """What run.json knows of the links (links.json is written when a flow run starts; a run
+    from before it has none): the ids, without URLs; None when it has neither."""
+    if not info.mlflow_run_id and not info.prefect_flow_run_id:
+        return None
+    tracking_uri = json.loads(info.config_json).get("tracking", {}).get("mlflow_uri") or "MLflow (the default store of where it ran)"
+    return {"mlflow_run_id": info.mlflow_run_id, "mlflow_tracking_uri": tracking_uri, "mlflow_run_url": None,
+            "prefect_flow_run_id": info.prefect_flow_run_id, "prefect_flow_run_url": None}
 
 
 def print_runs(lake: Lake, json_out: bool, console: Console) -> None:
@@ -96,8 +116,11 @@ def print_run(lake: Lake, run_id: str, json_out: bool, console: Console) -> None
     if report["links"]:
         from rlpipe.cli.progress import link_lines
 
-        for line in link_lines(report["links"]):
+        for line in link_lines(report["links"]):  # the MLflow run and the Prefect flow run
             console.print(line, soft_wrap=True, markup=False)
+    if report["latest_checkpoint"] is not None:
+        console.print(f"policy at step {report['latest_checkpoint']} (newest checkpoint); export it: {report['export_command']}",
+                      soft_wrap=True, markup=False)
     console.print(f"steps committed: {report['steps_committed']} of {report['config']['train']['steps']}")
     before, after = report["heldout_accuracy_before_rl"], report["heldout_accuracy_after_rl"]
     console.print(f"held-out accuracy: before RL {_fmt(before)}  after RL {_fmt(after)}")

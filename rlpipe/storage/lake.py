@@ -340,25 +340,33 @@ class Lake:
                 return step
         return None
 
-    def load_checkpoint(self, run_id: str, step: int, local_dir: Path) -> CheckpointInfo | None:
-        """Download a complete checkpoint into `local_dir` (digests checked), or None.
+    def checkpoint_steps(self, run_id: str) -> list[int]:
+        """The steps of `run_id` that have a complete checkpoint (CHECKPOINT.json), ascending."""
+        steps = sorted(int(info.base_name.removeprefix("step=")) for info in self.objects.list(f"checkpoints/{_check_name('run id', run_id)}")
+                       if info.type == pafs.FileType.Directory and info.base_name.removeprefix("step=").isdigit())
+        return [step for step in steps if self.objects.get(f"{self._checkpoint_dir(run_id, step)}/CHECKPOINT.json") is not None]
+
+    def load_checkpoint(self, run_id: str, step: int, local_dir: Path, under: str | None = None) -> CheckpointInfo | None:
+        """Download a complete checkpoint into `local_dir` (digests checked), or None; with
+        `under` (a sub-folder, e.g. "policy") only its files, still at their paths below `local_dir`.
         LakeCorrupted names a listed file that is missing or altered."""
         base = self._checkpoint_dir(run_id, step)
         data = self.objects.get(f"{base}/CHECKPOINT.json")
         if data is None:
             return None
         info = CheckpointInfo.from_json(data.decode())
-        paths = [self.location.path(f"{base}/{file.path}") for file in info.files]
+        files = [file for file in info.files if under is None or file.path.startswith(f"{under.strip('/')}/")]
+        paths = [self.location.path(f"{base}/{file.path}") for file in files]
         with storage_errors(f"checking the files of checkpoint {step}", self.location):
             found = self._fs.get_file_info(paths) if paths else []
-        missing = [file.path for file, found_info in zip(info.files, found) if found_info.type != pafs.FileType.File]
+        missing = [file.path for file, found_info in zip(files, found) if found_info.type != pafs.FileType.File]
         if missing:  # lost, not unreachable: a retry would not find them either
             raise LakeCorrupted(
                 f"lake {self.uri}: checkpoint {base} lacks {', '.join(missing)} (listed in its CHECKPOINT.json)",
                 hint="the lake lost checkpoint files; load an older one "
                 "(latest_checkpoint(run_id, at_or_before=step - 1))",
             )
-        for file in info.files:
+        for file in files:
             digest = self.objects.download(f"{base}/{file.path}", Path(local_dir) / file.path)
             if digest != file.sha256:
                 raise LakeCorrupted(

@@ -30,7 +30,7 @@ from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.runtime import Runtime, get_runtime, sync_weights
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 from rlpipe.tasks.status import WarmStartProgress
-from rlpipe.tasks.track import alert_regressions, artifact_key, log_step
+from rlpipe.tasks.track import MODEL_ARTIFACT, alert_regressions, artifact_key, log_final_policy, log_step
 from rlpipe.tasks.verify import verify_all
 from rlpipe.workers.protocol import WarmStartBegin
 
@@ -259,6 +259,7 @@ def finish(run_id: str, before: float, after: float) -> dict[str, object]:
     tracker.log_step_metrics(
         runtime.mlflow_run_id, runtime.policy_version, {"heldout/accuracy_gain": after - before}, timestamp_ms=None
     )
+    model_logged = log_final_policy(runtime, final_step)  # MLflow artifacts model/: an HF folder (best effort)
     tracker.end_run(runtime.mlflow_run_id, "FINISHED")
     url = tracker.run_url(runtime.mlflow_run_id)
     mlflow_line = (
@@ -271,7 +272,8 @@ def finish(run_id: str, before: float, after: float) -> dict[str, object]:
         markdown=(
             f"# RL run `{run_id}`\n\n| held-out accuracy (greedy pass@1) | value |\n|---|---|\n"
             f"| before RL | {before:.3f} |\n| after RL | {after:.3f} |\n| change | {after - before:+.3f} |\n\n"
-            f"Steps committed: {steps_committed}. Lake: `{lake.uri}`. Final policy (HF folder): `{checkpoint}`.\n\n"
+            f"Steps committed: {steps_committed}. Lake: `{lake.uri}`. Final policy (HF folder): `{checkpoint}`"
+            f"{f', and the MLflow run artifacts `{MODEL_ARTIFACT}/`' if model_logged else ''}.\n\n"
             f"{mlflow_line}\n"
         ),
         description=f"Summary of run {run_id}",

@@ -21,6 +21,7 @@ from prefect.utilities.urls import url_for
 
 from rlpipe.storage.lake_records import RunState, RunStatus
 from rlpipe.tasks.runtime import get_runtime
+from rlpipe.tasks.track import link_runs
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def record_links(run_id: str) -> dict[str, str | None]:
         runtime.lake.write_json(run_id, LINKS_DOCUMENT, links)
     except Exception as exc:  # noqa: BLE001 - best effort
         log.warning("could not write the links of run %s: %s", run_id, exc)
+    link_runs(runtime, links)  # MLflow tags/description <-> a Prefect artifact (tasks/track.py)
     return links
 
 

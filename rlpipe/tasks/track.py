@@ -9,17 +9,37 @@ With the curriculum on, the step's domain ratios are logged and kept in TRAIN.js
 The table holds every committed step, also after a resume: the first `track` of a process
 rebuilds the rows of the steps before it from the lake (manifests and TRAIN.json).
 
-`alert_regressions` raises the held-out regression alert that `evaluate` finds."""
+`alert_regressions` raises the held-out regression alert that `evaluate` finds.
+
+`link_runs` cross-links a run's records once its flow run starts (MLflow tags and
+description -> the Prefect flow run and the lake; a Prefect artifact -> the MLflow run), and
+`log_final_policy` logs the final policy to the MLflow run as the artifact folder `model/`
+(a Hugging Face folder, workers/policy_export.py) at the end of a run. Both are best effort:
+what cannot be recorded is a warning, never a failed or hanging run."""
 
 from __future__ import annotations
 
+import logging
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.exceptions import MissingContextError
 
 from rlpipe.rl.heldout_regression import Regression
 from rlpipe.tasks.runtime import Runtime, get_runtime, step_ratios
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
+from rlpipe.workers.policy_export import export_policy
 
+if TYPE_CHECKING:
+    from rlpipe.storage.lake import Lake
+    from rlpipe.storage.tracking import Tracker
+
+MODEL_ARTIFACT = "model"  # the final policy among the MLflow run's artifacts: an HF folder
 SHOWN = ("step", "reward/mean", "train/loss", "train/kl", "train/grad_norm", "time/step_s")
 
 
@@ -94,3 +114,83 @@ def alert_regressions(runtime: Runtime, regressions: list[Regression]) -> None:
 def artifact_key(run_id: str) -> str:
     """Prefect artifact keys take lowercase letters, digits and dashes only."""
     return "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in run_id.lower())
+
+
+def link_runs(runtime: Runtime, links: Mapping[str, str | None]) -> None:
+    """Cross-link the run's records (`links` as tasks/status.py `record_links` made them):
+    MLflow tags prefect.flow_run_id, prefect.flow_run_url (when a Prefect server with a UI is
+    known), rlpipe.lake_uri, rlpipe.run_uri and rlpipe.checkpoints_uri, and the same as the
+    MLflow run's description; the Prefect markdown artifact `rlpipe-links-<run>` with the
+    MLflow run (its UI URL, else the tracking URI and run id) and the lake URIs."""
+    lake_uri, run_id = runtime.lake.uri.rstrip("/"), runtime.run_id
+    lake_uris = {"rlpipe.lake_uri": runtime.lake.uri, "rlpipe.run_uri": f"{lake_uri}/runs/{run_id}",
+                 "rlpipe.checkpoints_uri": f"{lake_uri}/checkpoints/{run_id}"}
+    flow_run_id, flow_run_url = links.get("prefect_flow_run_id") or "", links.get("prefect_flow_run_url")
+    prefect = f"[{flow_run_id}]({flow_run_url})" if flow_run_url else f"`{flow_run_id}` (ephemeral server: no UI)"
+    lake_lines = "".join(f"- {name.removeprefix('rlpipe.')}: `{uri}`\n" for name, uri in lake_uris.items())
+    mlflow_run = links.get("mlflow_run_id") or ""
+    mlflow = (f"[{mlflow_run}]({links['mlflow_run_url']})" if links.get("mlflow_run_url")
+              else f"`{mlflow_run}` in `{links.get('mlflow_tracking_uri')}`")
+    logger = _logger()
+    try:
+        runtime.tracker.set_tags(runtime.mlflow_run_id, {
+            "prefect.flow_run_id": flow_run_id, **({"prefect.flow_run_url": flow_run_url} if flow_run_url else {}), **lake_uris,
+            "mlflow.note.content": f"RL run `{run_id}`. Prefect flow run: {prefect}.\n\n{lake_lines}",
+        })
+    except Exception as exc:  # noqa: BLE001 - links are worth a warning, not a failed run
+        logger.warning("could not tag MLflow run %s with its links: %s", runtime.mlflow_run_id, exc)
+    try:
+        create_markdown_artifact(key=f"rlpipe-links-{artifact_key(run_id)}", description=f"Where run {run_id} is recorded",
+                                 markdown=f"# RL run `{run_id}`\n\nMLflow run: {mlflow}\n\n{lake_lines}")
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("could not write the Prefect links artifact of run %s: %s", run_id, exc)
+
+
+def log_final_policy(runtime: Runtime, step: int | None) -> bool:
+    """With tracking.log_model (and a checkpoint at `step`): the policy of checkpoint `step`
+    as the MLflow run's artifact folder `model/`; see `upload_policy`."""
+    tracking = runtime.config.tracking
+    if not tracking.log_model or step is None:
+        return False
+    return upload_policy(runtime.tracker, runtime.lake, runtime.run_id, runtime.mlflow_run_id, step,
+                         tracking.log_model_timeout_s)
+
+
+def upload_policy(tracker: Tracker, lake: Lake, run_id: str, mlflow_run_id: str, step: int, timeout_s: float) -> bool:
+    """Export the policy of `run_id` at checkpoint `step` from the lake into a temporary
+    folder and upload it as the artifact folder `model/` of MLflow run `mlflow_run_id`, then
+    tag the run rlpipe.model_step. True when done. A failed upload, or one still going after
+    `timeout_s` (it goes on in the background until the process ends), is a warning and
+    False: the run is finished whatever happens here."""
+    failures: list[BaseException] = []
+
+    def upload() -> None:
+        try:
+            with tempfile.TemporaryDirectory(prefix="rlpipe-model-") as folder:
+                exported = export_policy(lake, run_id, Path(folder) / MODEL_ARTIFACT, step)
+                tracker.log_artifact(mlflow_run_id, exported.folder)  # a folder: uploaded as model/
+            tracker.set_tags(mlflow_run_id, {"rlpipe.model_step": str(step)})
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    worker = threading.Thread(target=upload, name=f"log-model-{run_id}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        _logger().warning("the final policy of run %s is still uploading to MLflow after %.0f s (tracking.log_model_timeout_s); "
+                          "the run goes on without waiting; export it with `rlpipe export %s DIR --lake %s`",
+                          run_id, timeout_s, run_id, lake.uri)
+        return False
+    if failures:
+        _logger().warning("could not log the final policy of run %s to MLflow: %s; export it with `rlpipe export %s DIR --lake %s`",
+                          run_id, failures[0], run_id, lake.uri)
+        return False
+    return True
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The Prefect run logger inside a flow or task run (the UI shows its lines), else this module's."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)

@@ -13,12 +13,16 @@ from typing import NamedTuple
 import pytest
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from transformers import AutoModelForCausalLM
 
 from rlpipe.core.config import RunConfig
 from rlpipe.flows.train import TrainSummary, train
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
+from rlpipe.tasks.track import MODEL_ARTIFACT
+from rlpipe.workers.policy_export import export_policy
 from tests.flows.runs import tiny_config
 from tests.helpers.prefect_runs import step_stage_runs
 from tests.helpers.s3_server import unique_bucket
@@ -119,6 +123,32 @@ def test_rerunning_a_finished_run_changes_nothing(tmp_path: Path) -> None:
     assert query_trajectories(lake, "select count(*) from trajectories").rows == [(48,)]
     client = MlflowClient(tracking_uri=summary.tracking_uri)
     assert len(client.get_metric_history(summary.mlflow_run_id, "reward/mean")) == 3
+
+
+def test_final_policy_and_links_reach_mlflow_and_prefect(tiny_run: FinishedRun, tmp_path: Path) -> None:
+    """The end of the run logged the final checkpoint's policy (an HF folder) as MLflow
+    artifacts model/, byte for byte; the MLflow run links to the flow run and the lake, and the
+    flow run's artifact rlpipe-links-tiny to the MLflow run."""
+    summary, lake = tiny_run.summary, tiny_run.lake
+    client = MlflowClient(tracking_uri=summary.tracking_uri)
+    tags = client.get_run(summary.mlflow_run_id).data.tags
+    assert tags["rlpipe.model_step"] == "3"
+    logged = Path(client.download_artifacts(summary.mlflow_run_id, MODEL_ARTIFACT, str(tmp_path / "mlflow")))
+    exported = export_policy(lake, "tiny", tmp_path / "lake")
+    assert exported.step == 3 and sorted(p.name for p in logged.iterdir()) == list(exported.files)
+    assert all((logged / name).read_bytes() == (exported.folder / name).read_bytes() for name in exported.files)
+    assert AutoModelForCausalLM.from_pretrained(logged, local_files_only=True).config.model_type == "qwen2"
+    assert tags["prefect.flow_run_id"] == summary.prefect_flow_run_id
+    assert tags["prefect.flow_run_url"] == summary.prefect_flow_run_url  # the harness names a server
+    assert tags["rlpipe.run_uri"] == f"{lake.uri.rstrip('/')}/runs/tiny"
+    assert summary.prefect_flow_run_url in tags["mlflow.note.content"]
+    assert summary.mlflow_run_id in asyncio.run(_artifact_markdown("rlpipe-links-tiny"))
+
+
+async def _artifact_markdown(key: str) -> str:
+    async with get_client() as client:
+        (artifact,) = await client.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        return str(artifact.data)
 
 
 async def _flow_run_names() -> list[str]:
