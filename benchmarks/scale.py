@@ -48,16 +48,30 @@ GiB; OMP_NUM_THREADS=2, nice 10; `--variant fp32 --variant gc --keep DIR`):
   0.70 + 0.19 = 11.12 GiB = 6.04x, OVER by 0.08 GiB; private 10.68 GiB = 5.81x, UNDER.
 - gc, with the chunked sync before readinto (load 4-8): step 18.0 s (generate 1.7, update 13.3, sync 2.9); VmHWM 7.93 +
   2.37 + 0.70 + 0.22 = 11.23 GiB = 6.10x, OVER by 0.19 GiB; private 10.69 GiB = 5.81x, UNDER.
-What remains: the trainer's peak is AdamW's floor, weights + gradients + two moments = 4x
-(7.36 GiB) plus ~0.5 GiB of libraries and buffers, and neither torch's fused AdamW (no
-temporaries in the step: the default CPU step allocates 2x the largest tensor, here the 519
-MiB embedding; the trainer peaked at 7.93 GiB with either, so rlpipe keeps the default
-kernel and its numerics) nor checkpointing moved it: the measured peak is the 4x itself. The engine is
-its weights plus ~0.5 GiB, the controller and Prefect 0.9 GiB (0.5x). So full fp32 AdamW fits
-6x in private memory, with the sync no longer adding a second copy of the weights (1x before),
-but not by VmHWM (6.04x), whose extra 0.5 GiB is mapped libraries and files; getting under
-that needs less than 4x in the trainer (8-bit or bf16 AdamW moments: other numerics, so not
-by default) or a lighter controller.
+Measured 2026-12-02 on the same machine with nothing else heavy running (OMP_NUM_THREADS=2;
+`--model` the folder built by a first run; a /proc poller every 0.1 s traced the trainer):
+- fp32 with torch's default AdamW kernel, two runs: trainer VmHWM 8.95 and 8.94 GiB, sum
+  11.86-11.87 GiB = 6.45x, OVER. The trace shows why: RssAnon climbs from 6.5 to 7.9 GiB
+  inside the optimizer step, and VmHWM tops out ~1.0 GiB above where the step ends: the
+  default CPU kernel's two temporaries the size of the parameter being stepped (sqrt of the
+  second moment, then its quotient), 2 x 519 MiB for the tied embedding. (So the "7.93 GiB
+  with either kernel" of the rows above did not hold: those runs cannot be told apart now.)
+  A standalone check (one 519 MiB parameter): peak +1037 MiB over the step's start with the
+  default kernel, +0 with fused.
+- fp32 with the fused kernel (rl/trainer.py, since 2026-12-02): step 12.6 s (generate 1.0,
+  update 9.6, sync 1.9; update 11.2 s with the default kernel); VmHWM trainer 7.93 + engine
+  2.30 + controller 0.42 + Prefect 0.22 = 10.87 GiB = 5.91x, UNDER; private 10.46 GiB = 5.68x.
+- gc (fused): step 13.7 s; VmHWM 7.94 + 2.31 + 0.42 + 0.22 = 10.89 GiB = 5.92x, UNDER;
+  private 5.68x.
+- bf16 (fused): step 33.3 s (bf16 matmuls are slow on this CPU); VmHWM trainer 8.90 (bf16
+  weights 0.5x + fp32 masters, gradients and moments 4x), engine 3.16 (the fp32 file mapped
+  while the bf16 copy is made; RssAnon 2.25): 12.69 GiB = 6.89x, OVER; private 6.27x. bf16
+  is for GPUs, where the masters are the price of not rounding small steps away.
+- lora (fused): step 3.6 s; VmHWM 4.39 + 2.33 + 0.41 + 0.22 = 7.36 GiB = 4.00x (both
+  workers keep the base weights as from_pretrained's mapped file: RssAnon 2.39 and 0.34);
+  private 3.23 GiB = 1.76x.
+What remains above the trainer's 4x (weights, gradients, two moments: fp32 AdamW's floor)
+is ~0.5 GiB of libraries per worker and ~0.6 GiB for the controller and Prefect.
 
 What it does not do: assert anything, measure a GPU, or measure more than one step (the first
 step includes no warm-up beyond the engine's own).
