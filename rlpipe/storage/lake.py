@@ -324,27 +324,24 @@ class Lake:
         """The newest complete checkpoint step (at or before a step when given), or None."""
         if at_or_before is None:
             data = self.objects.get(f"checkpoints/{_check_name('run id', run_id)}/LATEST")
-            if data is not None:
-                latest = int(data.decode().strip())
-                if self.objects.get(f"{self._checkpoint_dir(run_id, latest)}/CHECKPOINT.json") is not None:
-                    return latest
-        steps = sorted(
-            (int(info.base_name.removeprefix("step=")) for info in self.objects.list(f"checkpoints/{run_id}")
-             if info.type == pafs.FileType.Directory and info.base_name.removeprefix("step=").isdigit()),
-            reverse=True,
-        )
-        for step in steps:
-            if at_or_before is not None and step > at_or_before:
-                continue
-            if self.objects.get(f"{self._checkpoint_dir(run_id, step)}/CHECKPOINT.json") is not None:
+            if data is not None and self._checkpoint_complete(run_id, latest := int(data.decode().strip())):
+                return latest
+        for step in reversed(self._listed_checkpoint_steps(run_id)):
+            if (at_or_before is None or step <= at_or_before) and self._checkpoint_complete(run_id, step):
                 return step
         return None
 
     def checkpoint_steps(self, run_id: str) -> list[int]:
         """The steps of `run_id` that have a complete checkpoint (CHECKPOINT.json), ascending."""
-        steps = sorted(int(info.base_name.removeprefix("step=")) for info in self.objects.list(f"checkpoints/{_check_name('run id', run_id)}")
-                       if info.type == pafs.FileType.Directory and info.base_name.removeprefix("step=").isdigit())
-        return [step for step in steps if self.objects.get(f"{self._checkpoint_dir(run_id, step)}/CHECKPOINT.json") is not None]
+        return [step for step in self._listed_checkpoint_steps(run_id) if self._checkpoint_complete(run_id, step)]
+
+    def _listed_checkpoint_steps(self, run_id: str) -> list[int]:
+        """The steps with a checkpoint folder (complete or not), ascending."""
+        return sorted(int(info.base_name.removeprefix("step=")) for info in self.objects.list(f"checkpoints/{_check_name('run id', run_id)}")
+                      if info.type == pafs.FileType.Directory and info.base_name.removeprefix("step=").isdigit())
+
+    def _checkpoint_complete(self, run_id: str, step: int) -> bool:
+        return self.objects.get(f"{self._checkpoint_dir(run_id, step)}/CHECKPOINT.json") is not None
 
     def load_checkpoint(self, run_id: str, step: int, local_dir: Path, under: str | None = None) -> CheckpointInfo | None:
         """Download a complete checkpoint into `local_dir` (digests checked), or None; with
