@@ -53,7 +53,7 @@ def one_run(workload: str, staleness: int, steps: int, folder: Path) -> tuple[fl
     path, overrides = WORKLOADS[workload]
     where = [f'storage.lake_uri="{folder / "lake"}"', f'tracking.mlflow_uri="sqlite:///{folder / "mlflow.db"}"']
     config = load_config(path, overrides + where + [f"train.steps={steps}", f"rollout.max_staleness={staleness}"])
-    summary = train(config.model_dump_json(), "bench")
+    summary = train(config, "bench")
     lake = build_lake(config)
     loop = sum(dict(lake.read_train_metrics("bench", step).metrics)["time/step_s"] for step in range(1, steps + 1))
     return loop, summary.accuracy_before_rl, summary.accuracy_after_rl

@@ -132,7 +132,7 @@ def _train(run_config: RunConfig, run_id: str, verbose: bool):
     with temporary_prefect_server():  # stopped last, after the flow run has recorded its end
         try:
             with follow_run(run_config, run_id, console):
-                return train_flow(run_config.model_dump_json(), run_id)
+                return train_flow(run_config, run_id)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt) or _signal_of(exc):
                 hold_signals()  # the server's stop and the workers' flush are bounded waits

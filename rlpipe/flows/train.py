@@ -20,6 +20,12 @@ of committed steps) instead of started, and only uncommitted steps run. Every st
 task that passes references (run id, step, URIs, policy version), never models or rows;
 the flow bodies themselves do no I/O but the best-effort status lines (tasks/status.py).
 Flows import only tasks/ and core/ (an import-linter contract).
+
+Parameters are typed (flows/run_parameters.py): `config` is a RunConfig, so the Prefect UI
+draws a form with every table's defaults and docs, and `prefect deployment run --param`
+or `--params '{"config": {"train": {"steps": 5}}}'` work; `config_path` names a TOML file on
+the worker; an empty `run_id` gets a new id per flow run (a nightly schedule starts a new
+run each night). `rlpipe train` calls this same flow with a RunConfig and its run id.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import logging
 from dataclasses import dataclass
 
 from prefect import flow
+from prefect.runtime import flow_run
 
 from rlpipe.core.config import RunConfig
+from rlpipe.flows.run_parameters import derive_run_id, resolve_config
 from rlpipe.flows.steps import StepsOutcome, run_steps
 from rlpipe.tasks import lifecycle, quality_gate, status
 from rlpipe.tasks.runtime import build_runtime, release_runtime
@@ -52,10 +60,32 @@ class TrainSummary:
     final_checkpoint: str
 
 
-@flow(name="rl-train", flow_run_name="{run_id}")
-def train(config_json: str, run_id: str) -> TrainSummary:
-    """Train a policy with GRPO; resume from the lake if the run already exists."""
-    config = RunConfig.model_validate_json(config_json)
+def _flow_run_name() -> str:
+    """The run id, also when the flow run derives it (so the UI lists runs by run id)."""
+    return _run_id(flow_run.get_parameters().get("run_id") or "", flow_run.get_parameters().get("config_path"))
+
+
+def _run_id(run_id: str, config_path: str | None) -> str:
+    if run_id:
+        return run_id
+    return derive_run_id(flow_run.get_id(), flow_run.get_scheduled_start_time(), config_path)
+
+
+@flow(name="rl-train", flow_run_name=_flow_run_name)
+def train(config: RunConfig = RunConfig(), run_id: str = "", config_path: str | None = None) -> TrainSummary:
+    """Train a policy with GRPO; resume from the lake if the run already exists.
+
+    Args:
+        config: The run config (every table with its defaults). With config_path, the values
+            changed here from the defaults go on top of the file's; a key both set to different
+            values is an error.
+        run_id: The run's id. Empty: a new id per flow run ({file stem or "run"}-{date}-{flow run
+            id}); a retry of the same flow run resumes it. An id that exists in the lake resumes
+            that run (its config must compute the same: see `rlpipe resume`).
+        config_path: A sparse TOML config file, read where the flow run runs (the worker).
+    """
+    config = resolve_config(config, config_path)  # flows/run_parameters.py: the rule for both
+    run_id = _run_id(run_id, config_path)
     runtime = build_runtime(run_id, config)  # spawns the workers; raises on bad input before anything is written
     outcome, stage = StepsOutcome(), "open-run"  # what status.json names if the run fails here
     try:

@@ -36,7 +36,7 @@ LEARNABLE = [
 
 def test_final_checkpoint_reloads_in_a_fresh_process_with_the_same_heldout_accuracy(tmp_path: Path) -> None:
     config = tiny_config(tmp_path, *LEARNABLE)
-    summary = train(config.model_dump_json(), "reload")
+    summary = train(config, "reload")
     lake = build_lake(config)
     written = lake.read_json("reload", "evals/after_rl.json")
     assert written is not None and written["policy_version"] == 2

@@ -84,12 +84,12 @@ def test_a_checkpoint_whose_optimizer_file_would_run_code_is_refused(tmp_path: P
 @pytest.mark.slow
 def test_resume_falls_back_from_a_poisoned_checkpoint_or_fails_naming_the_file(tmp_path: Path) -> None:
     config = tiny_config(tmp_path, "checkpoint.every_steps=2")  # checkpoints 0, 2 and 3 (final)
-    train(config.model_dump_json(), "poisoned")
+    train(config, "poisoned")
     lake = build_lake(config)
     marker = tmp_path / "marker"
     # the newest checkpoint is poisoned: refused, the resume loads checkpoint 2, replays step 3
     _poison_in_lake(lake, "poisoned", 3, marker)
-    summary = train(config.model_dump_json(), "poisoned")
+    summary = train(config, "poisoned")
     assert summary.steps_committed == 3
     assert lake.read_status("poisoned").state.value == "finished"
     assert not marker.exists()
@@ -97,5 +97,5 @@ def test_resume_falls_back_from_a_poisoned_checkpoint_or_fails_naming_the_file(t
     _poison_in_lake(lake, "poisoned", 2, marker)
     _poison_in_lake(lake, "poisoned", 0, marker)
     with pytest.raises(LakeCorrupted, match=r"checkpoints/poisoned/step=000000/trainer/optimizer\.pt"):
-        train(config.model_dump_json(), "poisoned")
+        train(config, "poisoned")
     assert not marker.exists()

@@ -88,7 +88,7 @@ def test_infra_error_twice_then_success_is_retried_and_the_run_finishes(tmp_path
         FIRST_CALL_OF_STEP_2 + 1: SandboxUnavailable("docker daemon gone (test)"),
     })
     config = _config(tmp_path)
-    _assert_finished_with_every_row_once(config, "retried", train(config.model_dump_json(), "retried"))
+    _assert_finished_with_every_row_once(config, "retried", train(config, "retried"))
     runs = asyncio.run(_task_runs("retried", 2))
     assert runs["verify"] == ("Completed", 3)  # (state, attempts)
     assert runs["generate"] == ("Completed", 1)
@@ -98,7 +98,7 @@ def test_bad_data_fails_once_and_shows_in_prefect_and_runs_show(tmp_path: Path) 
     _arm({FIRST_CALL_OF_STEP_2: DatasetError("task flaky/1+2 has no answer (test)", hint="fix the dataset")})
     config = _config(tmp_path)
     with pytest.raises(DatasetError, match="has no answer"):
-        train(config.model_dump_json(), "bad-data")
+        train(config, "bad-data")
     assert FlakyEnv.calls == FIRST_CALL_OF_STEP_2  # one attempt: no retry after the bad row
     runs = asyncio.run(_task_runs("bad-data", 2))
     assert runs["verify"] == ("Failed", 1)
@@ -130,7 +130,7 @@ def test_engine_worker_death_is_engine_failed_and_the_retry_starts_a_fresh_worke
     # starts a fresh engine worker (synced to the trainer's weights, no crash point armed).
     monkeypatch.setenv("RLPIPE_FAILPOINTS", "engine-generate@3")
     config = tiny_config(tmp_path)
-    _assert_finished_with_every_row_once(config, "engine-retried", train(config.model_dump_json(), "engine-retried"))
+    _assert_finished_with_every_row_once(config, "engine-retried", train(config, "engine-retried"))
     runs = asyncio.run(_task_runs("engine-retried", 2))
     assert runs["generate"] == ("Completed", 2)  # (state, attempts): EngineFailed, then the retry
 

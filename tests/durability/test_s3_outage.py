@@ -96,7 +96,7 @@ def _run_through_an_outage(tmp_path: Path, s3_endpoint: str, mode: str, evidence
     watcher.start()
     started = time.monotonic()
     try:
-        summary = train(config.model_dump_json(), run_id)
+        summary = train(config, run_id)
     finally:
         finished = time.monotonic()
         done.set()

@@ -54,7 +54,7 @@ def test_tiny_code_run_verifies_every_row_in_the_sandbox(tmp_path: Path, backend
         "model.max_position_embeddings=2048",  # HumanEval prompts run to ~1,400 characters
     )
     run_id = f"code-{backend}"
-    summary = train(config.model_dump_json(), run_id)
+    summary = train(config, run_id)
     lake = build_lake(config)
     assert summary.steps_committed == 2
     assert lake.read_status(run_id).state.value == "finished"

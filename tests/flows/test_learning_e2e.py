@@ -46,7 +46,7 @@ def test_small_quickstart_learns_and_stores_every_row(tmp_path: Path) -> None:
             f'tracking.mlflow_uri="sqlite:///{tmp_path / "mlflow.db"}"',
         ],
     )
-    summary = train(config.model_dump_json(), "learn")
+    summary = train(config, "learn")
     lake = build_lake(config)
 
     # Rows: steps x prompts x group, each (run, step, task, sample) once.

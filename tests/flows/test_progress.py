@@ -24,7 +24,7 @@ def test_warm_start_reports_loss_and_accuracy_checks_to_mlflow_and_the_lake(tmp_
     # supervised steps, so the warm start runs its whole budget.
     config = tiny_config(tmp_path, "warmstart.steps=10", "warmstart.check_every_steps=5",
                          "warmstart.target_accuracy=1.0", "warmstart.check_tasks=8")
-    summary = train(config.model_dump_json(), "warm")
+    summary = train(config, "warm")
     client = MlflowClient(tracking_uri=summary.tracking_uri)
     losses = client.get_metric_history(summary.mlflow_run_id, "warmstart/loss")
     assert sorted(point.step for point in losses) == list(range(1, 11))  # one point per step, 1..10
@@ -59,10 +59,10 @@ def test_step_table_after_a_resume_holds_the_steps_before_it(tmp_path: Path, mon
 
     monkeypatch.setattr(update_stage, "update", failing_update)
     with pytest.raises(ValueError, match="step 2"):
-        train(config.model_dump_json(), "table")
+        train(config, "table")
     monkeypatch.setattr(update_stage, "update", real_update)
     assert asyncio.run(_table("rlpipe-steps-table")) and build_lake(config).committed_steps("table") == [1, 2]
-    train(config.model_dump_json(), "table")
+    train(config, "table")
     rows = asyncio.run(_table("rlpipe-steps-table"))
     assert [row["step"] for row in rows] == [1, 2, 3]
     # every row has its reward (manifest) and its train loss (MLflow: logged by the first

@@ -20,13 +20,13 @@ from tests.helpers.trajectories import make_trajectory
 
 def test_resume_of_a_run_with_older_rows_is_refused_with_a_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tiny_config(tmp_path, "train.steps=1")
-    train(config.model_dump_json(), "old-rows")
+    train(config, "old-rows")
     # This rlpipe now claims one version more than the rows it just wrote: they are "old".
     monkeypatch.setattr(lifecycle, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     monkeypatch.setattr(samples, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     longer = tiny_config(tmp_path, "train.steps=2")
     with pytest.raises(ConfigError, match=f"schema version {SCHEMA_VERSION} \\(step 1\\)") as refused:
-        train(longer.model_dump_json(), "old-rows")
+        train(longer, "old-rows")
     assert "start a new run" in refused.value.hint and "temperature-1 logprobs" in refused.value.hint
 
 

@@ -39,7 +39,7 @@ class FinishedRun(NamedTuple):
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
     """One finished 3-step run on a local lake, for the tests that only read it."""
     config = tiny_config(tmp_path_factory.mktemp("tiny"))
-    summary = train(config.model_dump_json(), "tiny")
+    summary = train(config, "tiny")
     return FinishedRun("tiny", config, summary, build_lake(config))
 
 
@@ -100,7 +100,7 @@ def test_same_run_on_s3_writes_the_same_rows(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     bucket = unique_bucket("rlpipe-test")
     config = tiny_config(tmp_path, f'storage.lake_uri="s3://{bucket}/lake"', f'storage.s3_endpoint_url="{s3_endpoint}"')
-    summary = train(config.model_dump_json(), "on-s3")
+    summary = train(config, "on-s3")
     lake = build_lake(config)
     assert lake.uri.startswith("s3://")
     assert lake.committed_steps("on-s3") == [1, 2, 3]
@@ -115,10 +115,10 @@ def test_same_run_on_s3_writes_the_same_rows(
 
 def test_rerunning_a_finished_run_changes_nothing(tmp_path: Path) -> None:
     config = tiny_config(tmp_path)
-    train(config.model_dump_json(), "twice")
+    train(config, "twice")
     lake = build_lake(config)
     before = [lake.read_manifest("twice", step) for step in (1, 2, 3)]
-    summary = train(config.model_dump_json(), "twice")  # the lake says: all committed
+    summary = train(config, "twice")  # the lake says: all committed
     assert [lake.read_manifest("twice", step) for step in (1, 2, 3)] == before
     assert query_trajectories(lake, "select count(*) from trajectories").rows == [(48,)]
     client = MlflowClient(tracking_uri=summary.tracking_uri)

@@ -90,7 +90,7 @@ def test_a_failing_gate_stops_the_train_flow_before_the_warm_start(tracked, pref
     config = _config(folder, True, "qa.before_train=true", "train.steps=1", "rollout.prompts_per_step=2",
                      "rollout.group_size=2", "warmstart.steps=1", "envs.heldout_size=2")
     with pytest.raises(QualityGateFailed) as failed:
-        train(config.model_dump_json(), "gated")
+        train(config, "gated")
     assert "domain 'broken' failed solvability" in failed.value.message and "report: " in failed.value.message
     lake = Lake.open(config.storage.lake_uri)
     assert lake.latest_checkpoint("gated") is None and lake.committed_steps("gated") == []  # stopped before the warm start

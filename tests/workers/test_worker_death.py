@@ -70,14 +70,14 @@ def test_a_run_whose_workers_are_killed_mid_run_equals_an_undisturbed_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_api_url: str
 ) -> None:
     reference_config = tiny_config(tmp_path / "reference", *STEPS_CONFIG)
-    train(reference_config.model_dump_json(), "undisturbed")
+    train(reference_config, "undisturbed")
     # The engine worker dies in its 4th generate (evaluate(before_rl), steps 1 and 2, then
     # step 3's rollouts): the retry's fresh engine gets the trainer's weights (version 2).
     # The trainer worker dies in its 4th update (step 4, weights half changed): its fresh
     # successor loads checkpoint 2 and replays step 3 from the lake, then the retry applies 4.
     monkeypatch.setenv("RLPIPE_FAILPOINTS", "trainer-update@4,engine-generate@4")
     config = tiny_config(tmp_path / "killed", *STEPS_CONFIG)
-    summary = train(config.model_dump_json(), "killed")
+    summary = train(config, "killed")
     assert summary.steps_committed == 4
     lake, reference_lake = build_lake(config), build_lake(reference_config)
     rows = "select step, task_id, sample_idx, completion_text, reward, advantage from trajectories order by all"
