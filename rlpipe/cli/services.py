@@ -1,9 +1,12 @@
-"""`rlpipe up` / `rlpipe down`: a local Prefect server and MLflow UI on 127.0.0.1.
+"""`rlpipe up` / `rlpipe down`: a local Prefect server and MLflow UI on 127.0.0.1, and a
+runner that serves rlpipe's deployments (flows/serve.py: `rl-train/train` with a form of
+the run config, `rl-eval/eval`), so a run starts from the UI without writing JSON.
 
-`up` refuses ports that another process listens on (exit 2, naming the port), starts both
-as background processes (their own session, logs under $RLPIPE_HOME), waits until they
-answer while still alive (a server that exits, e.g. because another took its port
-meanwhile, is an error, never "up"), and records their URLs and pids in the services file
+`up` refuses ports that another process listens on (exit 2, naming the port), starts the
+servers as background processes (their own session, logs under $RLPIPE_HOME), waits until
+they answer while still alive (a server that exits, e.g. because another took its port
+meanwhile, is an error, never "up"), then starts the runner and waits until its deployments
+exist, and records their URLs and pids in the services file
 (storage/local_services.py). From then on `rlpipe train` reports to them without flags;
 after `down` (or when they died) the embedded defaults serve again: Prefect's ephemeral
 mode and MLflow in ./mlruns.db.
@@ -35,6 +38,8 @@ from rlpipe.storage.local_services import (
 
 console = stdout_console()
 STARTUP_TIMEOUT_S = 90.0
+SERVED_DEPLOYMENTS = ("rl-train/train", "rl-eval/eval")
+"""What `python -m rlpipe.flows.serve` registers (flows/serve.py; the CLI does not import Prefect)."""
 MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 """The MLflow UI of `up` runs one uvicorn worker and no job runner (MLflow's GenAI jobs,
 unused here): with MLflow's defaults (4 workers, a huey job runner and its consumers) its
@@ -67,23 +72,33 @@ def up(
          "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}", "--artifacts-destination", str(home / "mlartifacts")],
         logs / "mlflow.log", MLFLOW_ENV,
     )
-    services = LocalServices(prefect_api_url=prefect_api, mlflow_uri=mlflow_uri, pids=(prefect.pid, mlflow.pid))
+    started = [prefect, mlflow]
     try:
         _wait_for(f"{prefect_api}/health", "Prefect server", logs / "prefect.log", prefect)
         _wait_for(f"{mlflow_uri}/health", "MLflow server", logs / "mlflow.log", mlflow)
         for process, what, log in ((prefect, "Prefect server", "prefect.log"), (mlflow, "MLflow server", "mlflow.log")):
             _check_alive(process, what, logs / log)  # the one that answered was ours
+        # The deployments' runner, once the server answers (flows/serve.py): it reports to
+        # up's MLflow through the services file, which is written before it runs a flow.
+        runner = _spawn([sys.executable, "-m", "rlpipe.flows.serve"], logs / "deployments.log",
+                        {"PREFECT_HOME": str(home / "prefect"), "PREFECT_API_URL": prefect_api})
+        started.append(runner)
+        for deployment in SERVED_DEPLOYMENTS:
+            _wait_for(f"{prefect_api}/deployments/name/{deployment}", f"deployment {deployment}", logs / "deployments.log", runner)
     except InfraError:
-        _stop(services.pids)
+        _stop(tuple(process.pid for process in started))
         raise
+    services = LocalServices(prefect_api_url=prefect_api, mlflow_uri=mlflow_uri, pids=tuple(process.pid for process in started))
     write_services(services)
     console.print(f"Prefect UI  {services.prefect_ui_url}")
     console.print(f"MLflow UI   {mlflow_uri}")
+    console.print(f"deployments {', '.join(SERVED_DEPLOYMENTS)} (start a run from the UI: Deployments -> rl-train/train -> Run)")
     console.print(f"logs in {logs}; `rlpipe train` now reports to these; stop with `rlpipe down`")
 
 
 def down() -> None:
-    """Stop what `rlpipe up` started."""
+    """Stop what `rlpipe up` started. Each was started in a session of its own, so a signal
+    to its process group reaches its children too: the runner's flow runs and their workers."""
     services = read_live_services()
     if services is None:
         clear_services()
@@ -91,7 +106,7 @@ def down() -> None:
         return
     _stop(services.pids)
     clear_services()
-    console.print("stopped the local Prefect server and MLflow UI")
+    console.print("stopped the local Prefect server, MLflow UI and deployments' runner (with its flow runs)")
 
 
 def export_service_env(verbose: bool) -> None:

@@ -1,0 +1,70 @@
+"""Serve rlpipe's flows as deployments from one long-lived process, with Prefect's own runner
+(`prefect.serve`): `python -m rlpipe.flows.serve`, started by `rlpipe up` beside its Prefect
+server (PREFECT_API_URL points at it) and stopped by `rlpipe down`.
+
+Served deployments (named `<flow>/<deployment>` in the UI and the API):
+
+- `rl-train/train`: a training run from a form (the RunConfig tables with their defaults,
+  an optional TOML file path, an optional run id: flows/train.py). Each flow run runs in a
+  subprocess of this one; its worker processes are its own children. A retry of a failed or
+  crashed flow run (the UI's Retry button) runs it again here and resumes from the lake.
+  The nightly schedule is declared inactive: turn it on in the UI.
+- `rl-eval/eval`: go on with a stored eval session (`rlpipe eval` creates one; its id).
+
+What it does not: start servers (cli/services.py), register deployments for work pools
+(prefect.yaml at the repository root: `prefect deploy --all`), or declare queues and
+concurrency limits (flows/operations.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from prefect import serve
+from prefect.deployments.runner import RunnerDeployment
+from prefect.schedules import Cron
+
+from rlpipe.flows.eval import rl_eval
+from rlpipe.flows.operations import NIGHTLY_CRON, TRAIN_CONCURRENCY, TRAIN_TAGS, apply_operations
+from rlpipe.flows.train import train
+
+TRAIN_DEPLOYMENT = "rl-train/train"
+EVAL_DEPLOYMENT = "rl-eval/eval"
+RUNNER_LIMIT = 2
+"""Flow runs this process runs at once (each train run holds an engine and a trainer worker)."""
+
+
+def served_deployments() -> list[RunnerDeployment]:
+    return [
+        train.to_deployment(
+            name="train",
+            description="GRPO training from a form: edit the config tables (defaults shown) or name a TOML file on "
+                        "this machine; an empty run_id starts a new run, an existing one resumes it.",
+            tags=list(TRAIN_TAGS),
+            concurrency_limit=TRAIN_CONCURRENCY,
+            schedules=[Cron(NIGHTLY_CRON, timezone="UTC", active=False)],
+        ),
+        rl_eval.to_deployment(
+            name="eval",
+            description="Go on with a stored eval session (its id and lake, from `rlpipe eval`): unfinished trials run.",
+            tags=["rlpipe", "eval"],
+        ),
+    ]
+
+
+def main() -> None:
+    """Create the work pool, queues and limits (flows/operations.py), then serve until stopped."""
+    for line in asyncio.run(_apply_operations()):
+        print(line, flush=True)
+    serve(*served_deployments(), limit=RUNNER_LIMIT, print_starting_message=False)
+
+
+async def _apply_operations() -> list[str]:
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        return await apply_operations(client)
+
+
+if __name__ == "__main__":
+    main()
