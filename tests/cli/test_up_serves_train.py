@@ -4,15 +4,22 @@ id) finishes with exactly steps x prompts x group rows in the lake and one point
 `up`'s MLflow server, under a run id derived from the flow run; `rlpipe down` then leaves no
 process behind: not the servers, not the runner, not the flow run or its workers.
 
-`up` runs on free ports under a private RLPIPE_HOME; every process it starts inherits a
-marker variable, which is how "no process left" finds them.
+Also: `prefect deploy --all` from the repository root (prefect.yaml) registers the pool
+deployments onto the work pool, queues and limits `up` created (flows/operations.py).
+
+`up` runs once for the module, on free ports under a private RLPIPE_HOME; every process it
+starts inherits a marker variable, which is how "no process left" finds them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -21,12 +28,12 @@ from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from rlpipe.core.config import load_config
-from rlpipe.storage.local_services import read_live_services
+from rlpipe.storage.local_services import LocalServices, read_live_services
 from rlpipe.tasks.builders import build_lake
 from tests.cli.test_signals import wait_for_no_process
 from tests.cli.test_signals_up import free_port
-from tests.durability.cli_runs import count_rows, run_cli
-from tests.durability.cli_runs import Where, cli_env
+from tests.cli.cli_process import REPO_ROOT
+from tests.durability.cli_runs import Where, cli_env, count_rows, run_cli
 
 STEPS, PROMPTS, GROUP = 2, 4, 4
 RUN_TIMEOUT_S = 300  # a hang guard, not a speed check
@@ -43,36 +50,83 @@ def _form(lake: Path) -> dict:
     }
 
 
-@pytest.mark.slow
-def test_a_run_started_from_the_served_deployment_finishes_and_down_leaves_nothing(tmp_path: Path) -> None:
+class Up(NamedTuple):
+    env: dict[str, str]
+    services: LocalServices
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """`rlpipe up` once for the module; `rlpipe down` after, which must leave no process."""
+    folder = tmp_path_factory.mktemp("up")
     marker = f"rlpipe-up-test-{uuid.uuid4().hex}"
-    env = cli_env(Where(tmp_path, tmp_path / "unused.toml"), prefect_api_url=None, RLPIPE_UP_TEST_MARKER=marker)
+    env = cli_env(Where(folder, folder / "unused.toml"), prefect_api_url=None, RLPIPE_UP_TEST_MARKER=marker)
     env.pop("PREFECT_API_URL", None)
     env.pop("MLFLOW_TRACKING_URI", None)
-    started = run_cli(["up", "--prefect-port", str(free_port()), "--mlflow-port", str(free_port())], env, tmp_path)
+    started = run_cli(["up", "--prefect-port", str(free_port()), "--mlflow-port", str(free_port())], env, folder)
     try:
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
         assert "rl-train/train" in started.stdout
         services = read_live_services(Path(env["RLPIPE_HOME"]))
         assert services is not None and len(services.pids) == 3  # Prefect, MLflow, the deployments' runner
-        with temporary_settings({PREFECT_API_URL: services.prefect_api_url}):
-            flow_run = run_deployment("rl-train/train", parameters={"config": _form(tmp_path / "lake")},
-                                      timeout=RUN_TIMEOUT_S)
-            assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
-            run_id = flow_run.name  # flow_run_name is the run id, derived here: run-<date>-<flow run id>
-            assert run_id.startswith("run-") and run_id.endswith(str(flow_run.id).replace("-", "")[:8])
-            stored = asyncio.run(_stored_parameters(flow_run.id))
-        assert stored["config"] == _form(tmp_path / "lake") and "run_id" not in stored  # as sent: no JSON string
-        lake = build_lake(load_config(None, [f'storage.lake_uri="{tmp_path / "lake"}"']))
-        assert lake.committed_steps(run_id) == [1, 2]
-        assert count_rows(lake, run_id) == (STEPS * PROMPTS * GROUP,) * 2  # 2 x 4 x 4 = 32 rows, none twice
-        mlflow = MlflowClient(tracking_uri=services.mlflow_uri)  # up's MLflow server: the config named none
-        mlflow_run_id = lake.read_run_info(run_id).mlflow_run_id
-        assert [point.step for point in mlflow.get_metric_history(mlflow_run_id, "reward/mean")] == [1, 2]
+        yield Up(env, services)
     finally:
-        stopped = run_cli(["down"], env, tmp_path)
+        stopped = run_cli(["down"], env, folder)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert wait_for_no_process(marker) == []
+
+
+@pytest.mark.slow
+def test_a_run_started_from_the_served_deployment_finishes(up: Up, tmp_path: Path) -> None:
+    with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):
+        flow_run = run_deployment("rl-train/train", parameters={"config": _form(tmp_path / "lake")}, timeout=RUN_TIMEOUT_S)
+        assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
+        run_id = flow_run.name  # flow_run_name is the run id, derived here: run-<date>-<flow run id>
+        assert run_id.startswith("run-") and run_id.endswith(str(flow_run.id).replace("-", "")[:8])
+        stored = asyncio.run(_stored_parameters(flow_run.id))
+    assert stored["config"] == _form(tmp_path / "lake") and "run_id" not in stored  # as sent: no JSON string
+    lake = build_lake(load_config(None, [f'storage.lake_uri="{tmp_path / "lake"}"']))
+    assert lake.committed_steps(run_id) == [1, 2]
+    assert count_rows(lake, run_id) == (STEPS * PROMPTS * GROUP,) * 2  # 2 x 4 x 4 = 32 rows, none twice
+    mlflow = MlflowClient(tracking_uri=up.services.mlflow_uri)  # up's MLflow server: the config named none
+    mlflow_run_id = lake.read_run_info(run_id).mlflow_run_id
+    assert [point.step for point in mlflow.get_metric_history(mlflow_run_id, "reward/mean")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_prefect_deploy_all_from_the_repository_root_registers_the_pool_deployments(up: Up) -> None:
+    """prefect.yaml at the root: `prefect deploy --all` works as the README says, onto the
+    pool and queues `up` created (flows/operations.py), the nightly schedule inactive."""
+    env = dict(up.env, PREFECT_API_URL=up.services.prefect_api_url)
+    deployed = subprocess.run([str(Path(sys.executable).parent / "prefect"), "--no-prompt", "deploy", "--all"],
+                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):
+        found = asyncio.run(_pool_view())
+    train, queues, limits = found
+    assert train["work_queue_name"] == "train" and train["pull"] == str(REPO_ROOT.resolve())
+    assert train["schedules"] == [("0 3 * * *", False)]  # declared, off until turned on
+    assert train["schema_config"] == "#/definitions/RunConfig"
+    assert queues == {"eval": 1, "train": 2, "default": 3}  # eval is served ahead of train
+    # tag limits are global limits named tag:<tag> in Prefect 3.9
+    assert limits == {"rlpipe-trainer": 1, "rlpipe-sandbox": 8, "tag:verify": 4}
+
+
+async def _pool_view() -> tuple[dict, dict[str, int], dict[str, int]]:
+    async with get_client() as client:
+        deployment = await client.read_deployment_by_name("rl-train/train-pool")
+        queues = await client.read_work_queues(work_pool_name="rlpipe-cpu")
+        global_limits = await client.read_global_concurrency_limits()
+        tag_limits = await client.read_concurrency_limits(limit=50, offset=0)
+    train = {
+        "work_queue_name": deployment.work_queue_name,
+        "pull": (deployment.pull_steps or [{}])[0].get("prefect.deployments.steps.set_working_directory", {}).get("directory"),
+        "schedules": [(schedule.schedule.cron, schedule.active) for schedule in deployment.schedules],
+        "schema_config": deployment.parameter_openapi_schema["properties"]["config"]["$ref"],
+    }
+    limits = {limit.name: limit.limit for limit in global_limits if not limit.name.startswith("deployment:")}
+    assert {limit.tag: limit.concurrency_limit for limit in tag_limits} == {"verify": 4}
+    return train, {queue.name: queue.priority for queue in queues}, limits
 
 
 async def _stored_parameters(flow_run_id) -> dict:
