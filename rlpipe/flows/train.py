@@ -26,9 +26,10 @@ draws a form with every table's defaults and docs, and `prefect deployment run -
 or `--params '{"config": {"train": {"steps": 5}}}'` work; `config_path` names a TOML file on
 the worker; an empty `run_id` gets a new id per flow run (a nightly schedule starts a new
 run each night). `rlpipe train` calls this same flow with a RunConfig and its run id.
+No `from __future__ import annotations` here: a served flow is pickled into its flow-run
+subprocess, where Prefect validates the parameters against the annotations; as strings,
+`RunConfig` was not resolvable there (pydantic: "TrainModel is not fully defined").
 """
-
-from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
