@@ -7,6 +7,8 @@ process behind: not the servers, not the runner, not the flow run or its workers
 Also: `prefect deploy --all` from the repository root (prefect.yaml) registers the pool
 deployments onto the work pool, queues and limits `up` created (flows/operations.py).
 
+Last, `down` while a served run trains stops the run and its workers too.
+
 `up` runs once for the module, on free ports under a private RLPIPE_HOME; every process it
 starts inherits a marker variable, which is how "no process left" finds them.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +33,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from rlpipe.core.config import load_config
 from rlpipe.storage.local_services import LocalServices, read_live_services
 from rlpipe.tasks.builders import build_lake
-from tests.cli.test_signals import wait_for_no_process
+from tests.cli.test_signals import processes_with, wait_for_no_process
 from tests.cli.test_signals_up import free_port
 from tests.cli.cli_process import REPO_ROOT
 from tests.durability.cli_runs import Where, cli_env, count_rows, run_cli
@@ -110,6 +113,29 @@ def test_prefect_deploy_all_from_the_repository_root_registers_the_pool_deployme
     assert queues == {"eval": 1, "train": 2, "default": 3}  # eval is served ahead of train
     # tag limits are global limits named tag:<tag> in Prefect 3.9
     assert limits == {"rlpipe-trainer": 1, "rlpipe-sandbox": 8, "tag:verify": 4}
+
+
+@pytest.mark.slow
+def test_down_stops_a_flow_run_in_progress_and_its_workers(up: Up, tmp_path: Path) -> None:
+    """Last in the module: `down` while a served run trains; the fixture then finds nothing to stop."""
+    marker = up.env["RLPIPE_UP_TEST_MARKER"]
+    with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):
+        run_deployment("rl-train/train", parameters={"config": _form(tmp_path / "lake")}, timeout=0)
+    _wait_until(lambda: len(_workers(marker)) == 2, "the run's engine and trainer workers")
+    stopped = run_cli(["down"], up.env, tmp_path)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert wait_for_no_process(marker) == []
+
+
+def _workers(marker: str) -> list[str]:
+    return [line for line in processes_with(marker) if "rlpipe.workers" in line]
+
+
+def _wait_until(probe, what: str) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not probe():
+        assert time.monotonic() < deadline, f"waited {RUN_TIMEOUT_S} s for {what}"
+        time.sleep(0.2)
 
 
 async def _pool_view() -> tuple[dict, dict[str, int], dict[str, int]]:
