@@ -39,7 +39,7 @@ def resolve_config(config: RunConfig, config_path: str | None) -> RunConfig:
     of the module docstring; validated with the cross-table checks of core/config.py."""
     if not config_path:
         return with_overrides(config, [])  # the checks that span tables (pydantic checked each table)
-    path = Path(config_path).expanduser()
+    path = Path(config_path).expanduser().absolute()  # relative to where the flow runs: name it whole in errors
     from_file = load_config(path)
     changed = _changed_keys(config, RunConfig())
     conflicts = [
