@@ -9,9 +9,10 @@ import them), and `apply_operations` creates the pool, queues and limits on a se
 - Work pool `rlpipe-cpu` (process), queues by priority (1 is served first): `eval` ahead
   of `train`, then `default`. A worker polls them in that order.
 - Concurrency: one train flow run at a time per deployment (the trainer owns the machine's
-  GPU or cores); the global limit `rlpipe-trainer` (one per GPU) and `rlpipe-sandbox`
-  (sandbox slots) are created for flows and tasks that take them; the tag limit `verify`
-  bounds task runs tagged `verify` at once.
+  GPU or cores); every deployment's train run holds a slot of the global limit
+  `rlpipe-trainer` (one per GPU) while its trainer lives (flows/train.py), so train runs of
+  all deployments on one server share it; `rlpipe-sandbox` (sandbox slots) and the tag
+  limit `verify` are declared for tasks to take (none does yet: stage tasks carry no tags).
 
 What it does not: start workers or servers, or decide what a run computes.
 """
@@ -24,6 +25,10 @@ NIGHTLY_CRON = "0 3 * * *"
 TRAIN_TAGS = ("rlpipe", "train")
 TRAIN_CONCURRENCY = 1
 WORK_POOL = "rlpipe-cpu"
+TRAINER_LIMIT = "rlpipe-trainer"
+TRAINER_LEASE_S = 60
+"""The trainer slot's lease (Prefect's minimum): renewed while the run lives; a run killed
+with -9 frees its slot this long after its last renewal."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,7 @@ class Queue:
 
 
 QUEUES = (Queue("eval", 1), Queue("train", 2, concurrency_limit=1), Queue("default", 3))
-GLOBAL_LIMITS = {"rlpipe-trainer": 1, "rlpipe-sandbox": 8}
+GLOBAL_LIMITS = {TRAINER_LIMIT: 1, "rlpipe-sandbox": 8}
 """Global concurrency limits (name -> slots): one trainer per GPU, N sandbox slots."""
 TAG_LIMITS = {"verify": 4}
 """Task-run concurrency by tag (tag -> task runs at once)."""

@@ -34,10 +34,15 @@ subprocess, where Prefect validates the parameters against the annotations; as s
 import logging
 from dataclasses import dataclass
 
+from contextlib import AbstractContextManager, nullcontext
+
 from prefect import flow
+from prefect.concurrency.sync import concurrency
+from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 
 from rlpipe.core.config import RunConfig
+from rlpipe.flows.operations import TRAINER_LEASE_S, TRAINER_LIMIT
 from rlpipe.flows.run_parameters import derive_run_id, resolve_config
 from rlpipe.flows.steps import StepsOutcome, run_steps
 from rlpipe.tasks import lifecycle, quality_gate, status
@@ -87,6 +92,22 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", config_path: str | 
     """
     config = resolve_config(config, config_path)  # flows/run_parameters.py: the rule for both
     run_id = _run_id(run_id, config_path)
+    with _trainer_slot():  # a deployment's run waits here for a trainer (flows/operations.py)
+        return _train(config, run_id)
+
+
+def _trainer_slot() -> AbstractContextManager[object]:
+    """One slot of the global concurrency limit `rlpipe-trainer` for a deployment's run, held
+    while its trainer lives; nothing for `rlpipe train` (one run, one command). Where the
+    limit is not declared, Prefect logs a warning and the run goes on. A run killed with -9
+    keeps its slot until the lease runs out (TRAINER_LEASE_S, renewed while alive)."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None or context.flow_run.deployment_id is None:
+        return nullcontext()
+    return concurrency(TRAINER_LIMIT, occupy=1, strict=False, lease_duration=TRAINER_LEASE_S)
+
+
+def _train(config: RunConfig, run_id: str) -> TrainSummary:
     runtime = build_runtime(run_id, config)  # spawns the workers; raises on bad input before anything is written
     outcome, stage = StepsOutcome(), "open-run"  # what status.json names if the run fails here
     try:

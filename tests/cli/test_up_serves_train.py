@@ -7,7 +7,8 @@ process behind: not the servers, not the runner, not the flow run or its workers
 Also: `prefect deploy --all` from the repository root (prefect.yaml) registers the pool
 deployments onto the work pool, queues and limits `up` created (flows/operations.py).
 
-Last, `down` while a served run trains stops the run and its workers too.
+Last, `down` while a served run trains (holding the one `rlpipe-trainer` slot) stops the run
+and its workers too.
 
 `up` runs once for the module, on free ports under a private RLPIPE_HOME; every process it
 starts inherits a marker variable, which is how "no process left" finds them.
@@ -122,9 +123,16 @@ def test_down_stops_a_flow_run_in_progress_and_its_workers(up: Up, tmp_path: Pat
     with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):
         run_deployment("rl-train/train", parameters={"config": _form(tmp_path / "lake")}, timeout=0)
     _wait_until(lambda: len(_workers(marker)) == 2, "the run's engine and trainer workers")
+    with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):
+        assert asyncio.run(_trainer_slots_taken()) == 1  # the run holds the one trainer slot (flows/operations.py)
     stopped = run_cli(["down"], up.env, tmp_path)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert wait_for_no_process(marker) == []
+
+
+async def _trainer_slots_taken() -> int:
+    async with get_client() as client:
+        return (await client.read_global_concurrency_limit_by_name("rlpipe-trainer")).active_slots
 
 
 def _workers(marker: str) -> list[str]:
