@@ -4,7 +4,8 @@ What it does: `check_s3_bucket` HEADs the bucket of an s3:// artifact root where
 repository uploads (MLFLOW_S3_ENDPOINT_URL), 2 attempts of at most 5 s to connect and 10 s
 to read; `check_proxied_store` lists a root that an MLflow server proxies (mlflow-artifacts:/)
 with one retry and the same bounds. Either raises StorageUnavailable naming the bucket (a
-proxying server says which in its answer) within seconds. Without them a missing bucket
+proxying server says which in its answer): at once for a missing bucket, after about 20 s
+(two reads of 10 s, measured) against a server that accepts and never answers. Without them a missing bucket
 behind a proxying server cost minutes per file: the server answers 500 to the upload and
 MLflow's client retries a 500 seven times with backoff (measured: 277 s for one config.json,
 then an error that names neither the bucket nor the cause).
@@ -91,7 +92,7 @@ def check_proxied_store(root: str, tracking_uri: str) -> None:
         )
     except MlflowException as exc:
         raise StorageUnavailable(
-            f"MLflow at {server} did not answer a listing of {root} within {ARTIFACT_CHECK_READ_S:.0f} s: {exc.message}",
+            f"MLflow at {server} did not answer a listing of {root} (2 tries, {ARTIFACT_CHECK_READ_S:.0f} s each): {exc.message}",
             hint="the server or its artifact store (`mlflow server --artifacts-destination`) is down; see the server's log",
         ) from exc
     if response.status_code >= 400:
