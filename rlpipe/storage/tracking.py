@@ -10,9 +10,16 @@ duplicate point. MLflow and connection errors are translated: unreachable or fai
 tracking server -> StorageUnavailable; unknown run -> RunNotFoundError; rejected value ->
 UserError.
 
-What it does not: decide what to log (tasks/ does), start an MLflow server (`rlpipe up`
-does), or retry (an http server that vanishes mid-run is retried by MLflow's own HTTP
-client, then by Prefect).
+Artifact uploads fail within seconds, never minutes: before a run's first upload its
+artifact store is checked once with one bounded request (`check_artifact_store`,
+storage/artifact_checks.py: a HEAD of an s3:// bucket, or a listing through the MLflow
+server that proxies mlflow-artifacts:/). A store that fails it raises StorageUnavailable
+naming the bucket at once; before, MLflow's client retried the server's HTTP 500 for about
+4.5 minutes per file. boto3's own upload errors are translated too.
+
+What it does not: decide what to log or whether a failed upload is worth a warning or a
+failed stage (tasks/ does), start an MLflow server (`rlpipe up` does), or retry (an http
+server that vanishes mid-run is retried by MLflow's own HTTP client, then by Prefect).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 
 from rlpipe.core.errors import RunNotFoundError, StorageUnavailable, UserError
+from rlpipe.storage.artifact_checks import bucket_of, check_proxied_store, check_s3_bucket
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.local_services import live_mlflow_uri, url_answers
 
@@ -103,6 +111,22 @@ def _tracking_errors(uri: str, action: str) -> Iterator[None]:
         ) from exc
 
 
+@contextmanager
+def _artifact_errors(uri: str, root: str, action: str) -> Iterator[None]:
+    """`_tracking_errors`, plus boto3's and botocore's errors (an s3:// artifact root is
+    uploaded to by boto3 in this process, whose errors are neither MLflow's nor OSError)."""
+    try:
+        with _tracking_errors(uri, action):
+            yield
+    except Exception as exc:
+        if not type(exc).__module__.startswith(("boto3", "botocore", "s3transfer")):
+            raise
+        raise StorageUnavailable(
+            f"MLflow artifact store {root}: {action} failed: {exc}",
+            hint=f"check that the bucket {bucket_of(root)!r} exists and that MLFLOW_S3_ENDPOINT_URL and the AWS keys are right",
+        ) from exc
+
+
 class Tracker:
     """Logs to one MLflow experiment. Every method takes the MLflow run id explicitly."""
 
@@ -114,6 +138,7 @@ class Tracker:
                 f"MLflow tracking server {uri} does not answer",
                 hint="start it (`rlpipe up`) or fix tracking.mlflow_uri",
             )
+        self._checked_artifact_roots: set[str] = set()
         with _sqlite_store_lock(uri):  # MlflowClient opens (creates, migrates) the store
             self._client = MlflowClient(tracking_uri=uri)
             self.experiment_id = self._experiment_id(artifact_location or default_artifact_location(uri))
@@ -211,13 +236,29 @@ class Tracker:
             for key, value in tags.items():
                 self._client.set_tag(mlflow_run_id, key, value)
 
+    def check_artifact_store(self, mlflow_run_id: str) -> str:
+        """Check the run's artifact store once per root (see the module docstring); return
+        the root. StorageUnavailable, within seconds, when it cannot take artifacts."""
+        root = self.artifact_uri(mlflow_run_id)
+        if root in self._checked_artifact_roots:
+            return root
+        scheme = urlsplit(root).scheme
+        if scheme == "s3":
+            check_s3_bucket(root)
+        elif scheme in ("mlflow-artifacts", "http", "https"):
+            check_proxied_store(root, self.uri)
+        self._checked_artifact_roots.add(root)
+        return root
+
     def log_artifact(self, mlflow_run_id: str, local_path: Path, artifact_path: str | None = None) -> None:
         """Upload a local file (or folder) into the run's artifacts."""
-        with _tracking_errors(self.uri, f"logging artifact {local_path}"):
+        root = self.check_artifact_store(mlflow_run_id)
+        with _artifact_errors(self.uri, root, f"logging artifact {local_path}"):
             self._client.log_artifact(mlflow_run_id, str(local_path), artifact_path)
 
     def log_text(self, mlflow_run_id: str, text: str, artifact_file: str) -> None:
-        with _tracking_errors(self.uri, f"logging {artifact_file}"):
+        root = self.check_artifact_store(mlflow_run_id)
+        with _artifact_errors(self.uri, root, f"logging {artifact_file}"):
             self._client.log_text(mlflow_run_id, text, artifact_file)
 
     def log_curve(

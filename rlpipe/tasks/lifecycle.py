@@ -20,7 +20,7 @@ from prefect.runtime import flow_run
 
 from rlpipe import __version__
 from rlpipe.core.config import config_changes, config_from_dict
-from rlpipe.core.errors import ConfigError
+from rlpipe.core.errors import ConfigError, StorageUnavailable
 from rlpipe.core.records import SCHEMA_VERSION, Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.sampling import SamplingParams
@@ -58,7 +58,10 @@ def open_run(run_id: str) -> bool:
             prefect_flow_run_id=str(flow_run.get_id() or ""),
         )
         runtime.lake.write_run_info(info)
-        runtime.tracker.log_text(mlflow_run_id, runtime.config.model_dump_json(indent=2), "config.json")
+        try:  # an artifact store that fails answers within seconds (storage/tracking.py); the run goes on
+            runtime.tracker.log_text(mlflow_run_id, runtime.config.model_dump_json(indent=2), "config.json")
+        except StorageUnavailable as exc:
+            get_run_logger().warning("could not upload config.json to MLflow (run.json in the lake has it): %s", exc)
     if resumed:
         runtime.tracker.resume_run(info.mlflow_run_id)
     if resumed and info.config_hash != runtime.config.config_hash():
@@ -255,7 +258,10 @@ def finish(run_id: str, before: float, after: float) -> dict[str, object]:
     tracker, lake = runtime.tracker, runtime.lake
     steps_committed = len(lake.committed_steps(run_id))
     final_step = lake.latest_checkpoint(run_id)
-    tracker.log_reward_curve(runtime.mlflow_run_id, lake, run_id)
+    try:  # a failing artifact store: a warning within seconds, never a hung or failed end of run
+        tracker.log_reward_curve(runtime.mlflow_run_id, lake, run_id)
+    except StorageUnavailable as exc:
+        get_run_logger().warning("could not upload the reward curve to MLflow: %s", exc)
     tracker.log_step_metrics(
         runtime.mlflow_run_id, runtime.policy_version, {"heldout/accuracy_gain": after - before}, timestamp_ms=None
     )
