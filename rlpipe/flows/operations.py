@@ -2,7 +2,8 @@
 the work pool and its queues with priorities, and the concurrency limits. The served
 deployments of `rlpipe up` (flows/serve.py) take them from here; prefect.yaml at the
 repository root repeats the same names and numbers for `prefect deploy --all` (YAML cannot
-import them), and `apply_operations` creates the pool, queues and limits on a server.
+import them), and `apply_operations` creates the pool, queues and limits on a server
+(`python -m rlpipe.flows.operations` against PREFECT_API_URL; `rlpipe up` does it itself).
 
 - Schedule: nightly at 03:00 UTC, declared inactive (turn it on in the UI). Every scheduled
   flow run leaves run_id empty, so each night starts a run of its own (flows/run_parameters.py).
@@ -77,3 +78,21 @@ async def apply_operations(client) -> list[str]:
         await client.create_concurrency_limit(tag=tag, concurrency_limit=slots)  # an upsert
         done.append(f"tag concurrency limit {tag} = {slots}")
     return done
+
+
+def main() -> None:
+    """`python -m rlpipe.flows.operations`: apply them to the server of PREFECT_API_URL."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    async def apply() -> list[str]:
+        async with get_client() as client:
+            return await apply_operations(client)
+
+    for line in asyncio.run(apply()):
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -18,14 +18,13 @@ concurrency limits (flows/operations.py).
 
 from __future__ import annotations
 
-import asyncio
-
 from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 
 from rlpipe.flows.eval import rl_eval
-from rlpipe.flows.operations import NIGHTLY_CRON, TRAIN_CONCURRENCY, TRAIN_TAGS, apply_operations
+from rlpipe.flows.operations import NIGHTLY_CRON, TRAIN_CONCURRENCY, TRAIN_TAGS
+from rlpipe.flows.operations import main as apply_operations_main
 from rlpipe.flows.train import train
 
 TRAIN_DEPLOYMENT = "rl-train/train"
@@ -54,16 +53,8 @@ def served_deployments() -> list[RunnerDeployment]:
 
 def main() -> None:
     """Create the work pool, queues and limits (flows/operations.py), then serve until stopped."""
-    for line in asyncio.run(_apply_operations()):
-        print(line, flush=True)
+    apply_operations_main()
     serve(*served_deployments(), limit=RUNNER_LIMIT, print_starting_message=False)
-
-
-async def _apply_operations() -> list[str]:
-    from prefect.client.orchestration import get_client
-
-    async with get_client() as client:
-        return await apply_operations(client)
 
 
 if __name__ == "__main__":
