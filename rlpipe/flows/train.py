@@ -44,6 +44,7 @@ from prefect.runtime import flow_run
 from rlpipe.core.config import RunConfig
 from rlpipe.flows.operations import TRAINER_LEASE_S, TRAINER_LIMIT
 from rlpipe.flows.run_parameters import derive_run_id, resolve_config
+from rlpipe.flows.stale_task_runs import crash_stale_task_runs
 from rlpipe.flows.steps import StepsOutcome, run_steps
 from rlpipe.tasks import lifecycle, quality_gate, status
 from rlpipe.tasks.runtime import build_runtime, release_runtime
@@ -90,6 +91,7 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", config_path: str | 
             that run (its config must compute the same: see `rlpipe resume`).
         config_path: A sparse TOML config file, read where the flow run runs (the worker).
     """
+    crash_stale_task_runs()  # a retry after a kill: the dead attempt's task runs end Crashed, not Running forever
     config = resolve_config(config, config_path)  # flows/run_parameters.py: the rule for both
     run_id = _run_id(run_id, config_path)
     with _trainer_slot():  # a deployment's run waits here for a trainer (flows/operations.py)

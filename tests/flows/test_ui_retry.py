@@ -10,7 +10,8 @@ run is made to end badly twice:
    step 2 is committed, and the runner marks the flow run Crashed (its workers follow their
    owner).
 3. Retried again: it finishes from the lake with exactly steps x prompts x group rows, none
-   twice, and one MLflow point per step. The run id was derived from the flow run, so each
+   twice, and one MLflow point per step; no task run of the killed attempt is left Running
+   (it was: `persist-step-2`, forever, on a Completed flow run). The run id was derived from the flow run, so each
    retry must land on the same run id to resume it.
 
 One run, three flow-run processes: the cheapest way to cover both ends (measured 2026-12-02:
@@ -120,6 +121,7 @@ def test_a_run_that_failed_then_crashed_is_retried_through_the_api_and_finishes_
     assert final.is_completed(), final
     assert [path.name for path in lake_runs.iterdir()] == [run_id]  # resumed: no second run
     _assert_every_row_once(config, run_id)
+    assert asyncio.run(_open_task_runs(flow_run.id)) == []  # the killed attempt's task runs ended Crashed
 
 
 def _assert_every_row_once(config: RunConfig, run_id: str) -> None:
@@ -129,6 +131,14 @@ def _assert_every_row_once(config: RunConfig, run_id: str) -> None:
     mlflow = MlflowClient(tracking_uri=config.tracking.mlflow_uri)
     history = mlflow.get_metric_history(lake.read_run_info(run_id).mlflow_run_id, "reward/mean")
     assert sorted(point.step for point in history) == list(range(1, STEPS + 1))  # one point per step
+
+
+async def _open_task_runs(flow_run_id: UUID) -> list[tuple[str, str]]:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async with get_client() as client:
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return [(run.name, run.state.name) for run in runs if not run.state.is_final()]
 
 
 async def _retry_as_the_ui_does(flow_run_id: UUID) -> None:
