@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 
 class Section(BaseModel):
@@ -253,10 +254,12 @@ class StorageConfig(Section):
     """Where trajectories, manifests and checkpoints go: a folder or s3://bucket/prefix."""
     s3_endpoint_url: str | None = None
     """S3 endpoint (MinIO, moto...). None = AWS_ENDPOINT_URL or the AWS default."""
-    s3_access_key: str | None = Field(None, exclude=True)
-    """None = AWS_ACCESS_KEY_ID. Never written anywhere (run.json, MLflow, Prefect)."""
-    s3_secret_key: str | None = Field(None, exclude=True)
-    """None = AWS_SECRET_ACCESS_KEY. Never written anywhere (run.json, MLflow, Prefect)."""
+    s3_access_key: SkipJsonSchema[str | None] = Field(None, exclude=True)
+    """None = AWS_ACCESS_KEY_ID. Never written anywhere (run.json, MLflow, Prefect), and left out
+    of the JSON schema: the Prefect UI's form has no field for it, and a deployment run that
+    sends one is refused by the server (set the variable in the worker's environment)."""
+    s3_secret_key: SkipJsonSchema[str | None] = Field(None, exclude=True)
+    """None = AWS_SECRET_ACCESS_KEY. Never written anywhere, not in the JSON schema (as s3_access_key)."""
     s3_region: str | None = None
     """None = AWS_REGION / AWS_DEFAULT_REGION, else us-east-1."""
 

@@ -40,6 +40,8 @@ def test_parameter_schema_is_a_form_of_the_run_config_tables() -> None:
     steps = definitions["TrainConfig"]["properties"]["steps"]
     assert steps["type"] == "integer" and steps["default"] == RunConfig().train.steps and steps["description"]
     assert definitions["TrainConfig"]["additionalProperties"] is False  # unknown keys are refused
+    storage = definitions["StorageConfig"]["properties"]
+    assert "lake_uri" in storage and "s3_access_key" not in storage and "s3_secret_key" not in storage  # no secrets in a form
 
 
 def test_a_deployment_run_with_a_partial_config_validates(prefect_api_url: str) -> None:
