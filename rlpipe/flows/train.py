@@ -18,7 +18,9 @@ runtime and stopped in `finally`, so a failed or interrupted run leaves no worke
 The lake decides what is done: a run that already exists is restored (checkpoint + replay
 of committed steps) instead of started, and only uncommitted steps run. Every stage is a
 task that passes references (run id, step, URIs, policy version), never models or rows;
-the flow bodies themselves do no I/O but the best-effort status lines (tasks/status.py).
+the flow bodies themselves do no I/O but the best-effort status lines (tasks/status.py)
+and, for runs of a deployment, Prefect's own API: a trainer slot (flows/operations.py) and,
+in a retry, ending the dead attempt's open task runs (flows/stale_task_runs.py).
 Flows import only tasks/ and core/ (an import-linter contract).
 
 Parameters are typed (flows/run_parameters.py): `config` is a RunConfig, so the Prefect UI
