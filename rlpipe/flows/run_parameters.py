@@ -43,7 +43,7 @@ def resolve_config(config: RunConfig, config_path: str | None) -> RunConfig:
     from_file = load_config(path)
     changed = _changed_keys(config, RunConfig())
     conflicts = [
-        f"{key} = {_shown(form_value)} in the form but {_shown(_value_at(from_file, key))} in {path}"
+        f"{key} = {form_value!r} in the form but {_value_at(from_file, key)!r} in {path}"
         for key, form_value in changed.items()
         if key in _keys_in_file(path) and _value_at(from_file, key) != form_value
     ]
@@ -112,6 +112,3 @@ def _plain(value: Any) -> Any:
         return [_plain(item) for item in value]
     return value
 
-
-def _shown(value: Any) -> str:
-    return repr(value)
