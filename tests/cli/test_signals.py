@@ -5,7 +5,7 @@ Runs the real CLI on a pseudo-terminal: ^C is the byte 0x03 written to the termi
 kernel sends SIGINT to the whole foreground process group, as a user's ^C does; SIGTERM is
 `kill PID` (the CLI alone: it must stop its workers itself). Each signal is sent once: SIGTERM
 in ephemeral mode during the warm start, ^C with a Prefect server during an RL step (and ^C
-under `rlpipe up`: test_signals_up.py). After the signal the command must: exit 130 (SIGINT)
+under `rlpipe up`: test_up_serves_train.py). After the signal the command must: exit 130 (SIGINT)
 or 143 (SIGTERM) (a run still alive 600 s after it is hung: killed, and the test fails), print one line with the resume command and no traceback, leave no process
 behind (no process carries the run's PREFECT_HOME in its environment), and have marked
 the run interrupted in the lake (status.json), MLflow (KILLED) and Prefect (Crashed). Then

@@ -7,6 +7,13 @@ process behind: not the servers, not the runner, not the flow run or its workers
 Also: `prefect deploy --all` from the repository root (prefect.yaml) registers the pool
 deployments onto the work pool, queues and limits `up` created (flows/operations.py).
 
+^C of a `rlpipe train` in a terminal under `up` ends in order: the CLI finds the Prefect
+server and the MLflow server from `up`'s state file (no PREFECT_API_URL, no
+tracking.mlflow_uri in the config), and after ^C it exits 130 with one resume line, the run
+is interrupted in the lake, KILLED in `up`'s MLflow server and ended in `up`'s Prefect
+server, and nothing of the CLI's is left. (Its own module until 2026-12-02: one `up` for all
+of these saves a start of the three servers.)
+
 Last, `down` while a served run trains (holding the one `rlpipe-trainer` slot) stops the run
 and its workers too.
 
@@ -17,6 +24,7 @@ starts inherits a marker variable, which is how "no process left" finds them.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -34,10 +42,12 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from rlpipe.core.config import load_config
 from rlpipe.storage.local_services import LocalServices, read_live_services
 from rlpipe.tasks.builders import build_lake
-from tests.cli.test_signals import processes_with, wait_for_no_process
-from tests.cli.test_signals_up import free_port
 from tests.cli.cli_process import REPO_ROOT
-from tests.durability.cli_runs import Where, cli_env, count_rows, run_cli
+from tests.cli.test_signals import (
+    ENDED, TOML, check_interrupted, flow_run_states, processes_with, run_on_pty, step_committed, wait_for_no_process,
+)
+from tests.durability.cli_runs import Where, cli_env, count_rows, make_where, run_cli
+from tests.helpers.s3_server import free_port
 
 STEPS, PROMPTS, GROUP = 2, 4, 4
 RUN_TIMEOUT_S = 300  # a hang guard, not a speed check
@@ -114,6 +124,26 @@ def test_prefect_deploy_all_from_the_repository_root_registers_the_pool_deployme
     assert queues == {"eval": 1, "train": 2, "default": 3}  # eval is served ahead of train
     # tag limits are global limits named tag:<tag> in Prefect 3.9
     assert limits == {"rlpipe-trainer": 1, "rlpipe-sandbox": 8, "tag:verify": 4}
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_cli_run_under_up_ends_in_order(up: Up, tmp_path: Path) -> None:
+    """The CLI's own PREFECT_HOME tells its processes apart from `up`'s for "no process left"."""
+    where = make_where(tmp_path, TOML)
+    lake_uri = str(tmp_path / "lake")
+    # The config `up`'s users write: no tracking section, so the run reports to up's MLflow.
+    where.config_path.write_text(TOML + f'\n[storage]\nlake_uri = "{lake_uri}"\n')
+    run_id = f"sig-up-{os.getpid()}"
+    env = dict(cli_env(where, prefect_api_url=None), RLPIPE_HOME=up.env["RLPIPE_HOME"])  # up's state file
+    env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    result = run_on_pty(["train", str(where.config_path), "--run-id", run_id], env, tmp_path,
+                        step_committed(Path(lake_uri), run_id, 1), "int")
+    where_stopped = check_interrupted(result, lake_uri, run_id, "SIGINT", 130)  # MLflow: up's server, over HTTP
+    assert where_stopped["step"] >= 1
+    assert wait_for_no_process(env["PREFECT_HOME"]) == []  # nothing of the CLI's own is left
+    with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):  # over a session harness, if any
+        assert asyncio.run(flow_run_states(run_id))[0] in ENDED
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ box; ~5.6 s with a ready database). The session's test harness does that work an
 tests/conftest.py snapshots the harness's database as soon as the harness is up, before any
 test writes to it, and `seed_prefect_home` copies the snapshot into a test's PREFECT_HOME.
 
-Not for the tests of a first start itself (`rlpipe up` in tests/cli/test_signals_up.py
+Not for the tests of a first start itself (`rlpipe up` in tests/cli/test_up_serves_train.py
 keeps a new, empty home).
 """
 
