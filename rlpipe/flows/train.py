@@ -34,9 +34,8 @@ subprocess, where Prefect validates the parameters against the annotations; as s
 """
 
 import logging
-from dataclasses import dataclass
-
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
 from prefect import flow
 from prefect.concurrency.sync import concurrency
