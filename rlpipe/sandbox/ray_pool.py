@@ -54,6 +54,7 @@ class WorkerInfo:
     """Where one verifier actor runs and how many sandboxes its pool holds."""
 
     host: str
+    node_id: str  # Ray's id of the node (two nodes may share a host name)
     pid: int
     pool_size: int
 
@@ -66,7 +67,10 @@ class VerifierWorker:
         self.pool = SandboxPool(factory, size, memory_mb_per_sandbox=memory_mb_per_sandbox, reap_leaked=reap_leaked)
 
     def info(self) -> WorkerInfo:
-        return WorkerInfo(host=socket.gethostname(), pid=os.getpid(), pool_size=self.pool.size)
+        import ray  # inside an actor: ray is there
+
+        return WorkerInfo(host=socket.gethostname(), node_id=ray.get_runtime_context().get_node_id(), pid=os.getpid(),
+                          pool_size=self.pool.size)
 
     def map(self, fn: Callable[[Sandbox, Any], Any], items: list[Any]) -> list[Any]:
         return self.pool.map(fn, items)
@@ -82,6 +86,18 @@ def import_ray() -> Any:
     except ImportError as exc:
         raise ConfigError(f"cluster.ray_address is set but ray is not installed in this Python ({exc})", INSTALL_HINT) from exc
     return ray
+
+
+def check_reachable(address: str, hint: str, timeout_s: float = 5.0) -> None:
+    """ClusterUnavailable unless `host:port` (or `ray://host:port`) accepts a TCP connection
+    within `timeout_s`: ray.init itself waits minutes on an address nobody answers."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"cluster.ray_address={address!r} is not host:port", 'e.g. cluster.ray_address="10.0.0.5:6379"')
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ClusterUnavailable(f"the Ray cluster at {address} is unreachable: {exc}", hint) from exc
 
 
 class RaySandboxPool:
@@ -165,6 +181,7 @@ class RaySandboxPool:
         ray = self.ray
         if ray.is_initialized():  # one Ray connection per process: reuse the one made earlier
             return
+        check_reachable(self.address, self._hint())
         try:
             ray.init(address=self.address, log_to_driver=False, configure_logging=False)
         except Exception as exc:  # noqa: BLE001 - ray raises ConnectionError, RuntimeError, ValueError here
