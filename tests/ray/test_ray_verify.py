@@ -123,3 +123,23 @@ def test_an_unreachable_cluster_is_an_infra_error(ray_cluster):
         with pytest.raises(ClusterUnavailable) as raised:
             RaySandboxPool(address, lambda: None, workers=1)
     assert "unreachable" in raised.value.message
+
+
+def test_tiny_code_run_verifies_on_the_ray_cluster(ray_cluster, tmp_path):
+    """The train flow with cluster.ray_address set: every row verified by the cluster's actors."""
+    from rlpipe.flows.train import train
+    from rlpipe.storage.query import query_trajectories
+    from rlpipe.tasks.builders import build_lake
+    from tests.flows.runs import tiny_config
+
+    config = tiny_config(tmp_path, "envs.domains={code = 1.0}", 'sandbox.backend="bwrap"', "sandbox.timeout_s=5.0",
+                         "sandbox.pool_size=1", f'cluster.ray_address="{ray_cluster}"', "cluster.ray_workers=2",
+                         "train.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6",
+                         "warmstart.steps=1", "warmstart.batch_size=2", "envs.heldout_size=2",
+                         "model.max_position_embeddings=2048")
+    summary = train(config.model_dump_json(), "code-on-ray")
+    lake = build_lake(config)
+    assert summary.steps_committed == 2
+    rows = query_trajectories(lake, "select reason, reward from trajectories").rows
+    assert len(rows) == 2 * 2 * 2  # steps x prompts x samples
+    assert all(reason != VerdictReason.SANDBOX_ERROR.value and reward in (0.0, 1.0) for reason, reward in rows)
