@@ -71,7 +71,8 @@ def main() -> None:
     from tests.helpers.ray_cluster import local_ray_cluster
 
     cluster = contextlib.nullcontext(args.address) if args.address else local_ray_cluster((2, 1))
-    with cluster as address:
+    with cluster as running:
+        address = running if isinstance(running, str) else running.address
         for workers in (1, 2):
             ray_config = load_config(None, base + [f'cluster.ray_address="{address}"', f"cluster.ray_workers={workers}"])
             pool = build_sandbox_pool(ray_config, mixture)

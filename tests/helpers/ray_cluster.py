@@ -2,7 +2,7 @@
 
 `local_ray_cluster(nodes_cpus=(2, 1))` starts a head (the first entry's CPUs) and one more
 node per further entry, each `ray start ... --block` in a session of its own with its own
-temp dir, and yields the head's address (127.0.0.1:port). Stopping them signals that
+temp dir, and yields a LocalRayCluster (the head's address, 127.0.0.1:port; `stop()`). Stopping them signals that
 session's processes only (SIGTERM, then SIGKILL): `ray stop` would stop every Ray of the
 host. The object store is kept small (200 MB a node).
 
@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 OBJECT_STORE_BYTES = 200_000_000
@@ -96,21 +97,34 @@ def _wait_for_nodes(address: str, count: int) -> None:
         ray.shutdown()
 
 
+@dataclass
+class LocalRayCluster:
+    """A running cluster: its head's address and its nodes' `ray start --block` processes."""
+
+    address: str
+    nodes: list[subprocess.Popen] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """Stop every node (the workers first); stopping twice does nothing."""
+        while self.nodes:
+            stop_node(self.nodes.pop())
+
+
 @contextmanager
-def local_ray_cluster(nodes_cpus: Sequence[int] = (2, 1)) -> Iterator[str]:
-    """The address (127.0.0.1:port) of a running Ray cluster of len(nodes_cpus) nodes."""
+def local_ray_cluster(nodes_cpus: Sequence[int] = (2, 1)) -> Iterator[LocalRayCluster]:
+    """A running Ray cluster of len(nodes_cpus) nodes on this machine, stopped on exit."""
     temp = Path(tempfile.mkdtemp(prefix="rray-"))  # short: Ray's socket paths must fit 107 bytes
     port = free_port()
-    address = f"127.0.0.1:{port}"
+    cluster = LocalRayCluster(f"127.0.0.1:{port}")
     head_args = ["--head", "--port", str(port), "--num-cpus", str(nodes_cpus[0]), "--include-dashboard=false"]
-    nodes = [start_node(head_args, temp / "head", temp / "head.log")]
+    cluster.nodes.append(start_node(head_args, temp / "head", temp / "head.log"))
     try:
-        _wait_for_port(port, nodes[0], temp / "head.log")
+        _wait_for_port(port, cluster.nodes[0], temp / "head.log")
         for index, cpus in enumerate(nodes_cpus[1:], start=1):
-            nodes.append(start_node(["--address", address, "--num-cpus", str(cpus)], temp / f"node{index}", temp / f"node{index}.log"))
-        _wait_for_nodes(address, len(nodes_cpus))
-        yield address
+            cluster.nodes.append(start_node(["--address", cluster.address, "--num-cpus", str(cpus)],
+                                            temp / f"node{index}", temp / f"node{index}.log"))
+        _wait_for_nodes(cluster.address, len(nodes_cpus))
+        yield cluster
     finally:
-        for node in reversed(nodes):
-            stop_node(node)
+        cluster.stop()
         shutil.rmtree(temp, ignore_errors=True)

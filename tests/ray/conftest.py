@@ -20,5 +20,5 @@ def ray_cluster() -> Iterator[str]:
     """The address (127.0.0.1:port) of a running 2-node Ray cluster."""
     from tests.helpers.ray_cluster import local_ray_cluster
 
-    with local_ray_cluster((2, 1)) as address:
-        yield address
+    with local_ray_cluster((2, 1)) as cluster:
+        yield cluster.address

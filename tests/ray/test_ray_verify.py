@@ -143,3 +143,30 @@ def test_tiny_code_run_verifies_on_the_ray_cluster(ray_cluster, tmp_path):
     rows = query_trajectories(lake, "select reason, reward from trajectories").rows
     assert len(rows) == 2 * 2 * 2  # steps x prompts x samples
     assert all(reason != VerdictReason.SANDBOX_ERROR.value and reward in (0.0, 1.0) for reason, reward in rows)
+
+
+def test_a_cluster_stopped_mid_batch_is_an_infra_error(mixture):
+    """A cluster of its own (the session's one must live on), stopped while a batch runs."""
+    from tests.helpers.ray_cluster import local_ray_cluster
+
+    task = mixture.envs["code"].all_tasks()[0]
+    slow = [(task, "    import time\n    time.sleep(0.5)\n" + task.reference_answer)] * 12  # >= 3 s on 2 sandboxes
+    with local_ray_cluster((2,)) as cluster:
+        ray_pool = build(cluster.address)
+        raised: list[BaseException] = []
+
+        def verify_slow() -> None:
+            try:
+                verify_batch(mixture, ray_pool, slow)
+            except BaseException as exc:  # noqa: BLE001 - kept for the assert below
+                raised.append(exc)
+
+        worker = threading.Thread(target=verify_slow)
+        worker.start()
+        try:
+            time.sleep(1.0)
+            cluster.stop()
+            worker.join(timeout=120)
+        finally:
+            ray_pool.close()
+    assert len(raised) == 1 and isinstance(raised[0], ClusterUnavailable), raised
