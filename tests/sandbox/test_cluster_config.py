@@ -13,7 +13,7 @@ import pytest
 
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import ConfigError
-from rlpipe.tasks.runtime import build_mixture, build_sandbox_pool
+from rlpipe.tasks.runtime import build_mixture, build_sandbox_pool, preflight
 
 CODE_ON_RAY = ["envs.domains={code = 1.0}", 'cluster.ray_address="127.0.0.1:6379"', "sandbox.pool_size=1"]
 
@@ -25,6 +25,15 @@ def test_ray_address_without_ray_is_a_config_error_with_the_install_hint():
         build_sandbox_pool(config, build_mixture(config))
     assert "ray is not installed" in raised.value.message
     assert "make venv-ray" in raised.value.hint
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="ray is installed here (tests/ray covers it)")
+def test_preflight_refuses_a_ray_address_without_ray_before_making_the_lake(tmp_path):
+    lake = tmp_path / "lake"
+    config = load_config(None, CODE_ON_RAY + [f'storage.lake_uri="{lake}"'])
+    with pytest.raises(ConfigError, match="ray is not installed"):
+        preflight(config)
+    assert not lake.exists()  # refused before anything was written
 
 
 def test_cluster_table_is_left_out_of_the_config_hash():
