@@ -21,7 +21,8 @@ drown the server, DESIGN.md "Process model"), so there is nothing for it to run.
 Failures: the cluster unreachable at start, an actor that died (its node lost, killed), no
 share back within `timeout_s`, or a pool an actor could not build all raise
 ClusterUnavailable, an InfraError: the stage is retried and no verdict of that batch is
-kept. The actors are dropped then, and the next `map` starts fresh ones. An exception `fn`
+kept. The actors (and the connection this pool made) are dropped then, and the next `map`
+connects again and starts fresh ones. An exception `fn`
 raised inside an actor is raised here as itself (as the local pool would). Ray is imported
 only when this pool is built; without it, a ConfigError says how to install it.
 
@@ -125,13 +126,14 @@ class RaySandboxPool:
         items = list(items)
         if not items:
             return []
-        if not self._actors:
+        if not self._actors:  # the first map after a failure: connect again, fresh actors
+            self._connect()
             self._start_actors()
         ray = self.ray
         try:
             fn_ref = ray.put(fn)
         except ray.exceptions.RayError as exc:
-            self._drop_actors()
+            self._fail()
             raise ClusterUnavailable(f"cannot put the verify function in the object store: {exc}", self._hint()) from exc
         share_size = max(1, min(info.pool_size for info in self.infos))
         shares = [items[start:start + share_size] for start in range(0, len(items), share_size)]
@@ -148,9 +150,13 @@ class RaySandboxPool:
                 if waiting:
                     submit(actor_index)
         while in_flight:
-            done, _ = ray.wait(list(in_flight), num_returns=1, timeout=self.timeout_s)
+            try:
+                done, _ = ray.wait(list(in_flight), num_returns=1, timeout=self.timeout_s)
+            except ray.exceptions.RayError as exc:
+                self._fail()
+                raise ClusterUnavailable(f"the Ray cluster at {self.address} failed while verifying: {exc}", self._hint()) from exc
             if not done:
-                self._drop_actors()
+                self._fail()
                 raise ClusterUnavailable(f"no verdicts from the Ray cluster at {self.address} within {self.timeout_s} s "
                                          f"({len(in_flight)} shares of {share_size} pending)", self._hint())
             share_index, actor_index = in_flight.pop(done[0])
@@ -161,10 +167,7 @@ class RaySandboxPool:
 
     def close(self) -> None:
         """Stop the actors (their sandboxes go with them) and disconnect if this pool connected."""
-        self._drop_actors()
-        if self._connected_here and self.ray.is_initialized():
-            self.ray.shutdown()
-            self._connected_here = False
+        self._fail()
 
     def __enter__(self) -> RaySandboxPool:
         return self
@@ -198,7 +201,7 @@ class RaySandboxPool:
             self._actors = [remote_class.remote(*self._actor_args) for _ in range(self.workers)]
             self.infos = [self._get(actor.info.remote()) for actor in self._actors]
         except BaseException:
-            self._drop_actors()
+            self._fail()
             raise
 
     def _get(self, ref: Any) -> Any:
@@ -208,16 +211,24 @@ class RaySandboxPool:
         try:
             return ray.get(ref, timeout=self.timeout_s)
         except ray.exceptions.RayTaskError as exc:
-            self._drop_actors()
+            self._fail()
             cause = exc.cause
             if isinstance(cause, Exception):
                 raise cause from exc
             raise ClusterUnavailable(f"a verifier actor failed: {type(cause).__name__}: {cause}", self._hint()) from exc
         except ray.exceptions.RayError as exc:  # an actor died, its node was lost, a get timed out
-            self._drop_actors()
+            self._fail()
             raise ClusterUnavailable(f"the Ray cluster at {self.address} failed a verification share: "
                                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                                      self._hint()) from exc
+
+    def _fail(self) -> None:
+        """After a failure: drop the actors and, if this pool connected, the connection too (a
+        cluster that was restarted is reached again by the next `map`)."""
+        self._drop_actors()
+        if self._connected_here and self.ray.is_initialized():
+            self.ray.shutdown()
+            self._connected_here = False
 
     def _drop_actors(self) -> None:
         actors, self._actors, self.infos = self._actors, [], []

@@ -5,8 +5,10 @@ sandboxes), the only difference being `cluster.ray_address`; verify_batch runs t
 pairs on each. Verdicts are compared whole, `duration_s` aside (wall time): reward, passed,
 reason, detail, verifier version, in input order. The pairs hold right and wrong answers,
 reward-hack probes (rlpipe/envs/code_probes.py, which must score 0 on both) and a loop that
-ends by the timeout. A verifier actor killed with SIGKILL mid-batch gives ClusterUnavailable
-(an InfraError: the stage is retried), never a verdict; the next batch runs on fresh actors.
+ends by the timeout. A verifier actor killed with SIGKILL mid-batch, or the whole cluster
+stopped mid-batch, gives ClusterUnavailable (an InfraError: the stage is retried), never a
+verdict; the next batch runs on fresh actors (or, the cluster gone, fails fast again). And
+the train flow with cluster.ray_address set runs a tiny code run to the end.
 """
 
 from __future__ import annotations
@@ -167,6 +169,8 @@ def test_a_cluster_stopped_mid_batch_is_an_infra_error(mixture):
             time.sleep(1.0)
             cluster.stop()
             worker.join(timeout=120)
+            assert len(raised) == 1 and isinstance(raised[0], ClusterUnavailable), raised
+            with pytest.raises(ClusterUnavailable, match="unreachable"):  # the stage's retry: fails fast, no hang
+                verify_batch(mixture, ray_pool, slow[:1])
         finally:
             ray_pool.close()
-    assert len(raised) == 1 and isinstance(raised[0], ClusterUnavailable), raised
