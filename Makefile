@@ -95,7 +95,7 @@ test-vllm: venv-vllm
 # Ray for verification on a cluster (cluster.ray_address), in a venv of its own so the main venv
 # and CI stay without it: requirements-ray.lock is requirements.lock plus ray and msgpack (see its
 # header), installed like the main lock, then rlpipe --no-deps. Run by hand, not by CI: the tests
-# start a Ray head (and a second node) on 127.0.0.1 and stop them (tests/ray/conftest.py).
+# start a Ray head and a second node on this machine and stop them (tests/helpers/ray_cluster.py).
 RAY_VENV := .venv-ray
 $(RAY_VENV)/bin/.installed: pyproject.toml requirements-ray.lock scripts/install-locked.sh
 	$(PYTHON) -m venv $(RAY_VENV)
