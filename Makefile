@@ -6,7 +6,7 @@ PYTHON  ?= python3
 BIN     := $(VENV)/bin
 PIP_VERSION := 26.3
 
-.PHONY: demo test venv system lint pytest bench lock clean venv-vllm test-vllm smollm2
+.PHONY: demo test venv system lint pytest bench lock clean venv-vllm test-vllm venv-ray test-ray smollm2
 
 # The versions CI tested (requirements.lock: every package, torch the CPU wheel), then rlpipe
 # itself without resolving anything again; --no-build-isolation builds it with the locked
@@ -92,5 +92,23 @@ venv-vllm: $(VLLM_VENV)/bin/.installed
 test-vllm: venv-vllm
 	$(VLLM_VENV)/bin/pytest -q --confcutdir=tests/vllm -p no:cacheprovider tests/vllm
 
+# Ray for verification on a cluster (cluster.ray_address), in a venv of its own so the main venv
+# and CI stay without it: requirements-ray.lock is requirements.lock plus ray and msgpack (see its
+# header), installed like the main lock, then rlpipe --no-deps. Run by hand, not by CI: the tests
+# start a Ray head and a second node on this machine and stop them (tests/helpers/ray_cluster.py).
+RAY_VENV := .venv-ray
+$(RAY_VENV)/bin/.installed: pyproject.toml requirements-ray.lock scripts/install-locked.sh
+	$(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/pip install -q pip==$(PIP_VERSION)
+	bash scripts/install-locked.sh $(RAY_VENV) requirements-ray.lock
+	$(RAY_VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	$(RAY_VENV)/bin/pip check
+	touch $@
+
+venv-ray: $(RAY_VENV)/bin/.installed
+
+test-ray: venv-ray
+	$(RAY_VENV)/bin/pytest -q -p no:cacheprovider tests/ray
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) rlpipe-lake mlruns.db mlartifacts .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(RAY_VENV) rlpipe-lake mlruns.db mlartifacts .pytest_cache

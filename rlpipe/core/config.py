@@ -19,14 +19,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from rlpipe.core.config_sections import (
-    AlgoConfig, CheckpointConfig, CurriculumConfig, EnvConfig, EvalConfig, FileDomainConfig, ModelConfig, QaConfig,
+    AlgoConfig, CheckpointConfig, ClusterConfig, CurriculumConfig, EnvConfig, EvalConfig, FileDomainConfig, ModelConfig, QaConfig,
     ReasoningGymDomainConfig, RolloutConfig, SandboxConfig, StorageConfig, TrackingConfig, TrainConfig, WarmstartConfig,
     Section,
 )
 from rlpipe.core.errors import ConfigError
 
 __all__ = [
-    "AlgoConfig", "CheckpointConfig", "CurriculumConfig", "EnvConfig", "EvalConfig", "FileDomainConfig", "ModelConfig",
+    "AlgoConfig", "CheckpointConfig", "ClusterConfig", "CurriculumConfig", "EnvConfig", "EvalConfig", "FileDomainConfig", "ModelConfig",
     "QaConfig", "ReasoningGymDomainConfig", "RolloutConfig", "RunConfig", "SandboxConfig", "StorageConfig",
     "TrackingConfig", "TrainConfig", "WarmstartConfig", "check_attention_shape", "config_changes", "config_from_dict",
     "hash_excluded", "load_config", "with_overrides",
@@ -34,7 +34,7 @@ __all__ = [
 
 
 _HASH_EXCLUDED: dict[str, Any] = {
-    "storage": True, "tracking": True, "eval": True, "checkpoint": True, "qa": True, "train": {"steps"}, "sandbox": {"pool_size"},
+    "storage": True, "tracking": True, "eval": True, "checkpoint": True, "qa": True, "cluster": True, "train": {"steps"}, "sandbox": {"pool_size"},
     "rollout": {"engine_python"},
 }
 
@@ -62,6 +62,7 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     sandbox: SandboxConfig = SandboxConfig()
     qa: QaConfig = QaConfig()
+    cluster: ClusterConfig = ClusterConfig()
 
     def config_hash(self) -> str:
         """Hash of everything that changes what a run computes: not where it is stored or

@@ -296,6 +296,25 @@ class SandboxConfig(Section):
     """Concurrent sandboxes. None = derived from host cores and memory."""
 
 
+class ClusterConfig(Section):
+    """[cluster]: where sandboxed verification runs. Unset = the local sandbox pool of
+    [sandbox]; set = actors on a Ray cluster, each with its own pool (sandbox/ray_pool.py)."""
+
+    ray_address: str | None = None
+    """A running Ray cluster's address (its head's GCS, e.g. "10.0.0.5:6379", or
+    "ray://host:10001" through Ray Client) that verifies the domains that run code (code);
+    None or "" = the local pool. Needs ray in this Python (`make venv-ray`) and rlpipe on the
+    cluster's nodes."""
+    ray_workers: int = Field(2, gt=0)
+    """Verifier actors started on the cluster (spread over its nodes), each owning a pool of
+    sandbox.pool_size pre-warmed sandboxes (None: sized by its node's cores and memory)."""
+    ray_cpus_per_worker: float = Field(1.0, ge=0)
+    """CPUs Ray reserves for each verifier actor when placing it."""
+    ray_timeout_s: float = Field(600.0, gt=0)
+    """Longest wait for the next share of verdicts (or for the actors to start); past it the
+    stage fails with ClusterUnavailable and Prefect retries it."""
+
+
 class QaConfig(Section):
     before_train: bool = False
     """Run the environment quality gate (`rlpipe qa`) on every domain of the run before its

@@ -12,6 +12,7 @@
     └── InfraError                   the machinery failed; Prefect retries these (with backoff)
         ├── StorageUnavailable       the lake (S3 endpoint, disk) cannot be reached
         ├── SandboxUnavailable       a sandbox backend (bwrap, docker daemon) is gone
+        ├── ClusterUnavailable       the Ray cluster that verifies is unreachable, or an actor of it died
         └── EngineFailed             the rollout engine died
 
 A wrong answer, a timeout or an OOM inside a sandbox is not an error: it is a Verdict.
@@ -86,6 +87,11 @@ class StorageUnavailable(InfraError):
 
 class SandboxUnavailable(InfraError):
     """A sandbox backend cannot be used (bwrap missing, docker daemon gone)."""
+
+
+class ClusterUnavailable(InfraError):
+    """The Ray cluster of cluster.ray_address cannot be reached, or a verifier actor on it
+    died or stopped answering: no verdict of that batch is kept, the stage is retried."""
 
 
 class EngineFailed(InfraError):

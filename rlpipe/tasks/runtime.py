@@ -149,7 +149,8 @@ def build_sandbox_pool(config: RunConfig, mixture: Mixture) -> object | None:
     """A pool of pre-warmed sandboxes only when some domain runs code.
 
     Sandboxes an earlier crashed process of this host leaked (bwrap work dirs and cgroups,
-    docker containers) are reaped before the pool starts its own.
+    docker containers) are reaped before the pool starts its own. With cluster.ray_address
+    set, the pools run in Ray actors on the cluster instead (each node reaps its own leaks).
     """
     if not any(env.needs_sandbox for env in mixture.envs.values()):
         return None
@@ -166,6 +167,13 @@ def build_sandbox_pool(config: RunConfig, mixture: Mixture) -> object | None:
         from rlpipe.sandbox.bwrap import BwrapSandbox, reap_leaked_sandboxes
 
         factory, reap_leaked = (lambda: BwrapSandbox(limits)), reap_leaked_sandboxes
+    cluster = config.cluster
+    if cluster.ray_address:  # the same pools, one per actor on the cluster's nodes (sandbox/ray_pool.py)
+        from rlpipe.sandbox.ray_pool import RaySandboxPool
+
+        return RaySandboxPool(cluster.ray_address, factory, workers=cluster.ray_workers, size=sandbox.pool_size,
+                              memory_mb_per_sandbox=sandbox.memory_mb, reap_leaked=reap_leaked,
+                              cpus_per_worker=cluster.ray_cpus_per_worker, timeout_s=cluster.ray_timeout_s)
     return SandboxPool(factory, size=sandbox.pool_size, memory_mb_per_sandbox=sandbox.memory_mb, reap_leaked=reap_leaked)
 
 
@@ -245,6 +253,10 @@ def preflight(config: RunConfig) -> None:
 
     check_engine_options(config)
     mixture = build_mixture(config)
+    if config.cluster.ray_address and any(env.needs_sandbox for env in mixture.envs.values()):
+        from rlpipe.sandbox.ray_pool import import_ray
+
+        import_ray()  # a ConfigError with the install hint, before any flow run
     if config.model.gguf is not None:
         check_gguf_model(config, mixture)
     elif config.model.path is not None:
