@@ -19,23 +19,23 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from rlpipe.core.config_sections import (
-    AlgoConfig, CheckpointConfig, ClusterConfig, CurriculumConfig, EnvConfig, EvalConfig, FileDomainConfig, ModelConfig, QaConfig,
-    ReasoningGymDomainConfig, RolloutConfig, SandboxConfig, StorageConfig, TrackingConfig, TrainConfig, WarmstartConfig,
-    Section,
+    AlgoConfig, CheckpointConfig, ClusterConfig, CurriculumConfig, EnvConfig, EvalConfig, FileDomainConfig, ModelConfig,
+    QaConfig, ReasoningGymDomainConfig, RolloutConfig, SandboxConfig, StorageConfig, TrackingConfig, TrainConfig,
+    WarmstartConfig, Section,
 )
 from rlpipe.core.errors import ConfigError
 
 __all__ = [
-    "AlgoConfig", "CheckpointConfig", "ClusterConfig", "CurriculumConfig", "EnvConfig", "EvalConfig", "FileDomainConfig", "ModelConfig",
-    "QaConfig", "ReasoningGymDomainConfig", "RolloutConfig", "RunConfig", "SandboxConfig", "StorageConfig",
+    "AlgoConfig", "CheckpointConfig", "ClusterConfig", "CurriculumConfig", "EnvConfig", "EvalConfig", "FileDomainConfig",
+    "ModelConfig", "QaConfig", "ReasoningGymDomainConfig", "RolloutConfig", "RunConfig", "SandboxConfig", "StorageConfig",
     "TrackingConfig", "TrainConfig", "WarmstartConfig", "check_attention_shape", "config_changes", "config_from_dict",
     "hash_excluded", "load_config", "with_overrides",
 ]
 
 
 _HASH_EXCLUDED: dict[str, Any] = {
-    "storage": True, "tracking": True, "eval": True, "checkpoint": True, "qa": True, "cluster": True, "train": {"steps"}, "sandbox": {"pool_size"},
-    "rollout": {"engine_python"},
+    "storage": True, "tracking": True, "eval": True, "checkpoint": True, "qa": True, "cluster": True,
+    "train": {"steps"}, "sandbox": {"pool_size"}, "rollout": {"engine_python"},
 }
 
 
