@@ -139,7 +139,7 @@ def test_tiny_code_run_verifies_on_the_ray_cluster(ray_cluster, tmp_path):
                          "train.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6",
                          "warmstart.steps=1", "warmstart.batch_size=2", "envs.heldout_size=2",
                          "model.max_position_embeddings=2048")
-    summary = train(config.model_dump_json(), "code-on-ray")
+    summary = train(config, "code-on-ray")
     lake = build_lake(config)
     assert summary.steps_committed == 2
     rows = query_trajectories(lake, "select reason, reward from trajectories").rows
