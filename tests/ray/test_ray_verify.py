@@ -87,22 +87,10 @@ def test_code_verdicts_on_ray_equal_the_local_pool(ray_cluster, mixture, pairs):
 
 
 def test_a_killed_actor_mid_batch_is_an_infra_error_and_the_next_batch_runs(ray_cluster, mixture, pairs):
-    env = mixture.envs["code"]
-    task = env.all_tasks()[0]
-    slow = [(task, "    import time\n    time.sleep(0.5)\n" + task.reference_answer)] * 12  # 12 x 0.5 s over 2 sandboxes
     ray_pool = build(ray_cluster)
     try:
         victim = ray_pool.infos[0].pid
-        raised: list[BaseException] = []
-
-        def verify_slow() -> None:
-            try:
-                verify_batch(mixture, ray_pool, slow)
-            except BaseException as exc:  # noqa: BLE001 - kept for the assert below
-                raised.append(exc)
-
-        worker = threading.Thread(target=verify_slow)
-        worker.start()
+        worker, raised = _verify_in_background(mixture, ray_pool, _slow_pairs(mixture))
         time.sleep(1.0)  # the first shares are running (the batch takes >= 3 s: 12 x 0.5 s / 2)
         os.kill(victim, signal.SIGKILL)
         worker.join(timeout=120)
@@ -151,20 +139,10 @@ def test_a_cluster_stopped_mid_batch_is_an_infra_error(mixture):
     """A cluster of its own (the session's one must live on), stopped while a batch runs."""
     from tests.helpers.ray_cluster import local_ray_cluster
 
-    task = mixture.envs["code"].all_tasks()[0]
-    slow = [(task, "    import time\n    time.sleep(0.5)\n" + task.reference_answer)] * 12  # >= 3 s on 2 sandboxes
+    slow = _slow_pairs(mixture)
     with local_ray_cluster((2,)) as cluster:
         ray_pool = build(cluster.address)
-        raised: list[BaseException] = []
-
-        def verify_slow() -> None:
-            try:
-                verify_batch(mixture, ray_pool, slow)
-            except BaseException as exc:  # noqa: BLE001 - kept for the assert below
-                raised.append(exc)
-
-        worker = threading.Thread(target=verify_slow)
-        worker.start()
+        worker, raised = _verify_in_background(mixture, ray_pool, slow)
         try:
             time.sleep(1.0)
             cluster.stop()
@@ -174,3 +152,24 @@ def test_a_cluster_stopped_mid_batch_is_an_infra_error(mixture):
                 verify_batch(mixture, ray_pool, slow[:1])
         finally:
             ray_pool.close()
+
+
+def _slow_pairs(mixture) -> list:
+    """12 right answers that each sleep 0.5 s: a batch of >= 3 s on 2 sandboxes."""
+    task = mixture.envs["code"].all_tasks()[0]
+    return [(task, "    import time\n    time.sleep(0.5)\n" + task.reference_answer)] * 12
+
+
+def _verify_in_background(mixture, ray_pool, pairs) -> tuple[threading.Thread, list[BaseException]]:
+    """verify_batch in a thread (started); what it raised lands in the returned list."""
+    raised: list[BaseException] = []
+
+    def verify() -> None:
+        try:
+            verify_batch(mixture, ray_pool, pairs)
+        except BaseException as exc:  # noqa: BLE001 - kept for the test's assert
+            raised.append(exc)
+
+    worker = threading.Thread(target=verify)
+    worker.start()
+    return worker, raised
