@@ -27,8 +27,6 @@ from rlpipe.flows.operations import NIGHTLY_CRON, TRAIN_CONCURRENCY, TRAIN_TAGS
 from rlpipe.flows.operations import main as apply_operations_main
 from rlpipe.flows.train import train
 
-TRAIN_DEPLOYMENT = "rl-train/train"
-EVAL_DEPLOYMENT = "rl-eval/eval"
 RUNNER_LIMIT = 2
 """Flow runs this process runs at once (each train run holds an engine and a trainer worker)."""
 
