@@ -43,6 +43,7 @@ from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 
 from rlpipe.core.config import RunConfig
+from rlpipe.flows.crash_retry import DEFAULT_CRASH_RETRIES, retry_crashed_run
 from rlpipe.flows.operations import TRAINER_LEASE_S, TRAINER_LIMIT
 from rlpipe.flows.run_parameters import derive_run_id, resolve_config
 from rlpipe.flows.stale_task_runs import crash_stale_task_runs
@@ -79,8 +80,9 @@ def _run_id(run_id: str, config_path: str | None) -> str:
     return derive_run_id(flow_run.get_id(), flow_run.get_scheduled_start_time(), config_path)
 
 
-@flow(name="rl-train", flow_run_name=_flow_run_name)
-def train(config: RunConfig = RunConfig(), run_id: str = "", config_path: str | None = None) -> TrainSummary:
+@flow(name="rl-train", flow_run_name=_flow_run_name, on_crashed=[retry_crashed_run])
+def train(config: RunConfig = RunConfig(), run_id: str = "", config_path: str | None = None,
+          crash_retries: int = DEFAULT_CRASH_RETRIES) -> TrainSummary:
     """Train a policy with GRPO; resume from the lake if the run already exists.
 
     Args:
@@ -91,6 +93,8 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", config_path: str | 
             id}); a retry of the same flow run resumes it. An id that exists in the lake resumes
             that run (its config must compute the same: see `rlpipe resume`).
         config_path: A sparse TOML config file, read where the flow run runs (the worker).
+        crash_retries: How many times a deployment's run whose process died (kill -9, out of
+            memory) is rescheduled to resume by itself (flows/crash_retry.py); 0: never.
     """
     crash_stale_task_runs()  # a retry after a kill: the dead attempt's task runs end Crashed, not Running forever
     config = resolve_config(config, config_path)  # flows/run_parameters.py: the rule for both

@@ -29,7 +29,7 @@ def test_parameter_schema_is_a_form_of_the_run_config_tables() -> None:
     schema = parameter_schema(train.fn).model_dump()
     assert train.parameters.model_dump() == schema  # what the deployment registers
     properties, definitions = schema["properties"], schema["definitions"]
-    assert list(properties) == ["config", "run_id", "config_path"]
+    assert list(properties) == ["config", "run_id", "config_path", "crash_retries"]
     assert properties["config"]["$ref"] == "#/definitions/RunConfig"
     assert properties["run_id"]["default"] == "" and "new id per flow run" in properties["run_id"]["description"]
     assert "TOML" in properties["config_path"]["description"]

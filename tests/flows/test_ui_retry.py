@@ -9,10 +9,11 @@ run is made to end badly twice:
    forced): the runner runs the same flow run again; its process is killed with -9 once
    step 2 is committed, and the runner marks the flow run Crashed (its workers follow their
    owner).
-3. Retried again: it finishes from the lake with exactly steps x prompts x group rows, none
-   twice, and one MLflow point per step; no task run of the killed attempt is left Running
-   (it was: `persist-step-2`, forever, on a Completed flow run). The run id was derived from the flow run, so each
-   retry must land on the same run id to resume it.
+3. Nobody retries it: the flow's on_crashed hook, run by the runner, reschedules it
+   (flows/crash_retry.py); it finishes from the lake with exactly steps x prompts x group
+   rows, none twice, and one MLflow point per step; no task run of the killed attempt is
+   left Running (it was: `persist-step-2`, forever, on a Completed flow run). The run id
+   was derived from the flow run, so each retry must land on the same run id to resume it.
 
 One run, three flow-run processes: the cheapest way to cover both ends (measured 2026-12-02:
 85 s of CPU for the module, the runner and its flow runs included; 120 s wall on a shared
@@ -111,14 +112,14 @@ def test_a_run_that_failed_then_crashed_is_retried_through_the_api_and_finishes_
     asyncio.run(_retry_as_the_ui_does(flow_run.id))
     _wait(lambda: (lake_runs / run_id / "steps" / "000002" / "MANIFEST.json").exists(), "step 2 committed")
     os.kill(_wait(lambda: _flow_run_pid(served.marker), "the flow-run process"), signal.SIGKILL)
-    crashed = asyncio.run(_wait_for_end(flow_run.id))
-    assert crashed.is_crashed(), crashed
-    assert build_lake(config).committed_steps(run_id) != list(range(1, STEPS + 1)), "killed before the end"
-
-    # 3. Retry again: the same flow run, so the same derived run id, resumed from the lake.
-    asyncio.run(_retry_as_the_ui_does(flow_run.id))
-    final = asyncio.run(_wait_for_end(flow_run.id))
+    # 3. Nobody retries it: the runner marks it Crashed and the flow's on_crashed hook reschedules it.
+    final = asyncio.run(_wait_for_end(flow_run.id, past_crash=True))
     assert final.is_completed(), final
+    history = asyncio.run(_state_history(flow_run.id))
+    assert [state.name for state in history].count("Crashed") == 1, history
+    crashed_at = next(i for i, state in enumerate(history) if state.name == "Crashed")
+    rescheduled = history[crashed_at + 1]
+    assert rescheduled.name == "AwaitingRetry" and "crash retry 1 of 2" in rescheduled.message, rescheduled
     assert [path.name for path in lake_runs.iterdir()] == [run_id]  # resumed: no second run
     _assert_every_row_once(config, run_id)
     assert asyncio.run(_open_task_runs(flow_run.id)) == []  # the killed attempt's task runs ended Crashed
@@ -141,6 +142,12 @@ async def _open_task_runs(flow_run_id: UUID) -> list[tuple[str, str]]:
     return [(run.name, run.state.name) for run in runs if not run.state.is_final()]
 
 
+async def _state_history(flow_run_id: UUID) -> list:
+    async with get_client() as client:
+        states = await client.read_flow_run_states(flow_run_id)
+    return sorted(states, key=lambda state: state.timestamp)
+
+
 async def _retry_as_the_ui_does(flow_run_id: UUID) -> None:
     """The UI's Retry: POST /flow_runs/{id}/set_state {type: SCHEDULED, name: AwaitingRetry}, not forced."""
     async with get_client() as client:
@@ -148,12 +155,13 @@ async def _retry_as_the_ui_does(flow_run_id: UUID) -> None:
     assert result.status.value == "ACCEPT", result
 
 
-async def _wait_for_end(flow_run_id: UUID):
+async def _wait_for_end(flow_run_id: UUID, past_crash: bool = False):
+    """The flow run's next final state; with past_crash, a Crashed one does not count (it is rescheduled)."""
     deadline = time.monotonic() + HANG_GUARD_S
     async with get_client() as client:
         while time.monotonic() < deadline:
             state = (await client.read_flow_run(flow_run_id)).state
-            if state.is_final():
+            if state.is_final() and not (past_crash and state.is_crashed()):
                 return state
             await asyncio.sleep(0.5)
     raise AssertionError(f"flow run {flow_run_id} still {state.name} after {HANG_GUARD_S} s")
