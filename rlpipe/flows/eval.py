@@ -6,9 +6,10 @@
 The eval must exist in the lake (EVAL.json, written by `rlpipe eval` through
 agents.evaluation.start_eval); the same flow starts it and resumes it: open-eval returns
 only the tasks with no committed attempt or whose last attempt failed on infrastructure.
-The concurrency limit is the task runner's: `run_eval_flow` runs the flow with a
-ThreadPoolTaskRunner of `workers` threads, so at most `workers` trials (sandboxes) run at
-once. A trial's infrastructure failures are Prefect retries of its task run
+At most `workers` trials (sandboxes) run at once: the flow keeps that many task runs in
+flight and submits the next as one ends, whatever its task runner (a served deployment runs
+the flow with Prefect's default one, unbounded); `run_eval_flow` also gives it a
+ThreadPoolTaskRunner of `workers` threads. A trial's infrastructure failures are Prefect retries of its task run
 (`max_attempts - 1` retries; see tasks/eval_trials.py); a trial that fails on
 infrastructure every time leaves its task run Failed and the flow goes on: the summary
 scores it as infrastructure, never as the agent's.
@@ -22,7 +23,7 @@ Flows import only tasks/ and core/ (an import-linter contract).
 from __future__ import annotations
 
 from prefect import flow
-from prefect.futures import wait
+from prefect.futures import PrefectFuture, as_completed, wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from rlpipe.core.errors import ConfigError
@@ -41,10 +42,14 @@ def rl_eval(eval_id: str, lake_uri: str, workers: int = 2, max_attempts: int = 3
     try:
         # 1. The eval's runtime, and the tasks that still need a trial.
         pending = eval_trials.open_eval(eval_id, lake_uri)
-        # 2. One task run per trial, `workers` at a time (the task runner's threads).
+        # 2. One task run per trial, `workers` in flight at a time.
         trial = eval_trials.trial.with_options(retries=max_attempts - 1)
-        futures = [trial.submit(eval_id, task_id) for task_id in pending]
-        wait(futures)  # a Failed trial (infrastructure every time) is in the lake; the summary counts it
+        in_flight: list[PrefectFuture] = []
+        for task_id in pending:
+            if len(in_flight) >= workers:
+                in_flight.remove(next(as_completed(in_flight)))
+            in_flight.append(trial.submit(eval_id, task_id))
+        wait(in_flight)  # a Failed trial (infrastructure every time) is in the lake; the summary counts it
         # 3. The report from the lake, the MLflow run, the Prefect artifacts.
         return eval_trials.summarize_eval(eval_id, workers, mlflow_uri, experiment, track)
     finally:

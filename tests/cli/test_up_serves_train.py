@@ -4,6 +4,9 @@ id) finishes with exactly steps x prompts x group rows in the lake and one point
 `up`'s MLflow server, under a run id derived from the flow run; `rlpipe down` then leaves no
 process behind: not the servers, not the runner, not the flow run or its workers.
 
+The served `rl-eval/eval` deployment runs an eval stored in a lake (as `rlpipe eval` stores
+it) with the number of trials in flight it is given.
+
 Also: `prefect deploy --all` from the repository root (prefect.yaml) registers the pool
 deployments onto the work pool, queues and limits `up` created (flows/operations.py).
 
@@ -39,18 +42,27 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from rlpipe.agents.evaluation import start_eval
+from rlpipe.agents.task_format import load_tasks
+from rlpipe.agents.trial import TrialOptions
 from rlpipe.core.config import load_config
+from rlpipe.storage.evals import EvalStore
+from rlpipe.storage.lake import Lake
 from rlpipe.storage.local_services import LocalServices, read_live_services
+from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
+from tests.agents.helpers import copy_task
 from tests.cli.cli_process import REPO_ROOT
 from tests.cli.test_signals import (
     ENDED, TOML, check_interrupted, flow_run_states, processes_with, run_on_pty, step_committed, wait_for_no_process,
 )
 from tests.durability.cli_runs import Where, cli_env, count_rows, make_where, run_cli
 from tests.helpers.s3_server import free_port
+from tests.sandbox._bwrap_support import require_bwrap
 
 STEPS, PROMPTS, GROUP = 2, 4, 4
 RUN_TIMEOUT_S = 300  # a hang guard, not a speed check
+EVAL_TASKS = ("fix-median-bug", "order-totals", "log-count-errors")
 
 
 def _form(lake: Path) -> dict:
@@ -105,6 +117,31 @@ def test_a_run_started_from_the_served_deployment_finishes(up: Up, tmp_path: Pat
     mlflow = MlflowClient(tracking_uri=up.services.mlflow_uri)  # up's MLflow server: the config named none
     mlflow_run_id = lake.read_run_info(run_id).mlflow_run_id
     assert [point.step for point in mlflow.get_metric_history(mlflow_run_id, "reward/mean")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_the_served_eval_deployment_runs_a_stored_eval_one_trial_at_a_time(up: Up, tmp_path: Path) -> None:
+    """`rl-eval/eval` from the API: the eval `rlpipe eval` would have stored (3 tasks, the
+    oracle, bubblewrap) runs in the runner with `workers=1`, every trial passes, and no two
+    trials overlapped (the flow bounds its own fan-out; a served flow's task runner does not)."""
+    require_bwrap()
+    tasks = tmp_path / "tasks"
+    for name in EVAL_TASKS:
+        copy_task(tasks, name=name)
+    lake_uri = str(tmp_path / "lake")
+    loaded = load_tasks(tasks)
+    start_eval(EvalStore(Lake.open(lake_uri)), "served", "oracle", "bwrap", tasks, loaded, TrialOptions(), max_attempts=2)
+    with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):
+        flow_run = run_deployment("rl-eval/eval", parameters={"eval_id": "served", "lake_uri": lake_uri, "workers": 1,
+                                                              "mlflow_uri": up.services.mlflow_uri}, timeout=RUN_TIMEOUT_S)
+    assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
+    rows = query_trajectories(Lake.open(lake_uri), "select task_id, verdict, started_at_ms, duration_s from eval_trials "
+                                                   "where eval_id = 'served' and final order by started_at_ms")
+    trials = [dict(zip(rows.columns, row)) for row in rows.rows]
+    assert sorted(trial["task_id"] for trial in trials) == sorted(EVAL_TASKS)
+    assert {trial["verdict"] for trial in trials} == {"passed"}, trials
+    for earlier, later in zip(trials, trials[1:]):  # workers=1: each trial started after the one before ended
+        assert later["started_at_ms"] >= earlier["started_at_ms"] + 1000 * earlier["duration_s"] - 1, trials
 
 
 @pytest.mark.slow
