@@ -16,37 +16,17 @@ training does: tasks/quality_gate.py).
 from __future__ import annotations
 
 import json
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from rlpipe.cli.consoles import literal, stdout_console
-from rlpipe.cli.sandbox import Backend, reap_leaked, sandbox_factory
+from rlpipe.cli.sandbox import Backend
 from rlpipe.core.errors import ConfigError
-from rlpipe.core.records import Task, Verdict
-from rlpipe.envs.mixture import build_env
-from rlpipe.sandbox.base import Limits
 
 GATE_FAILED_EXIT_CODE = 1
 console = stdout_console()
-
-
-def _build(env_name: str, config: Optional[Path], timeout_s: Optional[float]):
-    """(the env, the config's model.prompt_format or None)."""
-    params: dict[str, object] = {}
-    prompt_format = None
-    if config is not None:
-        from rlpipe.core.config import load_config
-
-        run_config = load_config(config, [])
-        params = dict(max_operand=run_config.envs.max_operand, max_word_len=run_config.envs.max_word_len,
-                      timeout_s=run_config.sandbox.timeout_s, **run_config.envs.domain_tables())
-        prompt_format = run_config.model.prompt_format
-    if timeout_s is not None:
-        params["timeout_s"] = timeout_s
-    return build_env(env_name, **params), prompt_format
 
 
 def _check_options(samples: int, repeats: int, k: int, policy_samples: int, policy: Optional[Path]) -> None:
@@ -85,33 +65,20 @@ def qa(
     mlflow: bool = typer.Option(False, "--mlflow", help="Also log the report to a new MLflow run (the tracking store of --config, else the default)."),
 ) -> None:
     """Gate an environment: solvability, verifier consistency, reward-hack probes, difficulty."""
-    from rlpipe.qa.gate import PolicyOptions, guarded_verify, run_gate
+    from rlpipe.qa.gate import PolicyOptions
     from rlpipe.qa.report import write_report
+    from rlpipe.qa.standalone import GateRequest, build_env_for_gate, gate_env
 
     _check_options(samples, repeats, k, policy_samples, policy)
     if prompt_format not in (None, "plain", "chat"):
         raise ConfigError(f"--prompt-format must be plain or chat, got {prompt_format!r}", "e.g. --prompt-format chat for instruct models")
-    environment, config_prompt_format = _build(env, config, timeout_s)
+    environment, config_prompt_format = build_env_for_gate(env, config, timeout_s)
     prompt_format = prompt_format or config_prompt_format or "plain"
     policy_options = None if policy is None else PolicyOptions(str(policy), k=k, samples=policy_samples, max_new_tokens=max_new_tokens,
                                                                 temperature=temperature, prompt_format=prompt_format)
-    with ExitStack() as stack:
-        if getattr(environment, "needs_sandbox", False):
-            from rlpipe.sandbox.pool import SandboxPool, default_pool_size
-
-            limits = Limits(timeout_s=float(getattr(environment, "timeout_s", 10.0)))
-            make = sandbox_factory(backend)
-            size = workers or min(4, default_pool_size(limits.memory_mb))
-            pool = stack.enter_context(SandboxPool(lambda: make(limits), size, memory_mb_per_sandbox=limits.memory_mb,
-                                                   reap_leaked=lambda: reap_leaked(backend)))
-
-            def verify_many(pairs: list[tuple[Task, str]]) -> list[Verdict]:
-                return pool.map(lambda sandbox, pair: guarded_verify(environment, pair[0], pair[1], sandbox), pairs)
-        else:
-            def verify_many(pairs: list[tuple[Task, str]]) -> list[Verdict]:
-                return [guarded_verify(environment, task, text) for task, text in pairs]
-
-        report = run_gate(environment, verify_many, samples=samples, seed=seed, repeats=repeats, policy=policy_options)
+    request = GateRequest(env=env, samples=samples, repeats=repeats, seed=seed, backend=backend.value, config_path=config,
+                          timeout_s=timeout_s, workers=workers, policy=policy_options)
+    report = gate_env(request, environment)
     written = write_report(report, out)
     if mlflow:
         _log_to_mlflow(report, written, config)

@@ -21,6 +21,7 @@ from rich.table import Table
 from rlpipe.cli.consoles import stdout_console
 from rlpipe.cli.errors import print_error, report_errors
 from rlpipe.core.errors import SandboxUnavailable
+from rlpipe.sandbox import backends
 from rlpipe.sandbox.base import ExecResult, Limits, Sandbox
 
 app = typer.Typer(help="Run commands in a sandbox; check its guarantees.", no_args_is_help=True)
@@ -44,13 +45,7 @@ class Backend(str, Enum):
 
 def sandbox_factory(backend: Backend) -> Callable[[Limits], Sandbox]:
     """A `limits -> Sandbox` constructor for the backend (imports it only now)."""
-    if backend is Backend.docker:
-        from rlpipe.sandbox.docker_backend import DockerSandbox
-
-        return lambda limits: DockerSandbox(limits)
-    from rlpipe.sandbox.bwrap import BwrapSandbox
-
-    return lambda limits: BwrapSandbox(limits)
+    return backends.sandbox_constructor(backend.value)
 
 
 def run_exit_code(result: ExecResult) -> int:
@@ -160,10 +155,4 @@ def selftest(
 
 def reap_leaked(backend: Backend) -> int:
     """Remove sandboxes that dead processes of this host left behind; how many."""
-    if backend is Backend.docker:
-        from rlpipe.sandbox.docker_backend import remove_leaked_containers
-
-        return remove_leaked_containers()
-    from rlpipe.sandbox.bwrap import reap_leaked_sandboxes
-
-    return reap_leaked_sandboxes()
+    return backends.reap_leaked(backend.value)

@@ -38,7 +38,7 @@ from rlpipe.storage.local_services import (
 
 console = stdout_console()
 STARTUP_TIMEOUT_S = 90.0
-SERVED_DEPLOYMENTS = ("rl-train/train", "rl-eval/eval")
+SERVED_DEPLOYMENTS = ("rl-train/train", "rl-eval/eval", "rl-qa/qa", "rl-rescore/rescore")
 """What `python -m rlpipe.flows.serve` registers (flows/serve.py; the CLI does not import Prefect)."""
 MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 """The MLflow UI of `up` runs one uvicorn worker and no job runner (MLflow's GenAI jobs,

@@ -10,6 +10,8 @@ Served deployments (named `<flow>/<deployment>` in the UI and the API):
   crashed flow run (the UI's Retry button) runs it again here and resumes from the lake.
   The nightly schedule is declared inactive: turn it on in the UI.
 - `rl-eval/eval`: go on with a stored eval session (`rlpipe eval` creates one; its id).
+- `rl-qa/qa`: the quality gate of one env (Failed when it finds a problem).
+- `rl-rescore/rescore`: re-verify a finished run's trajectories into a new table.
 
 What it does not: start servers (cli/services.py), register deployments for work pools
 (prefect.yaml at the repository root: `prefect deploy --all`), or declare queues and
@@ -23,6 +25,7 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 
 from rlpipe.flows.eval import rl_eval
+from rlpipe.flows.offline_checks import rl_qa, rl_rescore
 from rlpipe.flows.operations import NIGHTLY_CRON, TRAIN_CONCURRENCY, TRAIN_TAGS
 from rlpipe.flows.operations import main as apply_operations_main
 from rlpipe.flows.train import train
@@ -45,6 +48,16 @@ def served_deployments() -> list[RunnerDeployment]:
             name="eval",
             description="Go on with a stored eval session (its id and lake, from `rlpipe eval`): unfinished trials run.",
             tags=["rlpipe", "eval"],
+        ),
+        rl_qa.to_deployment(
+            name="qa",
+            description="The environment quality gate of one env: solvability, verifier consistency, reward-hack probes.",
+            tags=["rlpipe", "qa"],
+        ),
+        rl_rescore.to_deployment(
+            name="rescore",
+            description="Re-verify a finished run's trajectories with today's verifiers; the run's rows stay as they are.",
+            tags=["rlpipe", "rescore"],
         ),
     ]
 
