@@ -14,13 +14,13 @@ from __future__ import annotations
 from prefect import flow
 
 from rlpipe.tasks import offline_checks
-from rlpipe.tasks.offline_checks import GateOutcome
+from rlpipe.tasks.offline_checks import EnvGateOutcome
 from rlpipe.tasks.rescore import RescoreSummary
 
 
 @flow(name="rl-qa", flow_run_name="qa-{env}")
 def rl_qa(env: str, samples: int = 10, repeats: int = 3, seed: int = 0, backend: str = "bwrap",
-          config_path: str | None = None) -> GateOutcome:
+          config_path: str | None = None) -> EnvGateOutcome:
     """Gate one environment: solvability, verifier consistency, reward-hack probes.
 
     Args:

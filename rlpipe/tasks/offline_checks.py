@@ -34,7 +34,7 @@ class GateFailed(UserError):
 
 
 @dataclass(frozen=True)
-class GateOutcome:
+class EnvGateOutcome:
     """What `qa-env` returns: the verdict and the count of findings per check."""
 
     env: str
@@ -44,7 +44,7 @@ class GateOutcome:
 
 
 @task(name="qa-env", task_run_name="qa-{env}", **UNCACHED_STAGE_OPTIONS)
-def qa_env(env: str, samples: int, repeats: int, seed: int, backend: str, config_path: str | None) -> GateOutcome:
+def qa_env(env: str, samples: int, repeats: int, seed: int, backend: str, config_path: str | None) -> EnvGateOutcome:
     """Gate one env; a markdown artifact with every check; GateFailed when a check fails."""
     report = gate_env(GateRequest(env=env, samples=samples, repeats=repeats, seed=seed, backend=backend,
                                   config_path=Path(config_path) if config_path else None))
@@ -54,7 +54,7 @@ def qa_env(env: str, samples: int, repeats: int, seed: int, backend: str, config
         failing = ", ".join(check.name for check in report.checks if not check.passed)
         raise GateFailed(f"env {env!r} failed the quality gate: {failing} ({len(report.findings)} findings)",
                          f"every finding is in the flow run's artifact; `rlpipe qa {env}` prints them too")
-    return GateOutcome(env=env, passed=True, verifier_version=report.verifier_version,
+    return EnvGateOutcome(env=env, passed=True, verifier_version=report.verifier_version,
                        findings_by_check={check.name: len(check.findings) for check in report.checks})
 
 
