@@ -102,7 +102,9 @@ def test_stop_string_cuts_text_and_keeps_the_stop_token(tiny_model, tokenizer):
         assert after.finish_reason == "stop" and after.text == before.text[:cut]
         assert tokenizer.decode(after.token_ids[-1:]) == stop_char  # the stop token is kept for training
         assert after.token_ids == before.token_ids[: len(after.token_ids)]
-        assert after.logprobs == before.logprobs[: len(after.token_ids)]
+        # the same tokens; their logprobs equal up to float rounding: once a sequence stops the
+        # batch shrinks, and CPU kernels may sum in another order for another shape (seen: 5e-7)
+        assert after.logprobs == pytest.approx(before.logprobs[: len(after.token_ids)], abs=1e-4)
 
 
 def test_eos_stops_and_is_kept_but_not_in_text(tiny_model, tokenizer):
