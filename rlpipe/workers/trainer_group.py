@@ -145,7 +145,10 @@ class TrainerGroupService:
                 continue
             if isinstance(connection, BaseException):
                 raise TrainerGroupFailed(f"the trainer group's socket failed: {connection}") from connection
-            hello = connection.recv()
+            try:
+                hello = connection.recv()
+            except (EOFError, OSError):
+                self._fail("a trainer rank died before it said its rank")
             hellos[hello.rank] = (hello.pid, connection)
         self._ranks = [hellos[rank] for rank in range(self.nproc)]
         for _, connection in self._ranks:

@@ -58,6 +58,7 @@ def _build(boot: dict, rank: int, world: int, local_rank: int):  # noqa: ANN202 
     import torch
     import torch.distributed as dist
 
+    from rlpipe.core.errors import ConfigError
     from rlpipe.rl.data_parallel import RankShare
     from rlpipe.workers.builders import config_from_bootstrap, resolve_device
     from rlpipe.workers.trainer_worker import TrainerService
@@ -65,6 +66,9 @@ def _build(boot: dict, rank: int, world: int, local_rank: int):  # noqa: ANN202 
     config = config_from_bootstrap(boot)
     on_cuda = resolve_device(config.model.device).startswith("cuda")
     if on_cuda:  # one GPU per rank
+        if world > torch.cuda.device_count():  # every rank says so, none waits for a peer that never joins
+            raise ConfigError(f"cluster.trainer_nproc = {world} ranks, but this machine has {torch.cuda.device_count()} GPUs "
+                              "(NCCL needs one per rank)", "set cluster.trainer_nproc to at most the GPU count")
         torch.cuda.set_device(local_rank)
         config = config.model_copy(update={"model": config.model.model_copy(update={"device": f"cuda:{local_rank}"})})
     dist.init_process_group("nccl" if on_cuda else "gloo", timeout=timedelta(seconds=config.cluster.trainer_timeout_s))
