@@ -116,8 +116,8 @@ def test_a_rank_killed_mid_update_is_an_infra_error_and_leaves_no_process(tmp_pa
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 1 SIGKILLs itself just before its first all-reduce, while rank 0 waits in it: the
     update raises TrainerGroupFailed in the controller (an InfraError: the stage is retried),
-    the worker, torchrun and rank 0 exit, and the next call starts a fresh worker and group
-    whose update succeeds."""
+    the worker, torchrun and rank 0 exit, and the next calls start a fresh worker and group
+    that restores the checkpoint and updates as one process does."""
     config = group_config(tmp_path, "cluster.trainer_timeout_s=120")
     parts = write_steps(config.storage.lake_uri, 1)
     monkeypatch.setenv("RLPIPE_FAILPOINTS", "all-reduce-rank-1@1")
@@ -131,12 +131,18 @@ def test_a_rank_killed_mid_update_is_an_infra_error_and_leaves_no_process(tmp_pa
         worker = trainer.pid
         group = [pid for pid in processes_marked(*mark) if pid != os.getpid()]
         assert worker in group and len(group) >= 4  # the worker, torchrun, two ranks
+        trainer.save_checkpoint(0, config.config_hash())  # rank 0 writes it; the fresh group restores it
         with pytest.raises(TrainerGroupFailed, match="trainer group"):
             trainer.update(1, parts[0], shuffle_seed=1)
         assert wait_until_gone([worker, *group]) == []
         monkeypatch.delenv("RLPIPE_FAILPOINTS")
-        result = trainer.update(1, parts[0], shuffle_seed=1)  # what the retried stage does: a fresh worker and group
-        assert result.policy_version == 1 and trainer.pid != worker
+        # What the retried stage does: a fresh worker and group, restored from the lake, then the update.
+        restored = trainer.restore(None, config.seed)  # every rank loads checkpoint 0
+        assert (restored.checkpoint_step, restored.policy_version) == (0, 0) and trainer.pid != worker
+        result = trainer.update(1, parts[0], shuffle_seed=1)
+        expected = TrainerService("g", config).update(1, parts[0], shuffle_seed=1)
+        assert result.policy_version == 1
+        assert result.metrics["train/grad_norm"] == pytest.approx(expected.metrics["train/grad_norm"], rel=1e-5)
         survivors = [pid for pid in processes_marked(*mark) if pid != os.getpid()]
     finally:
         trainer.stop()
