@@ -297,8 +297,11 @@ class SandboxConfig(Section):
 
 
 class ClusterConfig(Section):
-    """[cluster]: where sandboxed verification runs. Unset = the local sandbox pool of
-    [sandbox]; set = actors on a Ray cluster, each with its own pool (sandbox/ray_pool.py)."""
+    """[cluster]: where work runs beyond one process. Sandboxed verification: unset
+    ray_address = the local sandbox pool of [sandbox]; set = actors on a Ray cluster, each with
+    its own pool (sandbox/ray_pool.py). The trainer's update: trainer_nproc ranks of a torchrun
+    group on this machine (workers/trainer_group.py). The whole table is left out of the
+    config hash: it says where the run computes, not what (a resume may change it)."""
 
     ray_address: str | None = None
     """A running Ray cluster's address (its head's GCS, e.g. "10.0.0.5:6379", or
@@ -313,6 +316,17 @@ class ClusterConfig(Section):
     ray_timeout_s: float = Field(600.0, gt=0)
     """Longest wait for the next share of verdicts (or for the actors to start); past it the
     stage fails with ClusterUnavailable and Prefect retries it."""
+    trainer_nproc: int = Field(1, ge=1)
+    """Processes of the trainer's update: 1 = the trainer worker updates alone; N > 1 = a
+    long-lived group of N ranks started by the trainer worker with `torchrun --standalone
+    --nproc-per-node N` (gloo on CPU, NCCL with one GPU per rank on CUDA), each holding the
+    whole model and optimizer, computing every N-th micro-batch and all-reducing the
+    gradient sums (rl/data_parallel.py). The update is the one-process update up to float
+    rounding (another order of the same sums), which is why a resume may change it."""
+    trainer_timeout_s: float = Field(600.0, gt=0)
+    """trainer_nproc > 1: the process group's timeout (a rank waiting longer in a collective
+    for a peer fails) and the longest wait for the ranks to start; past it the stage fails
+    with TrainerGroupFailed and Prefect retries it on a fresh group."""
 
 
 class QaConfig(Section):

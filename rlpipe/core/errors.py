@@ -13,7 +13,8 @@
         ├── StorageUnavailable       the lake (S3 endpoint, disk) cannot be reached
         ├── SandboxUnavailable       a sandbox backend (bwrap, docker daemon) is gone
         ├── ClusterUnavailable       the Ray cluster that verifies is unreachable, or an actor of it died
-        └── EngineFailed             the rollout engine died
+        ├── EngineFailed             the rollout engine died
+        └── TrainerGroupFailed       a rank of the trainer's torchrun group died or timed out
 
 A wrong answer, a timeout or an OOM inside a sandbox is not an error: it is a Verdict.
 Third-party exceptions are translated at the adapter that sees them (`raise X(...) from exc`).
@@ -96,3 +97,9 @@ class ClusterUnavailable(InfraError):
 
 class EngineFailed(InfraError):
     """The rollout engine died or stopped answering."""
+
+
+class TrainerGroupFailed(InfraError):
+    """A rank of the trainer's torchrun group (cluster.trainer_nproc > 1) died, failed in a
+    collective (a peer gone, cluster.trainer_timeout_s passed), or the group did not start:
+    the trainer worker exits, the stage is retried, and a fresh worker restores from the lake."""

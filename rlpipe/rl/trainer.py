@@ -51,8 +51,15 @@ per-domain gradient conflict, rl/grad_conflict.py); it touches no `.grad` and no
 model's weights (or adapter) are saved by the caller (rl/checkpoint.py); `named_weights()`
 yields the tensors to sync into a rollout engine.
 
-What it does not: sample, verify, compute advantages, save files, or use more than one
-device (FSDP/torchrun come later behind the same methods).
+Data parallel (`share`, rl/data_parallel.py): in a process group of W ranks (torchrun,
+workers/trainer_rank.py) every rank holds the whole model and optimizer and runs `update` on
+the same samples; rank r computes micro-batches r, r+W, ... of each mini-batch, and one
+all-reduce SUM per optimizer step gives every rank the single-process gradient (the losses
+are normalised by the whole mini-batch's count), up to float rounding. The metrics are summed
+the same way. `broadcast_state()` copies rank 0's weights and optimizer state to the others.
+
+What it does not: sample, verify, compute advantages, save files, or shard the model (no FSDP:
+each rank holds all of it).
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from rlpipe.rl.data_parallel import RankShare, all_reduce_floats, all_reduce_gradients, broadcast_module, broadcast_object
 from rlpipe.rl.batching import TrainSample, completion_tokens, micro_batches, pad_samples, token_logprobs
 from rlpipe.rl.lora import adapter_named_parameters, apply_lora, is_lora_model
 from rlpipe.rl.losses import LossAggregation, policy_loss
@@ -131,6 +139,7 @@ class Trainer:
         lora_alpha: float = 16.0,
         lora_target_modules: Sequence[str] = DEFAULT_LORA_TARGETS,
         tis_cap: float | None = None,
+        share: RankShare = RankShare(),
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
@@ -161,6 +170,7 @@ class Trainer:
         self.loss_agg = loss_agg
         self.pad_token_id = pad_token_id
         self.tis_cap = tis_cap
+        self.share = share
         self.reference_model = None
         if kl_coef > 0:
             self.reference_model = reference_model if reference_model is not None else copy.deepcopy(model)
@@ -263,7 +273,7 @@ class Trainer:
         `tokens`, (mean TIS weight, capped fraction) or None without TIS)."""
         self.optimizer.zero_grad(set_to_none=True)
         total_loss, kl_sum, clip_sum, tis_sum, capped_sum = 0.0, 0.0, 0.0, 0.0, 0.0
-        for chunk in micro_batches(trained, self.micro_batch_size):
+        for chunk in self.share.mine(micro_batches(trained, self.micro_batch_size)):  # all of them in one process
             batch = pad_samples(chunk, self.pad_token_id, self._device)
             new_logprobs = token_logprobs(self.model, batch, self.temperature)
             ref_logprobs = None
@@ -292,6 +302,9 @@ class Trainer:
             if metrics.tis_weight is not None and metrics.tis_capped_frac is not None:
                 tis_sum += metrics.tis_weight * metrics.tokens
                 capped_sum += metrics.tis_capped_frac * metrics.tokens
+        all_reduce_gradients(self._weights.stepped, self.share)  # the ranks' partial sums: the mini-batch's gradient
+        total_loss, kl_sum, clip_sum, tis_sum, capped_sum = all_reduce_floats(
+            [total_loss, kl_sum, clip_sum, tis_sum, capped_sum], self.share, self._device)
         trained_tokens = max(completion_tokens(trained), 1)  # TIS weights exist on trained tokens only
         tis = (tis_sum / trained_tokens, capped_sum / trained_tokens) if self.tis_cap is not None else None
         return total_loss, kl_sum / max(tokens, 1), clip_sum / max(tokens, 1), tis
@@ -304,6 +317,16 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)  # 1x the weights freed before anything else (a sync) allocates
         self._weights.copy_to_model()
         return grad_norm
+
+    def broadcast_state(self) -> None:
+        """Rank 0's weights (and reference), optimizer state and fp32 masters on every rank
+        of the process group (data parallel; see the module docstring)."""
+        broadcast_module(self.model)
+        if self.reference_model is not None:
+            broadcast_module(self.reference_model)
+        state = broadcast_object(self.state_dict(), self._device)
+        if self.share.rank != 0:
+            self.load_state_dict(state)
 
     def reset_reference(self) -> None:
         """Make the KL reference a copy of the current policy (e.g. after the warm-start)."""

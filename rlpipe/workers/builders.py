@@ -16,6 +16,7 @@ from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import ConfigError
 if TYPE_CHECKING:
     from rlpipe.rl.trainer import Trainer
+from rlpipe.rl.data_parallel import RankShare
 from rlpipe.rl.policy import resolve_device as rl_resolve_device
 from rlpipe.rl.char_tokenizer import policy_alphabet as domains_alphabet
 from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model, load_local_model, load_local_tokenizer
@@ -96,7 +97,7 @@ def with_lora(config: RunConfig, policy: torch.nn.Module) -> torch.nn.Module:
     return apply_lora(policy, train.lora_rank, train.lora_alpha, train.lora_target_modules)
 
 
-def build_trainer(config: RunConfig, policy: torch.nn.Module) -> "Trainer":
+def build_trainer(config: RunConfig, policy: torch.nn.Module, share: RankShare = RankShare()) -> "Trainer":
     from rlpipe.rl.trainer import Trainer  # the trainer worker's only: the engine worker may run without peft
 
     train, algo = config.train, config.algo
@@ -117,4 +118,5 @@ def build_trainer(config: RunConfig, policy: torch.nn.Module) -> "Trainer":
         lora_alpha=train.lora_alpha,
         lora_target_modules=train.lora_target_modules,
         tis_cap=tis_cap(config),
+        share=share,  # a rank of the trainer's torchrun group (workers/trainer_rank.py), or the only process
     )

@@ -1,16 +1,24 @@
 """Entry point of a worker process: `python -m rlpipe.workers.main --kind engine|trainer
 --run-id RUN` (the arguments only name the process in `ps`; everything else arrives on stdin,
-see server.py)."""
+see server.py). A trainer worker with cluster.trainer_nproc > 1 only relays to its torchrun
+group (trainer_group.py) and imports no torch itself."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
+from rlpipe.core.config import RunConfig
 from rlpipe.workers.server import run_worker
 
 
 def build_service(boot: dict):  # noqa: ANN201 - a Service
+    if boot["kind"] == "trainer":
+        config = RunConfig.model_validate_json(boot["config_json"])  # no torch here: a relay never needs it
+        if config.cluster.trainer_nproc > 1:  # the update runs in a torchrun group this worker starts and relays to
+            from rlpipe.workers.trainer_group import TrainerGroupService
+
+            return TrainerGroupService(boot, config)
     from rlpipe.workers.builders import config_from_bootstrap
 
     config = config_from_bootstrap(boot)

@@ -265,6 +265,30 @@ class Published:
     bytes: int
 
 
+# ---- the trainer worker and the ranks of its torchrun group (trainer_group.py) ----
+
+
+@dataclass(frozen=True)
+class RankHello:
+    rank: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class RankCall:
+    """One request for this rank; `sync_first`: copy rank 0's weights and optimizer state to
+    every rank before it (rank 0 alone changed them since the last collective call)."""
+
+    request: Any
+    sync_first: bool = False
+
+
+@dataclass(frozen=True)
+class RankReply:
+    reply: Any  # protocol.Ok | protocol.Failed
+    poisoned: bool  # the rank's state changed half-way: the group must be rebuilt from the lake
+
+
 # ---- replies ----------------------------------------------------------------------------
 
 

@@ -46,6 +46,9 @@ log = logging.getLogger("rlpipe.workers")
 
 
 class Service(Protocol):
+    """What a worker serves; one that owns processes of its own may also have `close()`,
+    called before the worker exits (not when its owner died: the watchdog exits at once)."""
+
     poisoned: bool
 
     def handle(self, request: Any) -> Any:
@@ -114,6 +117,9 @@ def run_worker(build_service) -> None:  # noqa: ANN001 - (kind, run_id, bootstra
     handshake.close()
     if not serve(listener, service):
         exit_if_owner_dies(2.0)  # the socket closed without Stop: the owner may be dying
+    close = getattr(service, "close", None)  # a service with processes of its own (trainer_group.py) ends them
+    if close is not None:
+        close()
     os._exit(0)
 
 

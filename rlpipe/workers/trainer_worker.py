@@ -17,6 +17,10 @@ The warm-start runs rl/warmstart.py in a thread of this worker so that its accur
 can be answered by the controller (which asks the engine worker): at a check the thread
 waits for WarmStartContinue. WarmStartWait returns the step losses seen so far.
 
+With cluster.trainer_nproc > 1 this service runs in every rank of the trainer's torchrun
+group (workers/trainer_rank.py, `share` its rank), and the trainer worker process itself only
+relays (workers/trainer_group.py).
+
 Not here: sockets (server.py), what runs when (tasks/).
 """
 
@@ -40,6 +44,7 @@ from rlpipe.core.errors import LakeCorrupted
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
+from rlpipe.rl.data_parallel import RankShare
 from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
 from rlpipe.rl.grad_conflict import gradient_conflict
 from rlpipe.rl.samples import train_samples
@@ -76,12 +81,12 @@ class VersionMismatch(Exception):
 
 
 class TrainerService:
-    def __init__(self, run_id: str, config: RunConfig) -> None:
+    def __init__(self, run_id: str, config: RunConfig, share: RankShare = RankShare()) -> None:
         torch.manual_seed(config.seed)
         self.run_id = run_id
         self.config = config
         policy, self.tokenizer = build_policy(config)
-        self.trainer = build_trainer(config, policy)  # trainer.model: the policy (its peft wrapper with LoRA)
+        self.trainer = build_trainer(config, policy, share)  # trainer.model: the policy (its peft wrapper with LoRA)
         self.lake = build_lake(config)
         self.policy_version = 0
         self.poisoned = False
