@@ -1,7 +1,8 @@
 """The run's worker processes: a rollout engine worker and a trainer worker.
 
 The controller (the flow-run process) holds handles to them (`client.py`); each worker is
-`python -m rlpipe.workers.main` serving typed requests (`protocol.py`) over an AF_UNIX
-`multiprocessing.connection` socket with an authkey (`server.py`). Weights cross as one
+`python -m rlpipe.workers.main`, or a fork of the controller's zygote that imported torch
+and transformers once (`launch.py`, `zygote.py`), serving typed requests (`protocol.py`)
+over an AF_UNIX `multiprocessing.connection` socket with an authkey (`server.py`). Weights cross as one
 safetensors file on /dev/shm (`weights.py`). Nothing here imports prefect.
 """

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from rlpipe.core.failpoints import ENV_VAR as FAILPOINTS_ENV_VAR
@@ -60,15 +61,19 @@ def launch(python: str, kind: str, run_id: str, env: dict[str, str], user: objec
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
         )
     with _LOCK:
-        _USERS.add(id(user))
-        return _zygote_for(env).fork(kind, run_id, env)
+        _USERS.add(user)
+        try:
+            return _zygote_for(env).fork(kind, run_id, env)
+        except OSError:  # it died between the check and the request: once more, with a fresh one
+            _retire()
+            return _zygote_for(env).fork(kind, run_id, env)
 
 
 def release(user: object) -> None:
     """`user` will launch no more workers; the zygote ends when no user is left."""
     global _ZYGOTE
     with _LOCK:
-        _USERS.discard(id(user))
+        _USERS.discard(user)
         if not _USERS and _ZYGOTE is not None:
             _ZYGOTE.close(wait_s=2.0)
             _ZYGOTE = None
@@ -191,8 +196,15 @@ class _Zygote:
 
 
 _LOCK = threading.Lock()
-_USERS: set[int] = set()
+_USERS: "weakref.WeakSet[object]" = weakref.WeakSet()  # clients that may launch again
 _ZYGOTE: _Zygote | None = None
+
+
+def _retire() -> None:
+    global _ZYGOTE
+    if _ZYGOTE is not None:
+        _ZYGOTE.close()
+        _ZYGOTE = None
 
 
 def _zygote_for(env: dict[str, str]) -> _Zygote:

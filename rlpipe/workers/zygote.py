@@ -139,6 +139,7 @@ def _child(message: dict, fds: list[int], inherited: list[int]) -> int:
         sys.argv = ["rlpipe.workers.main", "--kind", message["kind"], "--run-id", message["run_id"]]
         _name_process(f"rlpipe-{message['kind']}")
         _apply_thread_counts()
+        _reseed()
         from rlpipe.workers import main as worker_main
 
         worker_main.main()  # ends in os._exit
@@ -163,6 +164,15 @@ def _apply_thread_counts() -> None:
         import torch
 
         torch.set_num_threads(int(value))
+
+
+def _reseed() -> None:
+    """Fresh entropy for numpy's global generator, as a new process gets (CPython reseeds
+    `random` after a fork itself; torch's default generator starts from a fixed seed in
+    every process anyway)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def _name_process(name: str) -> None:
