@@ -10,8 +10,9 @@ pointed at stderr so a stray print cannot block the pipe.
 
 Owner death: a watchdog thread polls the owner every WATCH_INTERVAL_S (its parent pid,
 `kill(pid, 0)`, and /proc: a zombie or a new process under the owner's pid is no owner; a
-worker forked by the zygote has the zygote as parent) and exits the process at once (os._exit) when the owner is gone, removing the
-run's socket and weights folders (the dead owner cannot). PR_SET_PDEATHSIG is not used: it
+worker forked by the zygote has the zygote as parent) and exits the process at once
+(os._exit) when the owner is gone, removing the run's socket and weights folders (the dead
+owner cannot). PR_SET_PDEATHSIG is not used: it
 fires when the spawning *thread* exits, and Prefect runs tasks in threads. ^C at the
 terminal does not reach a worker (its own session, SIGINT ignored): the controller decides
 when it ends.
