@@ -238,6 +238,14 @@ def _role(pid: int, root: int) -> str:
             return "cli fork"
     except OSError:
         pass
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        comm = ""
+    if comm in ("rlpipe-engine", "rlpipe-trainer"):  # forked by the zygote: its command line is the zygote's
+        return f"{comm.removeprefix('rlpipe-')} worker"
+    if "rlpipe.workers.zygote" in text:
+        return "zygote"
     if "rlpipe.workers.main" in text:
         return f"{argv[argv.index('--kind') + 1]} worker" if "--kind" in argv else "worker"
     if "uvicorn" in text or "prefect" in text:

@@ -1,9 +1,11 @@
 """The controller's side of a worker: start it, call it, restart it when it died, stop it.
 
 `WorkerClient` owns one worker process of one kind for one run. The process is
-`python -m rlpipe.workers.main` in its own session (a terminal ^C reaches only the
-controller), bootstrapped on stdin (server.py), and reached over an AF_UNIX socket in the
-run's socket folder with a fresh random authkey per process.
+`python -m rlpipe.workers.main`, or a fork of the controller's zygote that runs the same
+code with torch and transformers already imported (launch.py says which), in its own
+session (a terminal ^C reaches only the controller), bootstrapped on stdin (server.py), and
+reached over an AF_UNIX socket in the run's socket folder with a fresh random authkey per
+process.
 
 Life and death:
 - `start()` spawns without waiting; the first call waits until the worker is ready (its
@@ -45,6 +47,7 @@ from typing import Any
 
 from rlpipe.core.errors import EngineFailed
 from rlpipe.core.failpoints import ENV_VAR as FAILPOINTS_ENV_VAR
+from rlpipe.workers import launch
 from rlpipe.workers import protocol as p
 
 class WorkerClosed(RuntimeError):
@@ -79,7 +82,7 @@ class WorkerClient:
         self.handle: p.WorkerHandle | None = None
         self.starts = 0  # processes made ready so far
         self._lock = threading.RLock()
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen | launch.ForkedWorker | None = None
         self._connection: Connection | None = None
         self._pending_ready = False
         self.closed = False  # set by close(): the run is ending, no call starts a worker again
@@ -98,10 +101,7 @@ class WorkerClient:
             env = dict(os.environ)
             if self.starts > 0:
                 env.pop(FAILPOINTS_ENV_VAR, None)
-            process = subprocess.Popen(
-                [self.spec.python, "-m", "rlpipe.workers.main", "--kind", self.spec.kind, "--run-id", self.spec.run_id],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
-            )
+            process = launch.launch(self.spec.python, self.spec.kind, self.spec.run_id, env, self)
             boot = dict(run_id=self.spec.run_id, kind=self.spec.kind, address=address, authkey=authkey.hex(),
                         owner_pid=os.getpid(), config_json=self.spec.config_json, secrets=self.spec.secrets,
                         socket_folder=str(self.spec.socket_folder), weights_folder=str(self.spec.weights_folder))
@@ -210,7 +210,10 @@ class WorkerClient:
         """Stop the worker for good: a call in flight (another thread's) and any later call
         raise WorkerClosed, which no stage retries, instead of starting a fresh worker."""
         self.closed = True
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            launch.release(self)
 
     @property
     def pid(self) -> int | None:
@@ -307,8 +310,10 @@ class TrainerClient(WorkerClient):
         self.call(p.WarmStartContinue(stop))
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def _kill_group(process: subprocess.Popen | launch.ForkedWorker) -> None:
     """SIGKILL the worker's process group (its own session: the worker and anything it started)."""
+    if process.pid is None:
+        return  # the zygote died before it forked this worker: nothing to kill
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

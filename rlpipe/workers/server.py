@@ -8,9 +8,11 @@ original stdout, `{"ready": pid}` once the service is built and the socket liste
 `{"failed": {...}}` (protocol.Failed's fields) when building failed; after it stdout is
 pointed at stderr so a stray print cannot block the pipe.
 
-Owner death: a watchdog thread polls the owner every WATCH_INTERVAL_S (its parent pid and
-`kill(pid, 0)`) and exits the process at once (os._exit) when the owner is gone, removing the
-run's socket and weights folders (the dead owner cannot). PR_SET_PDEATHSIG is not used: it
+Owner death: a watchdog thread polls the owner every WATCH_INTERVAL_S (its parent pid,
+`kill(pid, 0)`, and /proc: a zombie or a new process under the owner's pid is no owner; a
+worker forked by the zygote has the zygote as parent) and exits the process at once
+(os._exit) when the owner is gone, removing the run's socket and weights folders (the dead
+owner cannot). PR_SET_PDEATHSIG is not used: it
 fires when the spawning *thread* exits, and Prefect runs tasks in threads. ^C at the
 terminal does not reach a worker (its own session, SIGINT ignored): the controller decides
 when it ends.
@@ -56,7 +58,11 @@ class Service(Protocol):
         ...
 
 
-def owner_alive(owner_pid: int, parent_at_start: int) -> bool:
+def owner_alive(owner_pid: int, parent_at_start: int, owner_started: str | None = None) -> bool:
+    """Whether the owner runs. A worker forked by the zygote (launch.py) is not the owner's
+    child: for it a dead owner that its parent has not reaped yet (a zombie) counts as
+    gone, and so does a different process under the owner's pid (`owner_started`: its start
+    time when the watch began, from /proc)."""
     if parent_at_start == owner_pid and os.getppid() != owner_pid:
         return False  # re-parented: the owner exited (also while it is an unreaped zombie)
     try:
@@ -65,7 +71,18 @@ def owner_alive(owner_pid: int, parent_at_start: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    state, started = _proc_stat(owner_pid)
+    return state != "Z" and (owner_started is None or started is None or started == owner_started)
+
+
+def _proc_stat(pid: int) -> tuple[str | None, str | None]:
+    """(state, start time) of `pid` from /proc (None, None where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None, None
+    return fields[0], fields[19] if len(fields) > 19 else None
 
 
 def start_watchdog(owner_pid: int, folders: list[str]) -> Callable[[float], None]:
@@ -73,6 +90,7 @@ def start_watchdog(owner_pid: int, folders: list[str]) -> Callable[[float], None
     `grace_s` for the owner to be gone (a closed socket comes just before the parent pid
     changes) and then exits as the watchdog does."""
     parent_at_start = os.getppid()
+    owner_started = _proc_stat(owner_pid)[1]
 
     def exit_as_orphan() -> None:
         for folder in folders:
@@ -80,14 +98,14 @@ def start_watchdog(owner_pid: int, folders: list[str]) -> Callable[[float], None
         os._exit(0)
 
     def watch() -> None:
-        while owner_alive(owner_pid, parent_at_start):
+        while owner_alive(owner_pid, parent_at_start, owner_started):
             time.sleep(WATCH_INTERVAL_S)
         exit_as_orphan()
 
     def exit_if_owner_dies(grace_s: float) -> None:
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
-            if not owner_alive(owner_pid, parent_at_start):
+            if not owner_alive(owner_pid, parent_at_start, owner_started):
                 exit_as_orphan()
             time.sleep(WATCH_INTERVAL_S / 4)
 

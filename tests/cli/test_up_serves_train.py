@@ -54,7 +54,7 @@ from rlpipe.tasks.builders import build_lake
 from tests.agents.helpers import copy_task
 from tests.cli.cli_process import REPO_ROOT
 from tests.cli.test_signals import (
-    ENDED, TOML, check_interrupted, flow_run_states, processes_with, run_on_pty, step_committed, wait_for_no_process,
+    ENDED, TOML, check_interrupted, flow_run_states, run_on_pty, step_committed, wait_for_no_process,
 )
 from tests.durability.cli_runs import Where, cli_env, count_rows, make_where, run_cli
 from tests.helpers.s3_server import free_port
@@ -203,7 +203,18 @@ async def _trainer_slots_taken() -> int:
 
 
 def _workers(marker: str) -> list[str]:
-    return [line for line in processes_with(marker) if "rlpipe.workers" in line]
+    """The run's worker processes: spawned (`python -m rlpipe.workers.main`) or forked by the
+    zygote (its command line is the zygote's; the name, /proc/PID/comm, says the kind)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if "rlpipe.workers.main" in line or (entry / "comm").read_text().strip() in ("rlpipe-engine", "rlpipe-trainer"):
+                    found.append(line)
+        except OSError:
+            continue
+    return found
 
 
 def _wait_until(probe, what: str) -> None:

@@ -1,5 +1,6 @@
 """A controller killed with SIGKILL leaves no worker behind: each worker's watchdog sees
-its owner gone and exits, and removes the run's socket and weights folders."""
+its owner gone and exits, and removes the run's socket and weights folders; the zygote the
+workers were forked from (workers/launch.py) exits too."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from tests.workers.workers_at_hand import alive, wait_until_gone
 CONTROLLER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
+    from rlpipe.workers.launch import zygote_pid
     from tests.workers.workers_at_hand import worker_pair
     with worker_pair(Path(sys.argv[1])) as (engine, trainer, shm):
         engine.version(), trainer.digest()  # both ready
-        print(json.dumps({"pids": [engine.pid, trainer.pid], "sockets": str(engine.spec.socket_folder),
+        print(json.dumps({"pids": [engine.pid, trainer.pid], "zygote": zygote_pid(), "sockets": str(engine.spec.socket_folder),
                           "shm": str(shm)}), flush=True)
         time.sleep(600)
 """)
@@ -32,7 +34,7 @@ def test_a_controller_killed_with_sigkill_leaves_no_worker_behind(tmp_path: Path
                                   text=True, env=env, cwd=REPO_ROOT)
     try:
         started = json.loads(controller.stdout.readline())
-        pids = started["pids"]
+        pids = started["pids"] + [started["zygote"]]
         assert all(alive(pid) for pid in pids)
         controller.kill()  # SIGKILL: no finally, no atexit
         controller.wait()

@@ -1,0 +1,252 @@
+"""The zygote: a per-controller process that imports torch, transformers and the worker
+services once, then forks each worker of the controller's runs from that state.
+
+`python -m rlpipe.workers.zygote FD OWNER_PID` (started by launch.py, in its own session):
+imports PRELOAD, then serves fork requests on the AF_UNIX socket FD. A request is one
+length-prefixed JSON record (kind, run id, the controller's environment and working folder
+at that moment) with four file descriptors attached (SCM_RIGHTS): the worker's stdin (the
+bootstrap pipe), its stdout (the handshake pipe), its stderr (the controller's fd 2) and a
+status pipe. On the status pipe the zygote writes the child's pid (8 bytes, signed), and
+once it has reaped the child, its exit code as subprocess reports it (-9: SIGKILL).
+
+The forked child becomes what `python -m rlpipe.workers.main` is: a new session (a terminal
+^C reaches only the controller; the controller kills the worker's group), fds 0/1/2 from
+the request, `os.environ` replaced by the controller's environment of the request (so a
+restarted worker runs without RLPIPE_FAILPOINTS, core/failpoints.py reads it at each hit),
+torch's intra-op threads set from OMP_NUM_THREADS when that is set (libgomp read it when the
+zygote imported torch), then server.run_worker. The bootstrap and the handshake are those of
+a spawned worker (server.py); the owner watchdog watches the controller, not the zygote.
+
+The zygote exits when the controller closes its socket or dies (its own watchdog), never
+kills a worker, and leaves the workers it forked running (they watch their owner).
+
+Not here: which launch path a worker takes and the controller's side (launch.py). CUDA is
+never initialised here (only imported): a fork after CUDA init breaks the child.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+from collections.abc import Callable
+
+PRELOAD = ("torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "rlpipe.workers.main",
+           "rlpipe.workers.builders", "rlpipe.workers.engine_worker", "rlpipe.engines.hf", "rlpipe.rl.trainer",
+           "rlpipe.rl.warmstart", "rlpipe.rl.checkpoint")
+"""Imported before the first fork. A module that fails to import here is imported (and its
+error reported) by the worker that needs it, as a spawned worker would. Not pyarrow (the
+lake, trainer_worker.py): loading libarrow starts jemalloc's background thread, and a
+process should fork with no thread but the forking one that may hold a lock; the trainer
+worker imports it itself (~0.2 s)."""
+
+SIGNED = struct.Struct("q")
+HEADER = struct.Struct("!I")
+MAX_FDS = 4
+OWNER_POLL_S = 0.5
+
+
+def main() -> None:
+    control_fd, owner_pid = int(sys.argv[1]), int(sys.argv[2])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from rlpipe.workers.server import owner_alive
+
+    parent_at_start = os.getppid()
+    control = socket.socket(fileno=control_fd)
+    _preload(lambda: owner_alive(owner_pid, parent_at_start) and not _closed(control))
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    status_of: dict[int, int] = {}  # child pid -> write end of its status pipe
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    while owner_alive(owner_pid, parent_at_start):
+        for key, _ in selector.select(OWNER_POLL_S):
+            if key.fileobj is wake_r:
+                _drain(wake_r)
+                _reap(status_of)
+                continue
+            request = _receive(control)
+            if request is None:
+                return  # the controller closed its end: no more workers
+            message, fds = request
+            pid = os.fork()
+            if pid == 0:
+                os._exit(_child(message, fds, [selector.fileno(), control.fileno(), wake_r, wake_w, *status_of.values()]))
+            for fd in fds[:3]:
+                os.close(fd)
+            _write_signed(fds[3], pid)
+            status_of[pid] = fds[3]
+        _reap(status_of)
+
+
+def _preload(wanted: Callable[[], bool]) -> None:
+    """Import PRELOAD; exit at once if the controller dies or closes the socket meanwhile
+    (a thread watches, and is gone before the first fork)."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(OWNER_POLL_S):
+            if not wanted():
+                os._exit(0)
+
+    watcher = threading.Thread(target=watch, name="zygote-watch", daemon=True)
+    watcher.start()
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the worker imports it again and reports why
+            pass
+    done.set()
+    watcher.join()
+
+
+def _closed(control: socket.socket) -> bool:
+    """Whether the controller closed its end (EOF; a pending request is not EOF)."""
+    if not select.select([control], [], [], 0)[0]:
+        return False
+    try:
+        return control.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _child(message: dict, fds: list[int], inherited: list[int]) -> int:
+    """The worker's life, in the forked child."""
+    code = 1
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in inherited + [fds[3]]:
+            os.close(fd)
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(message["env"])
+        os.chdir(message["cwd"])
+        sys.argv = ["rlpipe.workers.main", "--kind", message["kind"], "--run-id", message["run_id"]]
+        _name_process(f"rlpipe-{message['kind']}")
+        _apply_thread_counts()
+        _reseed()
+        from rlpipe.workers import main as worker_main
+
+        worker_main.main()  # ends in os._exit
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - printed to the controller's stderr, then exit
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
+
+
+def _apply_thread_counts() -> None:
+    """What OMP_NUM_THREADS would have done in a fresh process: libgomp read it when the
+    zygote imported torch, so the child sets torch's intra-op threads itself."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        import torch
+
+        torch.set_num_threads(int(value))
+
+
+def _reseed() -> None:
+    """Fresh entropy for numpy's global generator, as a new process gets (CPython reseeds
+    `random` after a fork itself; torch's default generator starts from a fixed seed in
+    every process anyway)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _name_process(name: str) -> None:
+    """Shown by ps -o comm and top (the command line stays the zygote's)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def _receive(control: socket.socket) -> tuple[dict, list[int]] | None:
+    """One request (its record and fds), or None at EOF."""
+    data, fds, _, _ = socket.recv_fds(control, HEADER.size, MAX_FDS)
+    if not data:
+        return None
+    while len(data) < HEADER.size:
+        more = control.recv(HEADER.size - len(data))
+        if not more:
+            return None
+        data += more
+    (length,) = HEADER.unpack(data)
+    body = b""
+    while len(body) < length:
+        more = control.recv(min(1 << 20, length - len(body)))
+        if not more:
+            return None
+        body += more
+    if len(fds) != MAX_FDS:
+        for fd in fds:
+            os.close(fd)
+        raise RuntimeError(f"a fork request came with {len(fds)} file descriptors, not {MAX_FDS}")
+    return json.loads(body), fds
+
+
+def send_request(control: socket.socket, message: dict, fds: list[int]) -> None:
+    """The controller's side of _receive (launch.py)."""
+    body = json.dumps(message).encode()
+    socket.send_fds(control, [HEADER.pack(len(body))], fds)
+    control.sendall(body)
+
+
+def _reap(status_of: dict[int, int]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        fd = status_of.pop(pid, None)
+        if fd is not None:
+            try:
+                _write_signed(fd, os.waitstatus_to_exitcode(status))
+            except OSError:
+                pass  # the controller closed its end
+            os.close(fd)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _write_signed(fd: int, value: int) -> None:
+    try:
+        os.write(fd, SIGNED.pack(value))
+    except BrokenPipeError:
+        pass
+
+
+if __name__ == "__main__":
+    main()
