@@ -4,14 +4,15 @@ with typed parameters (a RunConfig as JSON data, no JSON string, no run id), and
 run is made to end badly twice:
 
 1. Failed: the lake cannot take step 2's trajectory parts (a file sits where their folder
-   goes), so `persist` exhausts its retries and the flow run fails; the fault is removed.
+   goes), so `rollout-step-2` (in its persist stage) exhausts its retries and the flow run
+   fails; the fault is removed.
 2. Retried as the UI's Retry button does it (state Scheduled named AwaitingRetry, not
    forced): the runner runs the same flow run again; its process is killed with -9 once
    step 2 is committed, and the runner marks the flow run Crashed (its workers follow their
    owner).
 3. Retried again: it finishes from the lake with exactly steps x prompts x group rows, none
    twice, and one MLflow point per step; no task run of the killed attempt is left Running
-   (it was: `persist-step-2`, forever, on a Completed flow run). The run id was derived from the flow run, so each
+   (it was: step 2's persist task run, forever, on a Completed flow run). The run id was derived from the flow run, so each
    retry must land on the same run id to resume it.
 
 One run, three flow-run processes: the cheapest way to cover both ends (measured 2026-12-02:
