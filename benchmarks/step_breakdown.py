@@ -58,7 +58,7 @@ def main() -> None:
 
         @flow(name="step-breakdown")
         def bench() -> dict[str, list[float]]:
-            run_id = "bench"
+            run_id = f"bench-{os.getpid()}"  # /dev/shm/rlpipe-<run id>: two benchmarks at once must not share it
             build_runtime(run_id, config)
             try:
                 return _steps(run_id)
