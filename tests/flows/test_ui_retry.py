@@ -12,7 +12,7 @@ run is made to end badly twice:
    owner).
 3. Retried again: it finishes from the lake with exactly steps x prompts x group rows, none
    twice, and one MLflow point per step; no task run of the killed attempt is left Running
-   (it was: step 2's persist task run, forever, on a Completed flow run). The run id was derived from the flow run, so each
+   (it was: `persist-step-2`, forever, on a Completed flow run). The run id was derived from the flow run, so each
    retry must land on the same run id to resume it.
 
 One run, three flow-run processes: the cheapest way to cover both ends (measured 2026-12-02:
