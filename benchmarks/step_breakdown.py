@@ -1,13 +1,13 @@
 """Time per stage of an RL step, and Prefect's overhead measured side by side.
 
-Runs RL steps three ways, interleaved (plain, tasks, nested, plain, ...) in one process
-from the same warm-started policy, so that a machine's changing load hits all three alike:
-  1. plain:  each stage's function called directly (`task.fn`), no Prefect;
-  2. tasks:  `rl_step` as the train flow runs it: each stage a Prefect task run of the
-             run's flow run;
-  3. nested: the same wrapped in a nested flow run per step (how rlpipe ran until
-             2026-12-01), for comparison.
-Prints seconds per stage (plain) and the ratios tasks/plain and nested/plain per step,
+Runs RL steps two ways, interleaved (plain, tasks, plain, ...) in one process from the same
+warm-started policy, so that a machine's changing load hits both alike:
+  1. plain: the step's two task functions called directly (`task.fn`), no Prefect;
+  2. tasks: `rl_step` as the train flow runs it: `rollout-step-N` and `train-step-N`, two
+     task runs of the run's flow run.
+(Until 2026-12-02 each stage was a task run of its own, eight per step, and until
+2026-12-01 each step a nested flow run: docs/ARCHITECTURE.md keeps their figures.)
+Prints seconds per stage (plain, from the step's StageClock) and the ratio tasks/plain,
 i.e. what orchestration costs. Uses configs/quickstart.toml with fewer steps by default.
 Prefect's API is the temporary server `rlpipe train` starts (tasks/prefect_server.py; a
 PREFECT_API_URL in the environment is used instead). On a loaded machine the wall-clock
@@ -15,11 +15,11 @@ ratios move by +-15 % from run to run, so it also prints the CPU seconds per ste
 the controller (all its threads) spent in each mode (tasks - plain: what orchestration
 costs the controller in CPU, whatever the load) and the Prefect server process's CPU in
 the same intervals (the server handles a step's events a little after them, so some of
-a tasks step's server CPU falls into the step that follows it).
+a tasks step's server CPU falls into the step that follows it), and the load average.
 Then the peak resident memory (VmHWM) of the controller (this process) and of the run's
 engine and trainer workers, each over the whole benchmark (warm-start included).
 
-    .venv/bin/python benchmarks/step_breakdown.py [--steps 5] [--config configs/quickstart.toml]
+    .venv/bin/python benchmarks/step_breakdown.py [--steps 6] [--config configs/quickstart.toml]
 """
 
 from __future__ import annotations
@@ -32,35 +32,33 @@ import time
 from collections import defaultdict
 
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+MODES = ("plain", "tasks")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/quickstart.toml")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
 
     from prefect import flow
 
     from rlpipe.core.config import load_config
     from rlpipe.flows.steps import rl_step
-    from rlpipe.tasks import advantage, lifecycle, persist, rollout, track, update, verify
+    from rlpipe.tasks import lifecycle, rollout, update
     from rlpipe.tasks.prefect_server import temporary_prefect_server
     from rlpipe.tasks.runtime import build_runtime, get_runtime, release_runtime
+    from rlpipe.tasks.stage_clock import StageClock
 
     with tempfile.TemporaryDirectory() as lake:
         overrides = [f'storage.lake_uri="{lake}/lake"', f'tracking.mlflow_uri="sqlite:///{lake}/mlflow.db"']
-        # one generation round per step in every mode: the plain step below calls each stage once
-        config = load_config(args.config, overrides + [f"train.steps={3 * args.steps}", "checkpoint.every_steps=100000",
+        # one generation round per step in every mode: the same work in each step
+        config = load_config(args.config, overrides + [f"train.steps={len(MODES) * args.steps}", "checkpoint.every_steps=100000",
                                                        "rollout.dynamic_sampling=false"])
-        def one_step(run_id: str, step: int) -> None:
-            rl_step(run_id, step, config)
-
-        nested_step = flow(name="rl-step", flow_run_name="{run_id}-step-{step}")(one_step)
 
         @flow(name="step-breakdown")
         def bench() -> dict[str, list[float]]:
-            run_id = "bench"
+            run_id = f"bench-{os.getpid()}"  # /dev/shm/rlpipe-<run id>: two benchmarks at once must not share it
             build_runtime(run_id, config)
             try:
                 return _steps(run_id)
@@ -76,32 +74,30 @@ def main() -> None:
             workers = {runtime.engine.pid, runtime.trainer.pid}
             stage_s: dict[str, list[float]] = defaultdict(list)
             step_s: dict[str, list[float]] = defaultdict(list)
-            for step in range(1, 3 * args.steps + 1):
-                mode = ("plain", "tasks", "nested")[(step - 1) % 3]
+            for step in range(1, len(MODES) * args.steps + 1):
+                mode = MODES[(step - 1) % len(MODES)]
                 cpu_before = _orchestration_cpu_s(workers)
                 started = time.perf_counter()
                 if mode == "tasks":
                     rl_step(run_id, step, config)
-                elif mode == "nested":
-                    nested_step(run_id, step)
                 else:
                     _plain_step(run_id, step, stage_s)
                 step_s[mode].append(time.perf_counter() - started)
+                load_1m.append(os.getloadavg()[0])
                 for name, seconds in zip(("controller", "server"), _orchestration_cpu_s(workers)):
                     cpu_s[f"{mode}_{name}"].append(seconds - cpu_before[name == "server"])
             return {**stage_s, **{f"{mode}_step": values for mode, values in step_s.items()}}
 
         def _plain_step(run_id: str, step: int, stage_s: dict[str, list[float]]) -> None:
-            task_ids = _timed(stage_s, "sample", rollout.sample.fn, run_id, step)
-            uri = _timed(stage_s, "generate", rollout.generate.fn, run_id, step, task_ids)
-            uri = _timed(stage_s, "verify", verify.verify.fn, run_id, step, uri)
-            scored = _timed(stage_s, "advantages", advantage.advantages.fn, run_id, step, uri)
-            _timed(stage_s, "persist", persist.persist.fn, run_id, step, (scored.uri,))
-            metrics = _timed(stage_s, "update", update.update.fn, run_id, step)
-            _timed(stage_s, "sync", update.sync.fn, run_id, step)
-            _timed(stage_s, "track", track.track.fn, run_id, step, metrics)
+            clock = StageClock()
+            rollout.rollout.fn(run_id, step, clock)
+            update.train.fn(run_id, step, clock)
+            clock.enter("done")  # close track's interval (the step's own timings end where track starts)
+            for stage, seconds in clock.seconds.items():
+                stage_s[stage].append(seconds)
 
         peaks: dict[str, float] = {}
+        load_1m: list[float] = []
         cpu_s: dict[str, list[float]] = defaultdict(list)
         with temporary_prefect_server():  # as `rlpipe train` runs (90 s to start, not Prefect's 20 s)
             result = bench()
@@ -112,13 +108,16 @@ def main() -> None:
         values = result[stage]
         print(f"  {stage:<11} {statistics.median(values):8.4f} s   (max {max(values):.4f})")
     plain = statistics.median(result["plain_step"])
-    print(f"\nstep as plain calls      : {plain:.3f} s (median of {len(result['plain_step'])})")
-    for mode, label in (("tasks", "tasks of the run's flow"), ("nested", "a nested flow per step")):
-        flowed = statistics.median(result[f"{mode}_step"])
-        print(f"step as {label}: {flowed:.3f} s; overhead {flowed - plain:+.3f} s = {(flowed - plain) / plain:.1%}; "
-              f"ratio {mode}/plain {flowed / plain:.3f}")
+    print(f"\nstep as plain calls             : {plain:.3f} s (median of {len(result['plain_step'])})")
+    flowed = statistics.median(result["tasks_step"])
+    print(f"step as 2 tasks of the run's flow: {flowed:.3f} s; overhead {flowed - plain:+.3f} s = {(flowed - plain) / plain:.1%}; "
+          f"ratio tasks/plain {flowed / plain:.3f}")
+    pairs = [tasks / plain_s for plain_s, tasks in zip(result["plain_step"], result["tasks_step"])]
+    print(f"ratio of each step to the plain step before it: median {statistics.median(pairs):.3f}, "
+          f"min {min(pairs):.3f}, max {max(pairs):.3f}")
+    print(f"load average (1 min) during the steps: {min(load_1m):.1f}-{max(load_1m):.1f}, median {statistics.median(load_1m):.1f}")
     print("\nCPU seconds per step (median), the controller (all its threads) and the Prefect server process:")
-    for mode in ("plain", "tasks", "nested"):
+    for mode in MODES:
         controller, server = (statistics.median(cpu_s[f"{mode}_{name}"]) for name in ("controller", "server"))
         extra = controller - statistics.median(cpu_s["plain_controller"])
         print(f"  {mode:<6} controller {controller:.3f} s ({extra:+.3f} s vs plain = {extra / plain:.1%} of a plain step), "
@@ -154,13 +153,6 @@ def _peak_rss_mb(pid: int | None) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def _timed(stage_s: dict[str, list[float]], stage: str, function, *args):
-    started = time.perf_counter()
-    result = function(*args)
-    stage_s[stage].append(time.perf_counter() - started)
-    return result
 
 
 if __name__ == "__main__":

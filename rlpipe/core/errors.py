@@ -8,7 +8,6 @@
     │   ├── RunNotFoundError         a run id that the lake does not hold
     │   └── LakeNotFoundError        no lake at the URI (read-only commands never create one)
     ├── LakeCorrupted                a committed file is missing or altered; never retried
-    ├── StagedRowsMissing            rows handed between stages are gone; the flow recomputes them
     └── InfraError                   the machinery failed; Prefect retries these (with backoff)
         ├── StorageUnavailable       the lake (S3 endpoint, disk) cannot be reached
         ├── SandboxUnavailable       a sandbox backend (bwrap, docker daemon) is gone
@@ -66,15 +65,6 @@ class LakeCorrupted(RlpipeError):
 
     Not an InfraError: a retry reads the same bytes. The run stops with this error; the
     hint says what to restore or delete.
-    """
-
-
-class StagedRowsMissing(RlpipeError):
-    """The staged rows a stage was handed (a reference from an earlier, possibly cached, stage)
-    are not in the lake: cleaned, or a lake that lost them.
-
-    Not an InfraError: a retry reads the same missing file. The step flow catches it and
-    reruns the producing stages without their cache (seeded: the same rows again).
     """
 
 

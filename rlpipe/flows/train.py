@@ -1,15 +1,16 @@
-"""The `train` flow: one flow run per RL run; every stage of every step is a task of it.
+"""The `train` flow: one flow run per RL run; every step is two tasks of it.
 
     train:  open-run -> [restore] -> [warm-start -> checkpoint(0)] -> evaluate(before_rl)
             -> rl-step(s) ... -> evaluate(after_rl) -> checkpoint(final) -> finish
-    rl-step: sample -> generate -> verify -> advantages -> persist -> update -> sync -> track
-             [-> checkpoint every N steps]   (flows/steps.py; pipelined when rollout.max_staleness > 0)
+    rl-step: rollout (sample -> generate -> verify -> advantages -> persist)
+             -> train (update -> sync -> track) [-> checkpoint every N steps]
+             (flows/steps.py; pipelined when rollout.max_staleness > 0)
 
-An rl-step is a plain function, not a nested flow: its stages are task runs of the run's flow
-run, named by step (`generate-step-4`). A nested flow run per step cost more than the
-step's stages on small steps (benchmarks/step_breakdown.py), and added nothing the lake
-does not already know: which steps are done is the lake's manifests, what a stage returned
-is its cache.
+An rl-step is a plain function, not a nested flow: its two tasks are task runs of the run's
+flow run, named by step (`rollout-step-4`, `train-step-4`). A nested flow run per step, and
+then a task run per stage, cost more than a small step's work (benchmarks/step_breakdown.py),
+and added nothing the lake does not already know: which steps are done is the lake's
+manifests, what a stage computed is staged in the lake.
 
 The flow-run process is the controller: the model, the optimizer and the engine live in the
 run's two worker processes (an engine worker and a trainer worker), started with the run's

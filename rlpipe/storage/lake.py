@@ -23,12 +23,13 @@ written atomically (storage/objects.py: tmp file + fsync + rename on disk; one P
 Writing the same part twice is harmless: the caller picks a deterministic name, and the
 bytes are the same. Re-committing a step keeps the first manifest (and so its metric
 timestamps). A checkpoint counts only once its CHECKPOINT.json exists; LATEST never moves
-back. Staged rows (the hand-over between stages inside a step) are content-addressed, so a
-reference to them never changes meaning; they sit outside trajectories/ and are never
-queried. Storage failures raise StorageUnavailable (an InfraError: retried); a committed
+back. Staged rows (what the stages of an uncommitted step computed, kept so that a retry or a
+resume does not compute them again) are named by a digest of their key (run incarnation,
+step, round, stage, config hash, policy version), so a name never changes meaning; they sit
+outside trajectories/ and are never queried. Storage failures raise StorageUnavailable (an InfraError: retried); a committed
 part or checkpoint file that is missing or fails its sha256 raises LakeCorrupted (not
-retried: the same bytes would be read again); staged rows that are gone raise
-StagedRowsMissing (not retried: the flow recomputes them); a missing document reads as None.
+retried: the same bytes would be read again); staged rows or a document that is missing
+read as None.
 
 What it does not: lock against two writers committing the same step at once (one run has
 one controller), garbage-collect orphans, or know about MLflow or Prefect.
@@ -47,7 +48,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from rlpipe.core.errors import ConfigError, LakeCorrupted, StagedRowsMissing
+from rlpipe.core.errors import ConfigError, LakeCorrupted
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.storage.filesystem import LakeLocation, open_lake_location
@@ -70,9 +71,6 @@ from rlpipe.storage.schema import (
     with_partition_columns,
 )
 
-_STAGED_PATTERN = re.compile(
-    r"^staging/run_id=[A-Za-z0-9][A-Za-z0-9._-]*/step=\d+/[A-Za-z0-9._-]+-[0-9a-f]{16}\.parquet$"
-)
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -238,28 +236,23 @@ class Lake:
         """Parts listed in committed manifests (trained and set apart), of one run or of every run."""
         return [part for manifest in self.committed_manifests(run_id) for part in manifest.parts + manifest.set_apart]
 
-    def write_staged(self, run_id: str, step: int, stage: str, trajectories: list[Trajectory]) -> str:
-        """Store the rows a stage hands to the next; return their reference (content-addressed)."""
-        data = _parquet_bytes(to_table(trajectories))
-        digest = hashlib.sha256(data).hexdigest()[:16]
-        relative = (
-            f"staging/run_id={_check_name('run id', run_id)}/step={step}/"
-            f"{_check_name('stage', stage)}-{digest}.parquet"
-        )
-        self.objects.put(relative, data)
+    def write_staged(self, run_id: str, step: int, stage: str, key: str, trajectories: list[Trajectory]) -> str:
+        """Store the rows a stage of an uncommitted step computed under `key` (everything that
+        determines them: tasks/stage_options.py `stage_key`); return their path. The name is
+        a digest of the key, so a retry or a resumed run finds them with `read_staged`."""
+        relative = self._staged_path(run_id, step, stage, key)
+        self.objects.put(relative, _parquet_bytes(to_table(trajectories)))
         return relative
 
-    def read_staged(self, staged_uri: str) -> list[Trajectory]:
-        """The rows behind a reference from write_staged; StagedRowsMissing if gone."""
-        if not _STAGED_PATTERN.match(staged_uri):
-            raise ValueError(f"not a staged-rows reference: {staged_uri!r}")
-        data = self.objects.get(staged_uri)
-        if data is None:
-            raise StagedRowsMissing(
-                f"lake {self.uri}: staged rows {staged_uri} are missing",
-                hint="the step's earlier stages are rerun without their cache (they were cleaned or lost)",
-            )
-        return from_table(pq.read_table(pa.BufferReader(data)))
+    def read_staged(self, run_id: str, step: int, stage: str, key: str) -> list[Trajectory] | None:
+        """The rows `write_staged` stored for (stage, key); None when there are none (never
+        staged, cleaned after the commit, or lost: the caller computes them again)."""
+        data = self.objects.get(self._staged_path(run_id, step, stage, key))
+        return None if data is None else from_table(pq.read_table(pa.BufferReader(data)))
+
+    def _staged_path(self, run_id: str, step: int, stage: str, key: str) -> str:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        return f"staging/run_id={_check_name('run id', run_id)}/step={step}/{_check_name('stage', stage)}-{digest}.parquet"
 
     def clean_staged(self, run_id: str, step: int) -> None:
         """Delete the staged rows of a step (call after it is committed; missing is fine)."""

@@ -1,5 +1,7 @@
-"""Stage task `advantages`: group a round's verified rows by task, compute advantages
-(and, with algo.overlong_filter, leave truncated completions out of the loss)."""
+"""Stage `advantages` (inside the `rollout` task, tasks/rollout.py): group a round's
+verified rows by task, compute advantages (and, with algo.overlong_filter, leave truncated
+completions out of the loss). A pure function of the verified rows: never staged, a retry
+computes it again."""
 
 from __future__ import annotations
 
@@ -7,30 +9,24 @@ import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 
-from prefect import task
-
 from rlpipe.core.records import Trajectory
 from rlpipe.rl.advantages import group_advantages
 from rlpipe.rl.dynamic_sampling import filter_overlong, groups_of, has_signal
-from rlpipe.tasks.runtime import get_runtime
-from rlpipe.tasks.stage_options import STAGE_OPTIONS, stage_cache_key
+from rlpipe.tasks.runtime import Runtime
 
 
 @dataclass(frozen=True)
 class ScoredRound:
-    """What the advantages stage hands on: the staged rows' URI and the round's group
-    counts, from which the step decides whether dynamic sampling needs another round."""
+    """What the advantages stage hands on: the round's scored rows and its group counts,
+    from which the step decides whether dynamic sampling needs another round."""
 
-    uri: str
+    rows: list[Trajectory]
     groups: int
     groups_with_signal: int
     overlong_filtered: int = 0
 
 
-@task(name="advantages", task_run_name="advantages-step-{step}", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
-def advantages(run_id: str, step: int, staged_uri: str, round_: int = 0) -> ScoredRound:
-    runtime = get_runtime(run_id)
-    rows = runtime.lake.read_staged(staged_uri)
+def advantages(runtime: Runtime, rows: list[Trajectory]) -> ScoredRound:
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for row in rows:
         groups[row.task.task_id].append(row)
@@ -42,6 +38,5 @@ def advantages(run_id: str, step: int, staged_uri: str, round_: int = 0) -> Scor
     cut = 0
     if runtime.config.algo.overlong_filter:
         scored, cut = filter_overlong(scored)
-    uri = runtime.lake.write_staged(run_id, step, "advantages" if round_ == 0 else f"advantages-round-{round_}", scored)
     grouped = groups_of(scored)
-    return ScoredRound(uri, len(grouped), sum(has_signal(group) for group in grouped), cut)
+    return ScoredRound(scored, len(grouped), sum(has_signal(group) for group in grouped), cut)

@@ -1,31 +1,28 @@
-"""Stage task `persist`: commit a step. The rows it trains on become an immutable Parquet
-part, the rows dynamic sampling set apart another, then the manifest is written (last). A
-step is committed iff its manifest exists; writing a part twice is harmless (same key,
-same bytes)."""
+"""Stage `persist` (the last of the `rollout` task, tasks/rollout.py): commit a step. The
+rows it trains on become an immutable Parquet part, the rows dynamic sampling set apart
+another, then the manifest is written (last). A step is committed iff its manifest exists;
+writing a part twice is harmless (same key, same bytes). The step's staged rows are
+deleted after the commit."""
 
 from __future__ import annotations
 
 import time
 
-from prefect import task
-
+from rlpipe.core.records import Trajectory
 from rlpipe.rl.dynamic_sampling import select_groups
 from rlpipe.rl.rollout_metrics import rollout_metrics
 from rlpipe.rl.staleness import generation_version
 from rlpipe.storage.lake_records import StepManifest
-from rlpipe.tasks.runtime import get_runtime
-from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
+from rlpipe.tasks.runtime import Runtime
 
 
-@task(name="persist", task_run_name="persist-step-{step}", **UNCACHED_STAGE_OPTIONS)
-def persist(run_id: str, step: int, staged_uris: tuple[str, ...], overlong_filtered: int = 0) -> int:
+def persist(runtime: Runtime, step: int, rounds: list[list[Trajectory]], overlong_filtered: int = 0) -> int:
     """Commit the step from its rounds' scored rows; return the row count it trains on."""
-    runtime = get_runtime(run_id)
+    run_id = runtime.run_id
     existing = runtime.lake.read_manifest(run_id, step)
     if existing is not None:
         return existing.rows
     config = runtime.config
-    rounds = [runtime.lake.read_staged(uri) for uri in staged_uris]
     selection = select_groups(rounds, config.rollout.prompts_per_step, config.rollout.dynamic_sampling)
     part = runtime.lake.write_part(run_id, step, "00000", selection.trained)
     set_apart = (runtime.lake.write_part(run_id, step, "set-apart", selection.set_apart),) if selection.set_apart else ()
@@ -47,6 +44,4 @@ def persist(run_id: str, step: int, staged_uris: tuple[str, ...], overlong_filte
         )
     )
     runtime.lake.clean_staged(run_id, step)  # committed: a re-run skips the step by its manifest
-    for key in [key for key in runtime.drawn if key[0] == step]:
-        runtime.drawn.pop(key, None)
     return part.rows

@@ -66,7 +66,7 @@ class Runtime:
     sandbox_pool: object | None = None
     engine_wanted: int | None = None  # the version the last generate asked the engine for
     published: dict[int, str] = field(default_factory=dict)  # version -> weights file kept for the rollout lane
-    drawn: dict[tuple[int, int], list[Task]] = field(default_factory=dict)  # (step, round) -> its tasks (sample -> generate)
+    update_metrics: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> the last update's metrics
     curriculum: Curriculum | None = None  # built by the first step_ratios; memoises its state
 
     def close(self) -> None:

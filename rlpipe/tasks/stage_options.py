@@ -5,15 +5,17 @@
   The first delay is $RLPIPE_RETRY_BACKOFF_S (default 1 s: 1, 2, 4, 8, 16, 32 s, enough to
   outlast a minute's outage), read once at import; the tests set it small so that a retried
   stage does not cost them a minute. Not a user setting: it is not part of the run config.
-- Task run names say the step ("generate-step-4"): a run's stages are tasks of its one flow
+- Task run names say the step ("rollout-step-4"): a run's stages are tasks of its one flow
   run, so the Prefect UI and API tell steps apart by name. No tags: Prefect asks its API
   for the concurrency limits of a task run's tags on every call (a round trip per stage).
-- Cache keys: (run id, run incarnation, step and round, stage, config hash, the policy
-  version that generates the step), never
-  the Prefect run id, so a UI retry of a crashed flow run and a new flow run started with
-  --resume both skip a stage that already finished. What a cached stage returns is a
-  reference into the lake, and the lake stays the truth: a step whose manifest exists is
-  skipped before any of its stages is called.
+- Stage keys (`stage_key`): (run id, run incarnation, step and round, stage, config hash,
+  the policy version that generates the step), never the Prefect run id. The rollout task
+  stages what `generate` and `verify` computed in the lake under this key, so a retry of the
+  task, a UI retry of a crashed flow run and a new flow run started with --resume all take
+  them from there instead of computing them again. Prefect's own cache is not used: it
+  caches per task run, and a task run per stage costs more than a small step can spare
+  (docs/ARCHITECTURE.md, "What orchestration costs"). A step whose manifest exists is
+  skipped before any of its stages runs.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from rlpipe.core.errors import ConfigError, InfraError
+
+if TYPE_CHECKING:
+    from rlpipe.tasks.runtime import Runtime
 
 BACKOFF_ENV_VAR = "RLPIPE_RETRY_BACKOFF_S"
 DEFAULT_BACKOFF_S = 1.0
@@ -66,20 +71,16 @@ def retry_infra_errors_only(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-def stage_cache_key(context: Any, parameters: dict[str, Any]) -> str:
-    """Cache key of a stage call from its reference arguments, never from Prefect ids."""
-    from rlpipe.tasks.runtime import get_runtime
-
+def stage_key(runtime: Runtime, step: int, round_: int, stage: str) -> str:
+    """What determines the rows a stage of `step` computes in round `round_`."""
     from rlpipe.rl.staleness import generation_version
 
-    runtime = get_runtime(parameters["run_id"])
-    step, round_ = parameters["step"], parameters.get("round_", 0)
     return "/".join(
         [
-            parameters["run_id"],
+            runtime.run_id,
             runtime.incarnation,
             f"step={step}" if round_ == 0 else f"step={step}/round={round_}",
-            f"stage={context.task.name}",
+            f"stage={stage}",
             runtime.config.config_hash(),
             f"policy={generation_version(step, runtime.config.rollout.max_staleness)}",
         ]
@@ -92,10 +93,10 @@ STAGE_OPTIONS: dict[str, Any] = dict(
     retry_jitter_factor=STAGE_RETRY_JITTER,
     retry_condition_fn=retry_infra_errors_only,
 )
-"""Retries, for the stages with a cache key of their own (`cache_key_fn=stage_cache_key`)."""
+"""Retries (for a task that sets its own cache policy)."""
 
 UNCACHED_STAGE_OPTIONS: dict[str, Any] = dict(STAGE_OPTIONS, cache_policy=NO_CACHE, persist_result=False)
-"""Retries, and no cache: the stages that are never skipped. Prefect's default policy would
+"""Retries, and no Prefect cache: every stage. Prefect's default policy would
 hash every call's inputs and the task's source for a cache no result is ever stored for,
-and a persisted result of a stage that is never skipped is never read (not persisting it
+and a persisted result that is never read back costs a file write (not persisting it
 halved the cost of a task call: about 19 -> 8 ms on this 2-core machine)."""

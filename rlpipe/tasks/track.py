@@ -1,4 +1,4 @@
-"""Stage task `track`: store a committed step's after-commit metrics (the update's, the
+"""Stage `track` (the last of the `train` task, tasks/update.py): store a committed step's after-commit metrics (the update's, the
 timings) in the lake beside its manifest (TRAIN.json), log all its metrics to MLflow
 (timestamps from the step manifest, so a retried or resumed step adds no duplicate point)
 and refresh the Prefect table artifact of step metrics.
@@ -26,13 +26,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.exceptions import MissingContextError
 
 from rlpipe.rl.heldout_regression import Regression
-from rlpipe.tasks.runtime import Runtime, get_runtime, step_ratios
-from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
+from rlpipe.tasks.runtime import Runtime, step_ratios
 from rlpipe.workers.policy_export import export_policy
 
 if TYPE_CHECKING:
@@ -60,9 +59,8 @@ def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, 
     return metrics
 
 
-@task(name="track", task_run_name="track-step-{step}", **UNCACHED_STAGE_OPTIONS)
-def track(run_id: str, step: int, extra: dict[str, float]) -> None:
-    runtime = get_runtime(run_id)
+def track(runtime: Runtime, step: int, extra: dict[str, float]) -> None:
+    run_id = runtime.run_id
     metrics = log_step(runtime, step, extra)
     if not runtime.step_metrics:
         runtime.step_metrics.extend(earlier_rows(runtime, step))

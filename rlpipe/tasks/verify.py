@@ -1,4 +1,5 @@
-"""Stage task `verify`: score every staged completion, fanned out inside this one task.
+"""Stage `verify` (inside the `rollout` task, tasks/rollout.py): score every generated
+completion, fanned out inside that one task.
 
 Exact-answer domains are checked inline. Domains that run code go through the run's
 sandbox pool with `pool.map`: one pre-warmed sandbox per completion, as many at once as the
@@ -7,22 +8,22 @@ pool holds, each sandbox reset before its next use, verdicts back in row order
 task per completion would drown the server, so there is none. `verify_all` is the same
 fan-out for any list of (task, completion text) pairs (the held-out evaluation uses it).
 
+The rows go to the rollout task in memory; it stages them in the lake (tasks/rollout.py).
+
 A sandbox that fails one verification gives that row a sandbox_error verdict (reward None,
 left out of advantages and means). When every sandboxed row of the batch failed so, the
 backend itself is down (docker daemon gone, bwrap broken): that raises SandboxUnavailable,
-an InfraError, so Prefect retries the stage instead of committing a step with no rewards.
+an InfraError, so Prefect retries the rollout task (whose generated rows are staged: they
+are not generated again) instead of committing a step with no rewards.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from prefect import task
-
 from rlpipe.core.failpoints import failpoint
-from rlpipe.core.records import Task, Verdict
-from rlpipe.tasks.runtime import Runtime, get_runtime
-from rlpipe.tasks.stage_options import STAGE_OPTIONS, stage_cache_key
+from rlpipe.core.records import Task, Trajectory, Verdict
+from rlpipe.tasks.runtime import Runtime
 from rlpipe.tasks.verify_batch import verify_batch
 
 
@@ -31,11 +32,9 @@ def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]
     return verify_batch(runtime.mixture, runtime.sandbox_pool, pairs)
 
 
-@task(name="verify", task_run_name="verify-step-{step}", cache_key_fn=stage_cache_key, **STAGE_OPTIONS)
-def verify(run_id: str, step: int, staged_uri: str, round_: int = 0) -> str:
-    runtime = get_runtime(run_id)
-    rows = runtime.lake.read_staged(staged_uri)
+def verify_rows(runtime: Runtime, rows: list[Trajectory]) -> list[Trajectory]:
+    """The rows with their verdicts."""
     verdicts = verify_all(runtime, [(row.task, row.completion.text) for row in rows])
     verified = [dataclasses.replace(row, verdict=verdict) for row, verdict in zip(rows, verdicts)]
     failpoint("verify")
-    return runtime.lake.write_staged(run_id, step, "verify" if round_ == 0 else f"verify-round-{round_}", verified)
+    return verified

@@ -1,9 +1,10 @@
 """Retries are for the machinery only: a stage that raises an InfraError twice and then
-succeeds is retried (backoff 0.1 s, 0.2 s: tests/conftest.py sets $RLPIPE_RETRY_BACKOFF_S;
-1 s, 2 s by default) and the run finishes with exactly its rows; a stage
-that fails on bad data fails once, and the error shows in the Prefect flow runs and in
-`rlpipe runs show --json`; an engine worker that dies makes `generate` raise EngineFailed,
-which is retried with a fresh worker.
+succeeds is retried (its task, `rollout`, with backoff 0.1 s, 0.2 s: tests/conftest.py sets
+$RLPIPE_RETRY_BACKOFF_S; 1 s, 2 s by default; the retries take generate's staged rows from
+the lake) and the run finishes with exactly its rows; a stage that fails on bad data fails
+once, and the error shows in the Prefect flow runs and in `rlpipe runs show --json` (which
+names the stage inside the task); an engine worker that dies makes `generate` raise
+EngineFailed, which is retried with a fresh worker.
 
 The failures come from fakes of our own protocols: a domain registered with `register_env`
 (the Env protocol over the arithmetic tasks, whose verify raises on chosen calls, counted
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName, LogFilter, LogFilterFlowRunId
 
 from rlpipe.core.errors import ConfigError, DatasetError, SandboxUnavailable
 from rlpipe.core.records import Task, Verdict
@@ -90,8 +91,10 @@ def test_infra_error_twice_then_success_is_retried_and_the_run_finishes(tmp_path
     config = _config(tmp_path)
     _assert_finished_with_every_row_once(config, "retried", train(config, "retried"))
     runs = asyncio.run(_task_runs("retried", 2))
-    assert runs["verify"] == ("Completed", 3)  # (state, attempts)
-    assert runs["generate"] == ("Completed", 1)
+    assert runs["rollout"] == ("Completed", 3)  # (state, attempts): verify raised twice inside it
+    # generate's rows were staged before verify ran: attempts 2 and 3 took them from the lake
+    reused = [m for m in asyncio.run(_flow_run_log_messages("retried")) if m.startswith("step 2: generate's rows were staged")]
+    assert len(reused) == 2, reused
 
 
 def test_bad_data_fails_once_and_shows_in_prefect_and_runs_show(tmp_path: Path) -> None:
@@ -101,9 +104,9 @@ def test_bad_data_fails_once_and_shows_in_prefect_and_runs_show(tmp_path: Path) 
         train(config, "bad-data")
     assert FlakyEnv.calls == FIRST_CALL_OF_STEP_2  # one attempt: no retry after the bad row
     runs = asyncio.run(_task_runs("bad-data", 2))
-    assert runs["verify"] == ("Failed", 1)
-    # the Prefect UI: the step's verify task run and the run's flow run are Failed, with the error
-    assert "has no answer" in asyncio.run(_task_run_message("bad-data", "verify-step-2"))
+    assert runs["rollout"] == ("Failed", 1)
+    # the Prefect UI: the step's rollout task run and the run's flow run are Failed, with the error
+    assert "has no answer" in asyncio.run(_task_run_message("bad-data", "rollout-step-2"))
     (train_run,) = asyncio.run(_flow_run_states(["bad-data"]))
     assert train_run[0] == "FAILED"
     # the lake: step 1 committed, step 2 not; `rlpipe runs show --json` names step, stage, error
@@ -132,7 +135,7 @@ def test_engine_worker_death_is_engine_failed_and_the_retry_starts_a_fresh_worke
     config = tiny_config(tmp_path)
     _assert_finished_with_every_row_once(config, "engine-retried", train(config, "engine-retried"))
     runs = asyncio.run(_task_runs("engine-retried", 2))
-    assert runs["generate"] == ("Completed", 2)  # (state, attempts): EngineFailed, then the retry
+    assert runs["rollout"] == ("Completed", 2)  # (state, attempts): EngineFailed in generate, then the retry
 
 
 def _assert_finished_with_every_row_once(config, run_id: str, summary) -> None:  # noqa: ANN001
@@ -159,6 +162,14 @@ async def _task_run_message(flow_run_name: str, task_run_name: str) -> str:
         task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
         (task_run,) = [run for run in task_runs if run.name == task_run_name]
         return task_run.state.message or ""
+
+
+async def _flow_run_log_messages(flow_run_name: str) -> list[str]:
+    """The log messages Prefect holds for the one flow run of that name (its task runs' included)."""
+    async with get_client() as client:
+        (flow_run,) = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))
+        return [log.message for log in logs]
 
 
 async def _flow_run_states(names: list[str]) -> list[tuple[str, str]]:

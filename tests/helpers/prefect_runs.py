@@ -1,6 +1,6 @@
 """Read back what Prefect recorded of a run: its flow runs (one per `train`/`resume` of the
-run, named by run id) and, in each, the task runs of one step's stages, which are named
-`<stage>-step-<step>` (rlpipe/tasks/stage_options.py)."""
+run, named by run id) and, in each, the task runs of one step, which are named
+`<task>-step-<step>` (`rollout`, `train`, `checkpoint`, `publish-for`: flows/steps.py)."""
 
 from __future__ import annotations
 

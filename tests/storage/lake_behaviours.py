@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.core.errors import LakeCorrupted, RunNotFoundError, StagedRowsMissing, StorageUnavailable, UserError
+from rlpipe.core.errors import LakeCorrupted, RunNotFoundError, StorageUnavailable, UserError
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus, StepManifest
 from rlpipe.storage.query import query_trajectories
@@ -168,17 +168,18 @@ def altered_part_is_detected(lake: Lake) -> None:
 
 def staged_rows_and_documents(lake: Lake) -> None:
     rows = make_trajectories("r1", 3, 6)
-    staged = lake.write_staged("r1", 3, "generate", rows)
+    staged = lake.write_staged("r1", 3, "generate", "key-a", rows)
     assert staged.startswith("staging/run_id=r1/step=3/generate-")
-    assert lake.write_staged("r1", 3, "generate", rows) == staged  # content-addressed
-    assert lake.write_staged("r1", 3, "generate", rows[:2]) != staged
-    assert lake.read_staged(staged) == rows
-    with pytest.raises(ValueError):
-        lake.read_staged("runs/r1/run.json")
+    assert lake.read_staged("r1", 3, "generate", "key-a") == rows
+    assert lake.read_staged("r1", 3, "generate", "key-b") is None  # another key: another incarnation, config or policy
+    assert lake.read_staged("r1", 3, "verify", "key-a") is None
+    assert lake.write_staged("r1", 3, "generate", "key-b", rows[:2]) != staged
+    assert lake.read_staged("r1", 3, "generate", "key-a") == rows  # untouched by the other key's rows
+    with pytest.raises(UserError):
+        lake.write_staged("r1", 3, "../generate", "key-a", rows)
     assert query_trajectories(lake, "select count(*) from trajectories").rows == [(0,)]
     lake.clean_staged("r1", 3)
-    with pytest.raises(StagedRowsMissing, match=staged):  # not an InfraError: the flow recomputes
-        lake.read_staged(staged)
+    assert lake.read_staged("r1", 3, "generate", "key-a") is None  # gone: the caller computes them again
     lake.clean_staged("r1", 3)  # again: nothing to do
     assert lake.read_json("r1", "evals/before_rl.json") is None
     lake.write_json("r1", "evals/before_rl.json", {"accuracy": 0.25, "policy_version": 0})
