@@ -7,6 +7,10 @@ pool holds, each sandbox reset before its next use, verdicts back in row order
 task per completion would drown the server, so there is none. `verify_all` is the same
 fan-out for any list of (task, completion text) pairs (the held-out evaluation uses it).
 
+Rows that arrive with a verdict are kept as they are: a multi-turn episode (agent_tasks) is
+judged by its verifier in its own sandbox at the end of the episode, in the generate stage
+(tasks/agent_episodes.py), since the final state lives only there.
+
 A sandbox that fails one verification gives that row a sandbox_error verdict (reward None,
 left out of advantages and means). When every sandboxed row of the batch failed so, the
 backend itself is down (docker daemon gone, bwrap broken): that raises SandboxUnavailable,
@@ -35,7 +39,10 @@ def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]
 def verify(run_id: str, step: int, staged_uri: str, round_: int = 0) -> str:
     runtime = get_runtime(run_id)
     rows = runtime.lake.read_staged(staged_uri)
-    verdicts = verify_all(runtime, [(row.task, row.completion.text) for row in rows])
-    verified = [dataclasses.replace(row, verdict=verdict) for row, verdict in zip(rows, verdicts)]
+    todo = [index for index, row in enumerate(rows) if row.verdict is None]  # episodes come judged (generate)
+    verdicts = verify_all(runtime, [(rows[index].task, rows[index].completion.text) for index in todo])
+    verified = list(rows)
+    for index, verdict in zip(todo, verdicts):
+        verified[index] = dataclasses.replace(rows[index], verdict=verdict)
     failpoint("verify")
     return runtime.lake.write_staged(run_id, step, "verify" if round_ == 0 else f"verify-round-{round_}", verified)
