@@ -1,19 +1,21 @@
 """The agent_tasks domain: small procedurally generated terminal tasks, one multi-turn
 episode each (agents/episodes.py runs them in the run's sandbox pool).
 
-A task: /work holds 2..max_files files of `key=value` lines (3-letter keys, 4-digit values);
-exactly one line in one file has the task's key. The instruction asks for that key's value
-in the file `ans`, then `submit`:
+A task: /work holds 2..max_files files of `key=value` lines (keys from KEYS, 4-digit
+values); exactly one line in one file has the task's key. The instruction asks for that
+key's value in the file `ans`, then `submit`:
 
-    prompt:  "put the value of qzx in ans, then submit\n"
-    oracle:  {"name": "bash", "arguments": {"command": "grep -h qzx *"}}      -> out: qzx=4821
-             {"name": "write_file", "arguments": {"path": "ans", "content": "4821"}} -> out: ok
-             {"name": "submit", "arguments": {}}
+    prompt:  "put the value of port in ans, then submit\n"
+    oracle:  {"name":"bash","arguments":{"command":"grep -h port *"}}      -> out: port=4821
+             {"name":"write_file","arguments":{"path":"ans","content":"4821"}} -> out: ok
+             {"name":"submit","arguments":{}}
 
 Every other line is a distractor (another key, another value). The verifier reads /work/ans
-after the episode: reward 1 iff its stripped content is the value. Train and held-out
-tasks are disjoint: a key belongs to one split by a hash of the key (envs/exact.py's
-`in_heldout`), so no held-out key is ever seen in training, whatever the seeds.
+after the episode: reward 1 iff its stripped content is the value. The skill is the episode:
+look, read the value from the tool's output, write it, submit; a tiny model learns the
+value's copy from the observation, which it cannot know from the prompt. Train and held-out
+tasks are disjoint: a (key, value) answer belongs to one split by a hash of it (envs/exact.py's
+`in_heldout`), so no held-out answer is ever an answer in training, whatever the seeds.
 
 A multi-turn env (`multi_turn = True`) gives, beyond the Env protocol: `initial_files(task)`
 (written to /work before the first turn), `oracle_turns(task)` (the reference replies, for
@@ -40,6 +42,7 @@ from rlpipe.envs.exact import check_split, in_heldout, source_version
 from rlpipe.sandbox.base import Sandbox
 
 AGENT_STATE_KIND = "agent_final_state"
+KEYS = ("port", "user", "code", "size", "host", "mode", "path", "rate")
 ANSWER_PATH = "ans"
 
 
@@ -80,13 +83,13 @@ class AgentTasksEnv:
         attempts = 0
         while len(tasks) < count:
             attempts += 1
-            key = _word(rng)
-            if in_heldout(key, self.heldout_fraction) != want_heldout:
+            key, value = rng.choice(KEYS), f"{rng.randrange(10000):04d}"
+            if in_heldout(f"{key}={value}", self.heldout_fraction) != want_heldout:
                 continue
-            if key in seen and attempts < 100 * (count + 10):
+            if (key, value) in seen and attempts < 100 * (count + 10):
                 continue
-            seen.add(key)
-            tasks.append(self._task(rng, key, split))
+            seen.add((key, value))
+            tasks.append(self._task(rng, key, value, split))
         return tasks
 
     def initial_files(self, task: Task) -> dict[str, bytes]:
@@ -115,18 +118,13 @@ class AgentTasksEnv:
             return verdict(1.0, VerdictReason.OK, "")
         return verdict(0.0, VerdictReason.WRONG, f"/work/{ANSWER_PATH} holds {written.strip()[:40]!r}")
 
-    def _task(self, rng: random.Random, key: str, split: str) -> Task:
-        value = f"{rng.randrange(10000):04d}"
+    def _task(self, rng: random.Random, key: str, value: str, split: str) -> Task:
         file_count = rng.randint(2, self.max_files)
         names = [f"{letter}.txt" for letter in rng.sample(string.ascii_lowercase, file_count)]
         lines: dict[str, list[str]] = {name: [] for name in names}
-        used = {key}
         for name in names:
             for _ in range(rng.randint(1, self.lines_per_file)):
-                other = _word(rng)
-                while other in used:
-                    other = _word(rng)
-                used.add(other)
+                other = rng.choice([candidate for candidate in KEYS if candidate != key])
                 lines[name].append(f"{other}={rng.randrange(10000):04d}")
         home = rng.choice(names)
         lines[home].insert(rng.randint(0, len(lines[home])), f"{key}={value}")
@@ -144,6 +142,3 @@ class AgentTasksEnv:
             metadata=(("split", split), ("files", files_json)),
         )
 
-
-def _word(rng: random.Random) -> str:
-    return "".join(rng.choice(string.ascii_lowercase) for _ in range(3))

@@ -62,11 +62,12 @@ def test_tasks_are_seeded_and_the_splits_disjoint():
     train, heldout = env.tasks("train", 300, seed=1), env.tasks("heldout", 300, seed=1)
     assert env.tasks("train", 300, seed=1) == train
     key = lambda task: task.prompt.split()[4]  # noqa: E731 - "put the value of KEY in ans, then submit"
-    assert not {key(t) for t in train} & {key(t) for t in heldout}
+    answer = lambda task: (key(task), json.loads(task.verifier.payload)["value"])  # noqa: E731
+    assert not {answer(t) for t in train} & {answer(t) for t in heldout}  # no held-out answer is a training answer
     for task in train[:20]:
         files = env.initial_files(task)
         hits = [line for content in files.values() for line in content.decode().splitlines() if line.startswith(key(task) + "=")]
-        assert hits == [f"{key(task)}={json.loads(task.verifier.payload)['value']}"]  # exactly one line has the key
+        assert hits == ["=".join(answer(task))]  # exactly one line has the key; the others are distractors
         assert 2 <= len(files) <= env.max_files
 
 
