@@ -1,13 +1,13 @@
 """The agent_tasks domain: small procedurally generated terminal tasks, one multi-turn
 episode each (agents/episodes.py runs them in the run's sandbox pool).
 
-A task: /work holds 2..max_files files of `key=value` lines (keys from KEYS, 4-digit
-values); exactly one line in one file has the task's key. The instruction asks for that
+A task: /work holds 2..max_files files of `key=value` lines (keys from KEYS, values of
+value_digits digits); exactly one line in one file has the task's key. The instruction asks for that
 key's value in the file `ans`, then `submit`:
 
     prompt:  "put the value of port in ans, then submit\n"
-    oracle:  {"name":"bash","arguments":{"command":"grep -h port *"}}      -> out: port=4821
-             {"name":"write_file","arguments":{"path":"ans","content":"4821"}} -> out: ok
+    oracle:  {"name":"bash","arguments":{"command":"grep -h port *"}}      -> out: port=482
+             {"name":"write_file","arguments":{"content":"482","path":"ans"}} -> out: ok
              {"name":"submit","arguments":{}}
 
 Every other line is a distractor (another key, another value). The verifier reads /work/ans
@@ -58,7 +58,7 @@ class AgentTasksEnv:
     needs_sandbox = True
     multi_turn = True
 
-    def __init__(self, max_files: int = 3, lines_per_file: int = 2, max_turns: int = 4,
+    def __init__(self, max_files: int = 3, lines_per_file: int = 2, max_turns: int = 4, value_digits: int = 3,
                  heldout_fraction: float = 0.2) -> None:
         if not 2 <= max_files <= 26 or lines_per_file < 1:
             raise ValueError(f"need 2 <= max_files <= 26 and lines_per_file >= 1, got {max_files}, {lines_per_file}")
@@ -66,11 +66,14 @@ class AgentTasksEnv:
             raise ValueError(f"the oracle needs 3 turns; max_turns must be >= 3, got {max_turns}")
         if not 0 < heldout_fraction < 1:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+        if not 1 <= value_digits <= 9:
+            raise ValueError(f"value_digits must be in 1..9, got {value_digits}")
+        self.value_digits = value_digits
         self.max_files, self.lines_per_file, self.max_turns = max_files, lines_per_file, max_turns
         self.heldout_fraction = heldout_fraction
         self.verifier_version = source_version(
             (exact, sys.modules[__name__]),
-            (("max_files", max_files), ("lines_per_file", lines_per_file), ("max_turns", max_turns),
+            (("max_files", max_files), ("lines_per_file", lines_per_file), ("max_turns", max_turns), ("value_digits", value_digits),
              ("heldout_fraction", heldout_fraction)))
 
     def tasks(self, split: str, count: int, seed: int) -> list[Task]:
@@ -83,7 +86,7 @@ class AgentTasksEnv:
         attempts = 0
         while len(tasks) < count:
             attempts += 1
-            key, value = rng.choice(KEYS), f"{rng.randrange(10000):04d}"
+            key, value = rng.choice(KEYS), self._value(rng)
             if in_heldout(f"{key}={value}", self.heldout_fraction) != want_heldout:
                 continue
             if (key, value) in seen and attempts < 100 * (count + 10):
@@ -118,6 +121,9 @@ class AgentTasksEnv:
             return verdict(1.0, VerdictReason.OK, "")
         return verdict(0.0, VerdictReason.WRONG, f"/work/{ANSWER_PATH} holds {written.strip()[:40]!r}")
 
+    def _value(self, rng: random.Random) -> str:
+        return f"{rng.randrange(10 ** self.value_digits):0{self.value_digits}d}"
+
     def _task(self, rng: random.Random, key: str, value: str, split: str) -> Task:
         file_count = rng.randint(2, self.max_files)
         names = [f"{letter}.txt" for letter in rng.sample(string.ascii_lowercase, file_count)]
@@ -125,12 +131,12 @@ class AgentTasksEnv:
         for name in names:
             for _ in range(rng.randint(1, self.lines_per_file)):
                 other = rng.choice([candidate for candidate in KEYS if candidate != key])
-                lines[name].append(f"{other}={rng.randrange(10000):04d}")
+                lines[name].append(f"{other}={self._value(rng)}")
         home = rng.choice(names)
         lines[home].insert(rng.randint(0, len(lines[home])), f"{key}={value}")
         files = {name: "\n".join(file_lines) + "\n" for name, file_lines in lines.items()}
         oracle = [call_text("bash", command=f"grep -h {key} *"),
-                  call_text("write_file", path=ANSWER_PATH, content=value),
+                  call_text("write_file", content=value, path=ANSWER_PATH),  # content first: close to the output it copies
                   call_text("submit")]
         files_json = json.dumps(files, sort_keys=True)
         return Task(
