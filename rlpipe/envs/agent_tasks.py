@@ -6,8 +6,8 @@ value_digits digits); exactly one line in one file has the task's key. The instr
 key's value in the file `ans`, then `submit`:
 
     prompt:  "put the value of port in ans, then submit\n"
-    oracle:  {"name":"bash","arguments":{"command":"grep -h port *"}}      -> out: port=482
-             {"name":"write_file","arguments":{"content":"482","path":"ans"}} -> out: ok
+    oracle:  {"name":"bash","arguments":{"command":"grep -h port *"}}      -> out: port=4
+             {"arguments":{"content":"4","path":"ans"},"name":"write_file"} -> out: ok
              {"name":"submit","arguments":{}}
 
 Every other line is a distractor (another key, another value). The verifier reads /work/ans
@@ -58,7 +58,7 @@ class AgentTasksEnv:
     needs_sandbox = True
     multi_turn = True
 
-    def __init__(self, max_files: int = 3, lines_per_file: int = 2, max_turns: int = 4, value_digits: int = 3,
+    def __init__(self, max_files: int = 3, lines_per_file: int = 2, max_turns: int = 4, value_digits: int = 1,
                  heldout_fraction: float = 0.2) -> None:
         if not 2 <= max_files <= 26 or lines_per_file < 1:
             raise ValueError(f"need 2 <= max_files <= 26 and lines_per_file >= 1, got {max_files}, {lines_per_file}")
@@ -135,8 +135,11 @@ class AgentTasksEnv:
         home = rng.choice(names)
         lines[home].insert(rng.randint(0, len(lines[home])), f"{key}={value}")
         files = {name: "\n".join(file_lines) + "\n" for name, file_lines in lines.items()}
+        # the write call's arguments first, content first: the value it copies from the tool's
+        # output is then 26 characters back, which a tiny model learns to attend to sooner
+        write = json.dumps({"arguments": {"content": value, "path": ANSWER_PATH}, "name": "write_file"}, separators=(",", ":"))
         oracle = [call_text("bash", command=f"grep -h {key} *"),
-                  call_text("write_file", content=value, path=ANSWER_PATH),  # content first: close to the output it copies
+                  write,
                   call_text("submit")]
         files_json = json.dumps(files, sort_keys=True)
         return Task(
