@@ -18,7 +18,9 @@ Not here: the episode loop (agents/episodes.py), the tasks (envs/), the stages (
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from pathlib import Path
 
 from rlpipe.agents.episodes import EpisodeResult, EpisodeSettings, run_episodes
 from rlpipe.core.errors import ConfigError
@@ -37,13 +39,20 @@ def episode_settings(runtime: Runtime) -> EpisodeSettings:
     if config.model.prompt_format != "plain":
         raise ConfigError("multi-turn domains (agent_tasks) need model.prompt_format = \"plain\" for now",
                           "the episode is one growing plain-text context; set model.prompt_format=plain")
-    eos_token_id = None
     if config.model.path is None and config.model.gguf is None:
         from rlpipe.rl.char_tokenizer import EOS_TOKEN, char_tokenizer_backend, policy_alphabet
 
         eos_token_id = char_tokenizer_backend(policy_alphabet(config.envs.domains)).token_to_id(EOS_TOKEN)
-    context = config.model.max_position_embeddings if config.model.path is None and config.model.gguf is None else 2048
-    return EpisodeSettings(max_context_tokens=context, eos_token_id=eos_token_id)
+        return EpisodeSettings(max_context_tokens=config.model.max_position_embeddings, eos_token_id=eos_token_id)
+    model_config: dict = {}
+    if config.model.path is not None:  # an HF folder (e.g. a checkpoint's policy/): its own context and EOS
+        try:
+            model_config = json.loads((Path(config.model.path) / "config.json").read_text())
+        except (OSError, ValueError):
+            model_config = {}
+    eos = model_config.get("eos_token_id")
+    return EpisodeSettings(max_context_tokens=int(model_config.get("max_position_embeddings") or 2048),
+                           eos_token_id=eos if isinstance(eos, int) else None)
 
 
 def run_agent_episodes(runtime: Runtime, tasks: list[Task], group_size: int, params: SamplingParams) -> list[EpisodeResult]:
