@@ -67,6 +67,11 @@ class Completion:
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" (stop string or EOS) or "length"
     policy_version: int
+    loss_mask: tuple[int, ...] | None = None
+    """Multi-turn episodes (agents/episodes.py): 1 on each of `token_ids` the policy sampled,
+    0 on tokens it did not (tool outputs, observations), whose `logprobs` are 0.0 and which
+    never enter the loss. None: every token was sampled (single-turn completions; rows
+    stored before this field existed read back as None)."""
 
 
 @dataclass(frozen=True)

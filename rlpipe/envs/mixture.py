@@ -4,7 +4,7 @@ What it does:
 - `build_env(name, **params)` builds a registered domain from flat parameters (the caller
   may pass the whole `envs` config section: parameters a domain does not take are ignored).
   An unknown name raises ConfigError listing the known domains. Registered: arithmetic,
-  arithmetic_chat(_equation), reverse, code (HumanEval in a sandbox; it takes `timeout_s`, the sandbox's wall-clock
+  arithmetic_chat(_equation), reverse, agent_tasks (multi-turn terminal tasks), code (HumanEval in a sandbox; it takes `timeout_s`, the sandbox's wall-clock
   limit). `register_env` adds a domain without editing this file's callers. Domains named
   in the `reasoning_gym` or `files` parameter (name -> that domain's keyword arguments, from
   envs.reasoning_gym.<name> / envs.files.<name>) are built as ReasoningGymEnv / FileTasksEnv.
@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import Task
+from rlpipe.envs.agent_tasks import AgentTasksEnv
 from rlpipe.envs.arithmetic import ArithmeticEnv
 from rlpipe.envs.arithmetic_chat import ArithmeticChatEnv, ArithmeticChatEquationEnv
 from rlpipe.envs.base import Env
@@ -36,6 +37,7 @@ from rlpipe.envs.reverse import ReverseEnv
 _REGISTRY: dict[str, Callable[..., Env]] = {"arithmetic": ArithmeticEnv, "code": CodeEnv, "reverse": ReverseEnv}
 _REGISTRY["arithmetic_chat"] = ArithmeticChatEnv  # instruct models, chat prompts (envs/arithmetic_chat.py)
 _REGISTRY["arithmetic_chat_equation"] = ArithmeticChatEquationEnv
+_REGISTRY["agent_tasks"] = AgentTasksEnv  # multi-turn terminal tasks (envs/agent_tasks.py, agents/episodes.py)
 
 
 def register_env(name: str, factory: Callable[..., Env]) -> None:

@@ -2,8 +2,11 @@
 
 Layout: each row is prompt_token_ids + token_ids, RIGHT-padded to the longest row. Logprobs
 live on the shifted grid [batch, length - 1]: column j holds log p(token j+1 | tokens <= j).
-The completion mask is 1 exactly on the columns that predict completion tokens, so
-`old_logprobs` from the engine (one per completion token) land on the same columns.
+The completion mask is 1 exactly on the columns that predict completion tokens the policy
+sampled, so `old_logprobs` from the engine (one per completion token) land on the same
+columns. A multi-turn episode's completion also holds tool output (observation tokens) between
+the policy's turns: its `loss_mask` is 0 there, and so is the completion mask, so those tokens
+are context only: no loss term, no gradient, not counted in `completion_tokens`.
 
 Logprobs are those of the sampling distribution at temperature T: log_softmax(logits / T),
 the convention of engines/base.py. They are computed as gather - logsumexp in float32 over
@@ -35,6 +38,14 @@ class TrainSample:
     """The trainer's own logprobs of `token_ids` before the update (truncated importance
     sampling): the PPO ratio's denominator, while `old_logprobs` (the engine's, the
     behaviour policy's) then only enter the TIS weight. None: the ratio uses old_logprobs."""
+    loss_mask: tuple[int, ...] | None = None
+    """1 on the `token_ids` the policy sampled, 0 on tool output (multi-turn episodes);
+    None: every token was sampled."""
+
+    @property
+    def loss_tokens(self) -> int:
+        """How many of `token_ids` enter the loss."""
+        return len(self.token_ids) if self.loss_mask is None else sum(1 for bit in self.loss_mask if bit)
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,8 @@ def pad_samples(samples: list[TrainSample], pad_token_id: int = 0, device: str |
             raise ValueError(f"{len(sample.token_ids)} completion tokens but {len(sample.old_logprobs)} logprobs")
         if not sample.prompt_token_ids:
             raise ValueError("a sample needs at least one prompt token")
+        if sample.loss_mask is not None and len(sample.loss_mask) != len(sample.token_ids):
+            raise ValueError(f"{len(sample.token_ids)} completion tokens but a loss mask of {len(sample.loss_mask)}")
         if sample.proximal_logprobs is not None and len(sample.proximal_logprobs) != len(sample.token_ids):
             raise ValueError(f"{len(sample.token_ids)} completion tokens but {len(sample.proximal_logprobs)} proximal logprobs")
     with_proximal = [sample.proximal_logprobs is not None for sample in samples]
@@ -76,7 +89,8 @@ def pad_samples(samples: list[TrainSample], pad_token_id: int = 0, device: str |
         ids = sample.prompt_token_ids + sample.token_ids
         input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention_mask[row, : len(ids)] = 1
-        completion_mask[row, prompt_len - 1 : prompt_len - 1 + completion_len] = 1.0
+        completion_mask[row, prompt_len - 1 : prompt_len - 1 + completion_len] = (
+            1.0 if sample.loss_mask is None else torch.tensor(sample.loss_mask, dtype=torch.float32))
         old_logprobs[row, prompt_len - 1 : prompt_len - 1 + completion_len] = torch.tensor(sample.old_logprobs, dtype=torch.float32)
         if proximal is not None:
             proximal[row, prompt_len - 1 : prompt_len - 1 + completion_len] = torch.tensor(sample.proximal_logprobs, dtype=torch.float32)
@@ -123,4 +137,5 @@ def micro_batches(samples: list[TrainSample], size: int) -> list[list[TrainSampl
 
 
 def completion_tokens(samples: list[TrainSample]) -> int:
-    return sum(len(sample.token_ids) for sample in samples)
+    """The tokens that enter the loss (tool output of an episode excluded)."""
+    return sum(sample.loss_tokens for sample in samples)

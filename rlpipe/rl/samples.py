@@ -25,6 +25,7 @@ def train_samples(rows: list[Trajectory]) -> list[TrainSample]:
             token_ids=row.completion.token_ids,
             old_logprobs=row.completion.logprobs,
             advantage=row.advantage,
+            loss_mask=row.completion.loss_mask,
         )
         for row in ordered
         if row.advantage is not None

@@ -53,12 +53,20 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("verify_duration_s", pa.float64()),
         pa.field("verifier_version", pa.string()),
         pa.field("advantage", pa.float64()),
+        pa.field("loss_mask", pa.list_(pa.int8())),
     ]
 )
 """One row per Trajectory. Verdict columns are null on staged rows not yet verified (and
 `advantage` on rows without one); committed rows always carry a verdict.
 `completion_policy_version` is the policy that sampled the
-completion; `policy_version` the one the trajectory was trained at (equal when synchronous)."""
+completion; `policy_version` the one the trajectory was trained at (equal when synchronous).
+`loss_mask` (nullable, last) marks which `token_ids` of a multi-turn episode the policy
+sampled (1) and which are tool output (0); null on single-turn rows. Parts written before
+it existed lack the column: every reader here fills it with null (OPTIONAL_COLUMNS), and a
+pyarrow dataset opened with TRAJECTORY_SCHEMA (`rlpipe query`) does the same."""
+
+OPTIONAL_COLUMNS = ("loss_mask",)
+"""Columns added after schema version 2's first parts: absent in older parts, read as null."""
 
 PARTITION_COLUMNS = ("run_id", "step")
 """Carried by a committed part's path (hive style), not stored inside it."""
@@ -120,6 +128,7 @@ def _row(trajectory: Trajectory) -> dict[str, object]:
         "verify_duration_s": verdict.duration_s if verdict else None,
         "verifier_version": verdict.verifier_version if verdict else None,
         "advantage": trajectory.advantage,
+        "loss_mask": None if completion.loss_mask is None else list(completion.loss_mask),
     }
 
 
@@ -141,16 +150,19 @@ def with_partition_columns(table: pa.Table, run_id: str, step: int) -> pa.Table:
     -> TRAJECTORY_SCHEMA, run_id and step filled from its path."""
     constants = {"run_id": pa.array([run_id] * table.num_rows, pa.string()),
                  "step": pa.array([step] * table.num_rows, pa.int64())}
+    for name in OPTIONAL_COLUMNS:
+        constants[name] = pa.nulls(table.num_rows, TRAJECTORY_SCHEMA.field(name).type)
     columns = [table.column(name) if name in table.column_names else constants[name] for name in TRAJECTORY_SCHEMA.names]
     return pa.Table.from_arrays(columns, names=TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA)
 
 
 def from_table(table: pa.Table) -> list[Trajectory]:
     """A table with TRAJECTORY_SCHEMA's columns (any order, extra columns ignored) -> rows."""
-    missing = [name for name in TRAJECTORY_SCHEMA.names if name not in table.column_names]
+    missing = [name for name in TRAJECTORY_SCHEMA.names if name not in table.column_names and name not in OPTIONAL_COLUMNS]
     if missing:
         raise ValueError(f"table lacks trajectory columns: {missing}")
-    columns = {name: table.column(name).to_pylist() for name in TRAJECTORY_SCHEMA.names}
+    columns = {name: table.column(name).to_pylist() if name in table.column_names else [None] * table.num_rows
+               for name in TRAJECTORY_SCHEMA.names}
     trajectories = []
     for i in range(table.num_rows):
         c = {name: values[i] for name, values in columns.items()}
@@ -171,6 +183,7 @@ def from_table(table: pa.Table) -> list[Trajectory]:
             logprobs=tuple(c["logprobs"]),
             finish_reason=c["finish_reason"],
             policy_version=c["completion_policy_version"],
+            loss_mask=None if c["loss_mask"] is None else tuple(c["loss_mask"]),
         )
         verdict = None if c["reason"] is None else Verdict(
             reward=c["reward"],

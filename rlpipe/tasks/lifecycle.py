@@ -27,6 +27,7 @@ from rlpipe.engines.sampling import SamplingParams
 from rlpipe.rl.checkpoint_layout import POLICY_DIR
 from rlpipe.rl.heldout_regression import Evaluation, find_regressions
 from rlpipe.storage.lake_records import RunInfo
+from rlpipe.tasks.agent_episodes import is_multi_turn, oracle_examples, run_agent_episodes
 from rlpipe.tasks.runtime import Runtime, get_runtime, sync_weights
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 from rlpipe.tasks.status import WarmStartProgress
@@ -98,7 +99,11 @@ def warm_start(run_id: str) -> float:
     runtime = get_runtime(run_id)
     config = runtime.config
     tasks = runtime.mixture.sample(config.envs.train_size, rng_seed=derive_seed(config.seed, 0, "warmstart"))
-    examples = tuple((t.prompt, t.reference_answer) for t in tasks if t.reference_answer is not None)
+    episodic = [t for t in tasks if is_multi_turn(runtime.mixture.env_for(t))]
+    examples = tuple((t.prompt, t.reference_answer) for t in tasks
+                     if t.reference_answer is not None and not is_multi_turn(runtime.mixture.env_for(t)))
+    if episodic:  # multi-turn domains: every reply of an oracle episode played in the pool (train tasks only)
+        examples += tuple(oracle_examples(runtime, episodic))
     progress = WarmStartProgress(run_id, config.warmstart.steps, config.warmstart.target_accuracy)
     target = config.warmstart.target_accuracy
     check_tasks = [] if target is None else runtime.mixture.sample(
@@ -135,12 +140,16 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
         n=1, temperature=1.0, top_p=1.0, max_new_tokens=runtime.config.rollout.max_new_tokens,
         stop=runtime.config.rollout.stop, seed=0, greedy=True,
     )
-    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params).completions
+    episodic = [t for t in tasks if is_multi_turn(runtime.mixture.env_for(t))]
+    single = [t for t in tasks if not is_multi_turn(runtime.mixture.env_for(t))]
+    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in single], params).completions if single else []
     by_id = {t.task_id: t for t in tasks}
     passed: dict[str, list[float]] = defaultdict(list)
     pairs = [(by_id[completion.task_id], completion.text) for completion in completions]
     for (task_, _), verdict in zip(pairs, verify_all(runtime, pairs)):  # code runs in the run's sandbox pool
         passed[task_.domain].append(1.0 if verdict.passed else 0.0)
+    for episode in run_agent_episodes(runtime, episodic, 1, params) if episodic else []:  # greedy whole episodes
+        passed[by_id[episode.completion.task_id].domain].append(1.0 if episode.verdict.passed else 0.0)
     every = [value for values in passed.values() for value in values]
     result = {"accuracy": sum(every) / len(every)}
     result.update({f"accuracy/{domain}": sum(v) / len(v) for domain, v in sorted(passed.items())})

@@ -23,6 +23,10 @@ A step generates in rounds: round 0 draws rollout.prompts_per_step tasks as a fu
 (run seed, step); with dynamic sampling, round r > 0 draws `count` more tasks with a seed of
 (run seed, step, r), none of them drawn earlier in the step (rl/dynamic_sampling.py).
 
+Tasks of a multi-turn domain (agent_tasks) are run as whole episodes in the sandbox pool
+(tasks/agent_episodes.py): one row per episode, its completion the whole episode with tool
+output masked out of the loss, its verdict already the verifier's (the verify stage keeps it).
+
 Not here: verifying (tasks/verify.py), advantages (tasks/advantage.py), committing
 (tasks/persist.py), when a step's rollouts run (flows/steps.py).
 """
@@ -36,12 +40,13 @@ from prefect import get_run_logger, task
 from prefect.exceptions import MissingContextError
 
 from rlpipe.core.failpoints import failpoint
-from rlpipe.core.records import Task, Trajectory
+from rlpipe.core.records import Completion, Task, Trajectory
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.rl.dynamic_sampling import extra_round_size
 from rlpipe.rl.staleness import generation_version
 from rlpipe.tasks.advantage import ScoredRound, advantages
+from rlpipe.tasks.agent_episodes import is_multi_turn, run_agent_episodes
 from rlpipe.tasks.engine_versions import ensure_engine_version
 from rlpipe.tasks.persist import persist
 from rlpipe.tasks.runtime import Runtime, get_runtime, step_ratios, step_tasks
@@ -112,15 +117,25 @@ def generate(runtime: Runtime, step: int, tasks: list[Task], round_: int = 0) ->
     )
     version = generation_version(step, rollout_settings.max_staleness)
     ensure_engine_version(runtime, version)
-    result = runtime.engine.generate([(t.task_id, t.prompt) for t in tasks], params)
-    if result.policy_version != version:
-        raise ValueError(f"step {step}: the engine sampled with policy version {result.policy_version}, "
-                         f"the step needs version {version}")
+    episodic = [t for t in tasks if is_multi_turn(runtime.mixture.env_for(t))]
+    single = [t for t in tasks if not is_multi_turn(runtime.mixture.env_for(t))]
+    completions: list[Completion] = []
+    if single:
+        result = runtime.engine.generate([(t.task_id, t.prompt) for t in single], params)
+        completions = list(result.completions)
+    # multi-turn domains: whole episodes in the sandbox pool, judged by their verifier at the end
+    episodes = run_agent_episodes(runtime, episodic, rollout_settings.group_size, params) if episodic else []
+    completions += [episode.completion for episode in episodes]
+    verdicts = {(e.completion.task_id, e.completion.sample_idx): e.verdict for e in episodes}
+    wrong = sorted({completion.policy_version for completion in completions} - {version})
+    if wrong:
+        raise ValueError(f"step {step}: the engine sampled with policy version {wrong[0]}, the step needs version {version}")
     failpoint("generate")
     by_id = {t.task_id: t for t in tasks}
     return [
-        Trajectory(runtime.run_id, step, completion.policy_version, by_id[completion.task_id], completion)
-        for completion in result.completions
+        Trajectory(runtime.run_id, step, completion.policy_version, by_id[completion.task_id], completion,
+                   verdict=verdicts.get((completion.task_id, completion.sample_idx)))
+        for completion in completions
     ]
 
 

@@ -9,6 +9,9 @@ task per completion would drown the server, so there is none. `verify_all` is th
 fan-out for any list of (task, completion text) pairs (the held-out evaluation uses it).
 
 The rows go to the rollout task in memory; it stages them in the lake (tasks/rollout.py).
+Rows that arrive with a verdict are kept as they are: a multi-turn episode (agent_tasks) is
+judged by its verifier in its own sandbox at the end of the episode, in the generate stage
+(tasks/agent_episodes.py), since the final state lives only there.
 
 A sandbox that fails one verification gives that row a sandbox_error verdict (reward None,
 left out of advantages and means). When every sandboxed row of the batch failed so, the
@@ -33,8 +36,11 @@ def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]
 
 
 def verify_rows(runtime: Runtime, rows: list[Trajectory]) -> list[Trajectory]:
-    """The rows with their verdicts."""
-    verdicts = verify_all(runtime, [(row.task, row.completion.text) for row in rows])
-    verified = [dataclasses.replace(row, verdict=verdict) for row, verdict in zip(rows, verdicts)]
+    """The rows with their verdicts (episodes come judged from generate: kept)."""
+    todo = [index for index, row in enumerate(rows) if row.verdict is None]
+    verdicts = verify_all(runtime, [(rows[index].task, rows[index].completion.text) for index in todo])
+    verified = list(rows)
+    for index, verdict in zip(todo, verdicts):
+        verified[index] = dataclasses.replace(rows[index], verdict=verdict)
     failpoint("verify")
     return verified

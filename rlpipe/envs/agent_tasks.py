@@ -1,0 +1,153 @@
+"""The agent_tasks domain: small procedurally generated terminal tasks, one multi-turn
+episode each (agents/episodes.py runs them in the run's sandbox pool).
+
+A task: /work holds 2..max_files files of `key=value` lines (keys from KEYS, values of
+value_digits digits); exactly one line in one file has the task's key. The instruction asks for that
+key's value in the file `ans`, then `submit`:
+
+    prompt:  "put the value of port in ans, then submit\n"
+    oracle:  {"name":"bash","arguments":{"command":"grep -h port *"}}      -> out: port=4
+             {"arguments":{"content":"4","path":"ans"},"name":"write_file"} -> out: ok
+             {"name":"submit","arguments":{}}
+
+Every other line is a distractor (another key, another value). The verifier reads /work/ans
+after the episode: reward 1 iff its stripped content is the value. The skill is the episode:
+look, read the value from the tool's output, write it, submit; a tiny model learns the
+value's copy from the observation, which it cannot know from the prompt. Train and held-out
+tasks are disjoint: a (key, value) answer belongs to one split by a hash of it (envs/exact.py's
+`in_heldout`), so no held-out answer is ever an answer in training, whatever the seeds.
+
+A multi-turn env (`multi_turn = True`) gives, beyond the Env protocol: `initial_files(task)`
+(written to /work before the first turn), `oracle_turns(task)` (the reference replies, for
+the warm-start's oracle episodes) and `max_turns`. Its `verify(task, text, sandbox)` judges
+the FINAL STATE in `sandbox`, which must hold the episode's /work (the episode runner calls
+it in the episode's own sandbox); the text is not read. Without a sandbox it returns a
+sandbox_error verdict (reward None: never scored).
+
+What it does not: run episodes, parse tool calls, or talk to a model (agents/episodes.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import string
+import sys
+import time
+
+from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
+from rlpipe.envs import exact
+from rlpipe.envs.exact import check_split, in_heldout, source_version
+from rlpipe.sandbox.base import Sandbox
+
+AGENT_STATE_KIND = "agent_final_state"
+KEYS = ("port", "user", "code", "size", "host", "mode", "path", "rate")
+ANSWER_PATH = "ans"
+
+
+def call_text(name: str, **arguments: str) -> str:
+    """A tool call as the oracle writes it (agents/tools.py's JSON format)."""
+    return json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"))
+
+
+class AgentTasksEnv:
+    """Find a key's value among distractor files, write it to `ans`, submit."""
+
+    name = "agent_tasks"
+    needs_sandbox = True
+    multi_turn = True
+
+    def __init__(self, max_files: int = 3, lines_per_file: int = 2, max_turns: int = 4, value_digits: int = 1,
+                 heldout_fraction: float = 0.2) -> None:
+        if not 2 <= max_files <= 26 or lines_per_file < 1:
+            raise ValueError(f"need 2 <= max_files <= 26 and lines_per_file >= 1, got {max_files}, {lines_per_file}")
+        if max_turns < 3:
+            raise ValueError(f"the oracle needs 3 turns; max_turns must be >= 3, got {max_turns}")
+        if not 0 < heldout_fraction < 1:
+            raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+        if not 1 <= value_digits <= 9:
+            raise ValueError(f"value_digits must be in 1..9, got {value_digits}")
+        self.value_digits = value_digits
+        self.max_files, self.lines_per_file, self.max_turns = max_files, lines_per_file, max_turns
+        self.heldout_fraction = heldout_fraction
+        self.verifier_version = source_version(
+            (exact, sys.modules[__name__]),
+            (("max_files", max_files), ("lines_per_file", lines_per_file), ("max_turns", max_turns), ("value_digits", value_digits),
+             ("heldout_fraction", heldout_fraction)))
+
+    def tasks(self, split: str, count: int, seed: int) -> list[Task]:
+        """`count` tasks of the split with distinct keys (while the key space allows), seeded."""
+        check_split(split)
+        rng = random.Random(f"{self.name}:{split}:{seed}")
+        want_heldout = split == "heldout"
+        seen: set[str] = set()
+        tasks: list[Task] = []
+        attempts = 0
+        while len(tasks) < count:
+            attempts += 1
+            key, value = rng.choice(KEYS), self._value(rng)
+            if in_heldout(f"{key}={value}", self.heldout_fraction) != want_heldout:
+                continue
+            if (key, value) in seen and attempts < 100 * (count + 10):
+                continue
+            seen.add((key, value))
+            tasks.append(self._task(rng, key, value, split))
+        return tasks
+
+    def initial_files(self, task: Task) -> dict[str, bytes]:
+        """The files of /work before the first turn."""
+        return {path: content.encode() for path, content in json.loads(dict(task.metadata)["files"]).items()}
+
+    def oracle_turns(self, task: Task) -> list[str]:
+        """The reference replies, in order (each one tool call)."""
+        return list(json.loads(task.reference_answer or "[]"))
+
+    def verify(self, task: Task, completion_text: str, sandbox: Sandbox | None = None) -> Verdict:
+        """Judge the final /work in `sandbox` (see the module docstring)."""
+        started = time.perf_counter()
+
+        def verdict(reward: float | None, reason: VerdictReason, detail: str) -> Verdict:
+            return Verdict(reward, reward == 1.0, reason, detail, time.perf_counter() - started, self.verifier_version)
+
+        if sandbox is None:
+            return verdict(None, VerdictReason.SANDBOX_ERROR, "agent_tasks judges the episode's final state; no sandbox given")
+        expected = json.loads(task.verifier.payload)["value"]
+        try:
+            written = sandbox.read_file(ANSWER_PATH).decode("utf-8", errors="replace")
+        except (OSError, ValueError, RuntimeError) as exc:  # no ans (or not a regular file)
+            return verdict(0.0, VerdictReason.WRONG, f"no readable /work/{ANSWER_PATH}: {type(exc).__name__}")
+        if written.strip() == expected:
+            return verdict(1.0, VerdictReason.OK, "")
+        return verdict(0.0, VerdictReason.WRONG, f"/work/{ANSWER_PATH} holds {written.strip()[:40]!r}")
+
+    def _value(self, rng: random.Random) -> str:
+        return f"{rng.randrange(10 ** self.value_digits):0{self.value_digits}d}"
+
+    def _task(self, rng: random.Random, key: str, value: str, split: str) -> Task:
+        file_count = rng.randint(2, self.max_files)
+        names = [f"{letter}.txt" for letter in rng.sample(string.ascii_lowercase, file_count)]
+        lines: dict[str, list[str]] = {name: [] for name in names}
+        for name in names:
+            for _ in range(rng.randint(1, self.lines_per_file)):
+                other = rng.choice([candidate for candidate in KEYS if candidate != key])
+                lines[name].append(f"{other}={self._value(rng)}")
+        home = rng.choice(names)
+        lines[home].insert(rng.randint(0, len(lines[home])), f"{key}={value}")
+        files = {name: "\n".join(file_lines) + "\n" for name, file_lines in lines.items()}
+        # the write call's arguments first, content first: the value it copies from the tool's
+        # output is then 26 characters back, which a tiny model learns to attend to sooner
+        write = json.dumps({"arguments": {"content": value, "path": ANSWER_PATH}, "name": "write_file"}, separators=(",", ":"))
+        oracle = [call_text("bash", command=f"grep -h {key} *"),
+                  write,
+                  call_text("submit")]
+        files_json = json.dumps(files, sort_keys=True)
+        return Task(
+            task_id=f"{self.name}/{key}-{hashlib.sha256(files_json.encode()).hexdigest()[:8]}",
+            domain=self.name,
+            prompt=f"put the value of {key} in {ANSWER_PATH}, then submit\n",
+            verifier=VerifierSpec(kind=AGENT_STATE_KIND, payload=json.dumps({"path": ANSWER_PATH, "value": value})),
+            reference_answer=json.dumps(oracle),
+            metadata=(("split", split), ("files", files_json)),
+        )
+

@@ -1,0 +1,108 @@
+"""Multi-turn domains inside `rlpipe train`: their episodes through the run's engine worker
+and sandbox pool (agents/episodes.py), for the generate stage, the held-out evaluation and
+the warm-start's oracle trajectories.
+
+- `is_multi_turn(env)`: the env runs episodes (envs/agent_tasks.py sets `multi_turn`).
+- `run_agent_episodes(runtime, tasks, params)`: group episodes of every task; each result
+  carries its completion (the whole episode, loss-masked) and the verifier's verdict, so the
+  verify stage keeps these rows as they are (tasks/verify.py).
+- `oracle_examples(runtime, tasks)`: the env's oracle replies played as real episodes in
+  the pool (the observations are what the tools returned); every reply becomes one
+  (context before it, reply + stop string) pair for the supervised warm-start, which puts
+  its loss on the reply only: the same masking as the RL loss. TRAIN tasks only: the caller
+  draws them from the mixture's train split. An oracle episode that fails its verifier is an
+  env bug and raises.
+
+Not here: the episode loop (agents/episodes.py), the tasks (envs/), the stages (rollout.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from rlpipe.agents.episodes import EpisodeResult, EpisodeSettings, run_episodes
+from rlpipe.core.errors import ConfigError
+from rlpipe.core.records import Completion, Task
+from rlpipe.engines.sampling import SamplingParams
+from rlpipe.tasks.runtime import Runtime
+
+
+def is_multi_turn(env: object) -> bool:
+    return bool(getattr(env, "multi_turn", False))
+
+
+def episode_settings(runtime: Runtime) -> EpisodeSettings:
+    """The episode limits of this run: the tiny model's context, its EOS id."""
+    config = runtime.config
+    if config.model.prompt_format != "plain":
+        raise ConfigError("multi-turn domains (agent_tasks) need model.prompt_format = \"plain\" for now",
+                          "the episode is one growing plain-text context; set model.prompt_format=plain")
+    if config.model.path is None and config.model.gguf is None:
+        from rlpipe.rl.char_tokenizer import EOS_TOKEN, char_tokenizer_backend, policy_alphabet
+
+        eos_token_id = char_tokenizer_backend(policy_alphabet(config.envs.domains)).token_to_id(EOS_TOKEN)
+        return EpisodeSettings(max_context_tokens=config.model.max_position_embeddings, eos_token_id=eos_token_id)
+    model_config: dict = {}
+    if config.model.path is not None:  # an HF folder (e.g. a checkpoint's policy/): its own context and EOS
+        try:
+            model_config = json.loads((Path(config.model.path) / "config.json").read_text())
+        except (OSError, ValueError):
+            model_config = {}
+    eos = model_config.get("eos_token_id")
+    return EpisodeSettings(max_context_tokens=int(model_config.get("max_position_embeddings") or 2048),
+                           eos_token_id=eos if isinstance(eos, int) else None)
+
+
+def run_agent_episodes(runtime: Runtime, tasks: list[Task], group_size: int, params: SamplingParams) -> list[EpisodeResult]:
+    """`group_size` episodes of each task through the engine worker, in the run's pool."""
+    if runtime.sandbox_pool is None:
+        raise RuntimeError("a multi-turn domain needs the run's sandbox pool (build_sandbox_pool)")
+
+    def generate(prompts: list[tuple[str, str]], sampling: SamplingParams) -> tuple[list[Completion], int]:
+        result = runtime.engine.generate(prompts, sampling)
+        return result.completions, result.policy_version
+
+    return run_episodes(tasks, group_size, params, generate, runtime.sandbox_pool, runtime.mixture.env_for,
+                        episode_settings(runtime))
+
+
+def oracle_examples(runtime: Runtime, tasks: list[Task]) -> list[tuple[str, str]]:
+    """(context, reply) pairs of every oracle reply of every task (see the module docstring)."""
+    if runtime.sandbox_pool is None:
+        raise RuntimeError("a multi-turn domain needs the run's sandbox pool (build_sandbox_pool)")
+    unique = list({task.task_id: task for task in tasks}.values())
+    stop = runtime.config.rollout.stop[0] if runtime.config.rollout.stop else "\n"
+    oracle = OracleEngine({task.task_id: runtime.mixture.env_for(task).oracle_turns(task) for task in unique}, stop)
+    params = SamplingParams(n=1, max_new_tokens=runtime.config.rollout.max_new_tokens, stop=(stop,), seed=0, greedy=True)
+    results = run_episodes(unique, 1, params, oracle.generate, runtime.sandbox_pool, runtime.mixture.env_for,
+                           episode_settings(runtime))
+    failed = [(result.completion.task_id, result.verdict.detail) for result in results if not result.verdict.passed]
+    if failed:
+        raise RuntimeError(f"{len(failed)} oracle episodes failed their verifier (an env bug); the first: {failed[0]}")
+    return oracle.examples
+
+
+class OracleEngine:
+    """A scripted engine that replies each episode's oracle turns in order (a test-free use of
+    the Generate protocol): token ids are character codes, so contexts extend exactly."""
+
+    def __init__(self, turns: dict[str, list[str]], stop: str) -> None:
+        self.turns, self.stop = turns, stop
+        self.replied: dict[str, int] = defaultdict(int)
+        self.examples: list[tuple[str, str]] = []
+
+    def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> tuple[list[Completion], int]:
+        completions = []
+        for key, context in prompts:
+            task_id, _, sample = key.rpartition("#")
+            index = self.replied[key]
+            self.replied[key] += 1
+            replies = self.turns[task_id]
+            reply = replies[index] if index < len(replies) else replies[-1]
+            self.examples.append((context, reply + self.stop))
+            tokens = tuple(ord(char) for char in reply + self.stop)
+            completions.append(Completion(key, int(sample), reply, tuple(ord(char) for char in context), tokens,
+                                          (0.0,) * len(tokens), "stop", 0))
+        return completions, 0

@@ -1,0 +1,51 @@
+"""Agent RL through `rlpipe train`'s flow: configs/agent_quickstart.toml, shrunk to 2 steps of
+2 tasks x 2 episodes, warm-started on oracle episodes. Every row is one whole episode, judged
+by the verifier in its sandbox, with the tool output masked: the update trains exactly the
+reply tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlpipe.core.config import load_config
+from rlpipe.envs.agent_tasks import AgentTasksEnv
+from rlpipe.flows.train import train
+from rlpipe.storage.query import query_trajectories
+from rlpipe.tasks.builders import build_lake
+from tests.helpers.mlflow_db import seed_mlflow_db
+from tests.sandbox._bwrap_support import require_bwrap
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "agent_quickstart.toml"
+
+
+@pytest.mark.bwrap
+@pytest.mark.slow
+def test_two_agent_rl_steps_store_whole_masked_episodes(tmp_path: Path) -> None:
+    require_bwrap()
+    seed_mlflow_db(tmp_path / "mlflow.db")
+    config = load_config(CONFIG, [
+        f'storage.lake_uri="{tmp_path / "lake"}"', f'tracking.mlflow_uri="sqlite:///{tmp_path / "mlflow.db"}"',
+        "train.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=24",
+        "warmstart.steps=2", "envs.train_size=4", "envs.heldout_size=2", "sandbox.pool_size=4",
+    ])
+    summary = train(config, "agent-rl")
+    lake = build_lake(config)
+    assert summary.steps_committed == 2
+    rows = query_trajectories(lake, "select step, domain, reason, reward, advantage, verifier_version, token_ids, "
+                                    "logprobs, loss_mask from trajectories order by step, task_id, sample_idx").rows
+    assert len(rows) == 2 * 2 * 2  # steps x prompts x group, one row per episode
+    version = AgentTasksEnv().verifier_version
+    trained_tokens = {1: 0, 2: 0}
+    for step, domain, reason, reward, advantage, verifier_version, token_ids, logprobs, loss_mask in rows:
+        assert domain == "agent_tasks" and reason in ("ok", "wrong") and reward in (0.0, 1.0)
+        assert verifier_version == version and advantage is not None
+        assert len(loss_mask) == len(token_ids) == len(logprobs) and loss_mask[0] == 1  # the episode opens with a reply
+        assert all(logprob == 0.0 for logprob, bit in zip(logprobs, loss_mask) if bit == 0)
+        trained_tokens[step] += sum(loss_mask)
+    # episodes that went on past their first reply hold tool output (masked) between replies
+    assert any(0 in row[-1] for row in rows)
+    metrics = query_trajectories(lake, "select step, tokens from step_metrics order by step").rows
+    assert [(step, int(tokens)) for step, tokens in metrics] == sorted(trained_tokens.items())
+    assert lake.read_json("agent-rl", "evals/after_rl.json")["accuracy/agent_tasks"] in (0.0, 0.5, 1.0)
