@@ -49,6 +49,7 @@ LONGEST_FILES = (
     "tests/flows/test_train_flow.py",  # 131
     "tests/flows/test_ui_retry.py",  # 110 (measured by its helper)
     "tests/cli/test_resume_more_steps.py",  # 109
+    "tests/flows/test_agent_rl_flow.py",  # ~120 (250 measured at load 15: a warm start and 2 steps of agent episodes)
     "tests/workers/test_trainer_group.py",  # ~100 (218 measured at load 14: five torchrun groups started)
     "tests/durability/test_async_kill_resume.py",  # 81
     "tests/durability/test_s3_outage.py",  # 81

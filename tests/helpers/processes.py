@@ -23,3 +23,14 @@ def processes_marked(name: str, value: str) -> list[int]:
         if state != "Z":
             found.append(int(entry.name))
     return found
+
+
+def is_zygote(pid: int) -> bool:
+    """Whether `pid` is a controller's zygote (workers/zygote.py): it lives as long as the
+    controller's worker clients, not as long as one worker or group. The workers it forked
+    keep its command line but are named rlpipe-engine / rlpipe-trainer."""
+    try:
+        forked_from_zygote = b"rlpipe.workers.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return forked_from_zygote and not Path(f"/proc/{pid}/comm").read_text().startswith("rlpipe-")
+    except OSError:
+        return False
