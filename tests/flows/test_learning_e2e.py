@@ -37,6 +37,11 @@ MIN_GAIN = 0.03  # held-out accuracy points (3); see the module docstring
 
 @pytest.mark.slow
 def test_small_quickstart_learns_and_stores_every_row(tmp_path: Path) -> None:
+    train_and_check_it_learned(tmp_path, "learn")
+
+
+def train_and_check_it_learned(tmp_path: Path, run_id: str, *overrides: str) -> None:
+    """The small quickstart (with `overrides`): every row once, and the held-out gain."""
     config = load_config(
         QUICKSTART,
         [
@@ -44,9 +49,10 @@ def test_small_quickstart_learns_and_stores_every_row(tmp_path: Path) -> None:
             "rollout.dynamic_sampling=false",  # the margins below were measured without it
             f'storage.lake_uri="{tmp_path / "lake"}"',
             f'tracking.mlflow_uri="sqlite:///{tmp_path / "mlflow.db"}"',
+            *overrides,
         ],
     )
-    summary = train(config, "learn")
+    summary = train(config, run_id)
     lake = build_lake(config)
 
     # Rows: steps x prompts x group, each (run, step, task, sample) once.

@@ -19,11 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.core.config import load_config
-from rlpipe.flows.train import train
-from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.builders import build_lake
-from tests.flows.test_learning_e2e import MIN_GAIN, QUICKSTART, STEPS
+from tests.flows.test_learning_e2e import train_and_check_it_learned
 from tests.helpers.processes import processes_marked
 from tests.workers.workers_at_hand import wait_until_gone
 
@@ -33,28 +29,7 @@ MARK = "RLPIPE_TEST_TORCHRUN_RUN"
 @pytest.mark.slow
 def test_small_quickstart_learns_with_two_trainer_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MARK, str(tmp_path))  # inherited by the workers, torchrun and its ranks
-    config = load_config(
-        QUICKSTART,
-        [
-            f"train.steps={STEPS}",
-            "rollout.dynamic_sampling=false",
-            "cluster.trainer_nproc=2",
-            f'storage.lake_uri="{tmp_path / "lake"}"',
-            f'tracking.mlflow_uri="sqlite:///{tmp_path / "mlflow.db"}"',
-        ],
-    )
-    summary = train(config, "learn-ddp")
-    lake = build_lake(config)
-
-    expected_rows = STEPS * config.rollout.prompts_per_step * config.rollout.group_size
-    counts = query_trajectories(
-        lake, "select count(*), count(distinct (run_id, step, task_id, sample_idx)) from trajectories"
-    ).rows
-    assert counts == [(expected_rows, expected_rows)]
-
-    assert summary.accuracy_before_rl >= 0.2
-    gain = summary.accuracy_after_rl - summary.accuracy_before_rl
-    assert gain >= MIN_GAIN, (summary.accuracy_before_rl, summary.accuracy_after_rl)
+    train_and_check_it_learned(tmp_path, "learn-ddp", "cluster.trainer_nproc=2")
 
     # The run ended: its trainer worker stopped the group (no orphaned rank or torchrun).
     assert wait_until_gone(processes_marked(MARK, str(tmp_path)), timeout_s=30) == []
