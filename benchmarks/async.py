@@ -1,6 +1,6 @@
 """Sync vs async on the same work: the train flow with rollout.max_staleness = 0 and = 1.
 
-    .venv/bin/python benchmarks/async.py [--workload quickstart|code|both] [--steps 12] [--repeats 2]
+    .venv/bin/python benchmarks/async.py [--workload quickstart|code|both] [--steps 12] [--repeats 2] [--vary-seed]
 
 Each run is the real train flow (Prefect tasks, workers, lake, MLflow) in this process,
 from the same seed with one torch thread per worker (OMP_NUM_THREADS=1 unless set), so
@@ -44,7 +44,7 @@ WORKLOADS: dict[str, tuple[Path | None, list[str]]] = {
 }
 
 
-def one_run(workload: str, staleness: int, steps: int, folder: Path) -> tuple[float, float, float]:
+def one_run(workload: str, staleness: int, steps: int, folder: Path, seed: int | None) -> tuple[float, float, float]:
     """(RL loop seconds, held-out accuracy before, after) of one train flow run."""
     from rlpipe.core.config import load_config
     from rlpipe.flows.train import train
@@ -52,7 +52,8 @@ def one_run(workload: str, staleness: int, steps: int, folder: Path) -> tuple[fl
 
     path, overrides = WORKLOADS[workload]
     where = [f'storage.lake_uri="{folder / "lake"}"', f'tracking.mlflow_uri="sqlite:///{folder / "mlflow.db"}"']
-    config = load_config(path, overrides + where + [f"train.steps={steps}", f"rollout.max_staleness={staleness}"])
+    seeded = [] if seed is None else [f"seed={seed}"]
+    config = load_config(path, overrides + where + seeded + [f"train.steps={steps}", f"rollout.max_staleness={staleness}"])
     summary = train(config, "bench")
     lake = build_lake(config)
     loop = sum(dict(lake.read_train_metrics("bench", step).metrics)["time/step_s"] for step in range(1, steps + 1))
@@ -64,6 +65,8 @@ def main() -> None:
     parser.add_argument("--workload", choices=["quickstart", "code", "both"], default="both")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--vary-seed", action="store_true",
+                        help="repeat r runs both modes with seed r (the spread of accuracy across seeds), not the config's seed")
     args = parser.parse_args()
     workloads = ["quickstart", "code"] if args.workload == "both" else [args.workload]
     print(f"load average {os.getloadavg()[0]:.1f} at start; {args.steps} RL steps per run")
@@ -75,7 +78,8 @@ def main() -> None:
             for staleness in (0, 1) if repeat % 2 == 0 else (1, 0):
                 with tempfile.TemporaryDirectory() as folder:
                     started = time.perf_counter()
-                    loop, before, accuracy = one_run(workload, staleness, args.steps, Path(folder))
+                    loop, before, accuracy = one_run(workload, staleness, args.steps, Path(folder),
+                                                     repeat if args.vary_seed else None)
                 seconds[staleness].append(loop)
                 after[staleness].append(accuracy)
                 mode = "async" if staleness else "sync"
