@@ -33,9 +33,9 @@ import sys
 import threading
 import time
 import weakref
-from pathlib import Path
 
 from rlpipe.core.failpoints import ENV_VAR as FAILPOINTS_ENV_VAR
+from rlpipe.workers.server import proc_stat
 
 LAUNCH_ENV_VAR = "RLPIPE_WORKER_LAUNCH"
 """`zygote` (the default) or `spawn`: every worker a fresh interpreter, as before the zygote."""
@@ -228,8 +228,5 @@ def _same_interpreter(python: str) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    """Running, not a zombie (server.py reads /proc the same way for the owner watchdog)."""
+    return proc_stat(pid)[0] not in (None, "Z")

@@ -71,11 +71,11 @@ def owner_alive(owner_pid: int, parent_at_start: int, owner_started: str | None 
         return False
     except PermissionError:
         return True
-    state, started = _proc_stat(owner_pid)
+    state, started = proc_stat(owner_pid)
     return state != "Z" and (owner_started is None or started is None or started == owner_started)
 
 
-def _proc_stat(pid: int) -> tuple[str | None, str | None]:
+def proc_stat(pid: int) -> tuple[str | None, str | None]:
     """(state, start time) of `pid` from /proc (None, None where it cannot be read)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -90,7 +90,7 @@ def start_watchdog(owner_pid: int, folders: list[str]) -> Callable[[float], None
     `grace_s` for the owner to be gone (a closed socket comes just before the parent pid
     changes) and then exits as the watchdog does."""
     parent_at_start = os.getppid()
-    owner_started = _proc_stat(owner_pid)[1]
+    owner_started = proc_stat(owner_pid)[1]
 
     def exit_as_orphan() -> None:
         for folder in folders:
