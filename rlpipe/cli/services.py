@@ -37,7 +37,10 @@ from rlpipe.storage.local_services import (
 )
 
 console = stdout_console()
-STARTUP_TIMEOUT_S = 90.0
+STARTUP_TIMEOUT_S = float(os.environ.get("RLPIPE_SERVICE_STARTUP_TIMEOUT_S", "300"))
+"""How long `up` waits for each server and each deployment to answer: a hang guard. A first
+start migrates a new Prefect database (~18 s of CPU), which took over 90 s of wall time on a
+2-core machine at load average 12 (the old bound: `up` failed there)."""
 SERVED_DEPLOYMENTS = ("rl-train/train", "rl-eval/eval", "rl-qa/qa", "rl-rescore/rescore")
 """What `python -m rlpipe.flows.serve` registers (flows/serve.py; the CLI does not import Prefect)."""
 MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

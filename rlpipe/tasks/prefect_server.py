@@ -36,7 +36,7 @@ from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, get_current_settings
 
-STARTUP_TIMEOUT_S = 90  # Prefect's default is 20 s, too short on a loaded 2-core box
+STARTUP_TIMEOUT_S = float(os.environ.get("RLPIPE_SERVICE_STARTUP_TIMEOUT_S", "300"))  # a hang guard; Prefect's 20 s is too short on a loaded 2-core box
 DRAIN_TIMEOUT_S = 10.0
 PR_SET_PDEATHSIG = 1
 

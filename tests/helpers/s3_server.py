@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-STARTUP_TIMEOUT_S = 30.0
+STARTUP_TIMEOUT_S = 120.0  # a hang guard: a loaded 2-core box starts moto slowly
 
 
 def free_port() -> int:
