@@ -6,7 +6,7 @@ PYTHON  ?= python3
 BIN     := $(VENV)/bin
 PIP_VERSION := 26.3
 
-.PHONY: demo test venv system lint pytest bench lock clean venv-vllm test-vllm venv-ray test-ray smollm2
+.PHONY: demo test test-extended venv system lint pytest bench lock clean venv-vllm test-vllm venv-ray test-ray smollm2
 
 # The versions CI tested (requirements.lock: every package, torch the CPU wheel), then rlpipe
 # itself without resolving anything again; --no-build-isolation builds it with the locked
@@ -40,6 +40,12 @@ lint: venv
 
 pytest: venv
 	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+
+# The tests marked `extended` (pyproject.toml): long runs whose property a cheaper test of
+# `make test` checks already (README.md, "Tests"), left out of CI to keep it under 20 minutes;
+# run before a change to what they cover (the trainer group, the learning recipe).
+test-extended: venv system
+	$(BIN)/pytest -q -n 2 --dist loadfile -m extended
 
 bench: venv
 	$(BIN)/python benchmarks/step_breakdown.py

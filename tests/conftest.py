@@ -43,7 +43,7 @@ LONGEST_FILES = (
     "tests/cli/test_signals.py",  # 349
     "tests/durability/test_kill_resume.py",  # 315
     "tests/cli/test_up_serves_train.py",  # ~200: 130 measured by its helper + test_signals_up.py's 74, merged into it
-    "tests/flows/test_learning_torchrun.py",  # ~200 (367 measured at load 14; test_learning_e2e.py's run on 2 ranks)
+    "tests/flows/test_learning_torchrun.py",  # ~200 (367 measured at load 14); `extended`: only in make test-extended
     "tests/workers/test_worker_death.py",  # 179
     "tests/flows/test_learning_e2e.py",  # 167
     "tests/flows/test_train_flow.py",  # 131

@@ -11,6 +11,11 @@ update, so this also checks that copy: ranks that drifted apart would not learn 
 Measured (2026-12-02, this 2-core machine at load 12-14, 1 torch thread per rank): seeds 0, 1,
 2 gained +15.3 (0.317 -> 0.470), +21.4 (0.346 -> 0.560) and +11.1 (0.309 -> 0.420) points,
 within the one-process spread of the other file's docstring; MIN_GAIN is 3.
+
+Marked `extended` (`make test-extended`, not CI): its property follows from two checks CI
+runs, the two-rank update equal to one process's (test_trainer_group.py) and the one-process
+run learning (test_learning_e2e.py), and it cost CI ~110 s of a worker's time (a slow 2-core
+machine). Run it after changing the trainer group or the learning recipe.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ MARK = "RLPIPE_TEST_TORCHRUN_RUN"
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_small_quickstart_learns_with_two_trainer_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MARK, str(tmp_path))  # inherited by the workers, torchrun and its ranks
     train_and_check_it_learned(tmp_path, "learn-ddp", "cluster.trainer_nproc=2")
