@@ -21,8 +21,9 @@ from rlpipe.engines.hf import HFEngine
 from rlpipe.tasks.runtime import build_mixture
 
 
-def main(folder: Path, config_file: Path) -> None:
-    config = RunConfig.model_validate_json(config_file.read_text())
+def heldout_accuracy(folder: Path, config: RunConfig) -> dict[str, float]:
+    """Greedy pass@1 of the policy folder on the config's held-out tasks: `accuracy` and
+    `accuracy/<domain>` (benchmarks/async.py's curve calls it too)."""
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
@@ -48,7 +49,11 @@ def main(folder: Path, config_file: Path) -> None:
     every = [value for values in passed.values() for value in values]
     result = {"accuracy": sum(every) / len(every)}
     result.update({f"accuracy/{domain}": sum(v) / len(v) for domain, v in sorted(passed.items())})
-    print(json.dumps(result))
+    return result
+
+
+def main(folder: Path, config_file: Path) -> None:
+    print(json.dumps(heldout_accuracy(folder, RunConfig.model_validate_json(config_file.read_text()))))
 
 
 if __name__ == "__main__":
