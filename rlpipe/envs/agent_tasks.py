@@ -2,8 +2,9 @@
 episode each (agents/episodes.py runs them in the run's sandbox pool).
 
 A task: /work holds 2..max_files files of `key=value` lines (keys from KEYS, values of
-value_digits digits); exactly one line in one file has the task's key. The instruction asks for that
-key's value in the file `ans`, then `submit`:
+value_digits digits, drawn uniformly for every line whatever its key); exactly one line in one
+file has the task's key. The instruction asks for that key's value in the file `ans`, then
+`submit`:
 
     prompt:  "put the value of port in ans, then submit\n"
     oracle:  {"name":"bash","arguments":{"command":"grep -h port *"}}      -> out: port=4
@@ -13,9 +14,13 @@ key's value in the file `ans`, then `submit`:
 Every other line is a distractor (another key, another value). The verifier reads /work/ans
 after the episode: reward 1 iff its stripped content is the value. The skill is the episode:
 look, read the value from the tool's output, write it, submit; a tiny model learns the
-value's copy from the observation, which it cannot know from the prompt. Train and held-out
-tasks are disjoint: a (key, value) answer belongs to one split by a hash of it (envs/exact.py's
-`in_heldout`), so no held-out answer is ever an answer in training, whatever the seeds.
+value's copy from the observation, which it cannot know from the prompt: the value is
+uniform and independent of the key, so no reply that ignores the tool's output beats chance
+(1 in 10**value_digits). Train and held-out tasks are disjoint: a task belongs to one split by
+a hash of its files (envs/exact.py's `in_heldout`), so no held-out task is ever seen in
+training, whatever the seeds. (The split is not by answer: with one digit the ten answers
+recur in both splits; an earlier split by (key, value) let a model score on training tasks
+from which values answer each key there, and 0 on held-out, without ever reading the value.)
 
 A multi-turn env (`multi_turn = True`) gives, beyond the Env protocol: `initial_files(task)`
 (written to /work before the first turn), `oracle_turns(task)` (the reference replies, for
@@ -77,7 +82,7 @@ class AgentTasksEnv:
              ("heldout_fraction", heldout_fraction)))
 
     def tasks(self, split: str, count: int, seed: int) -> list[Task]:
-        """`count` tasks of the split with distinct keys (while the key space allows), seeded."""
+        """`count` distinct tasks of the split (while the task space allows), seeded."""
         check_split(split)
         rng = random.Random(f"{self.name}:{split}:{seed}")
         want_heldout = split == "heldout"
@@ -86,13 +91,14 @@ class AgentTasksEnv:
         attempts = 0
         while len(tasks) < count:
             attempts += 1
-            key, value = rng.choice(KEYS), self._value(rng)
-            if in_heldout(f"{key}={value}", self.heldout_fraction) != want_heldout:
+            task = self._task(rng, rng.choice(KEYS), self._value(rng), split)
+            files = dict(task.metadata)["files"]
+            if in_heldout(files, self.heldout_fraction) != want_heldout:
                 continue
-            if (key, value) in seen and attempts < 100 * (count + 10):
+            if files in seen and attempts < 100 * (count + 10):
                 continue
-            seen.add((key, value))
-            tasks.append(self._task(rng, key, value, split))
+            seen.add(files)
+            tasks.append(task)
         return tasks
 
     def initial_files(self, task: Task) -> dict[str, bytes]:

@@ -12,7 +12,7 @@ import pytest
 from rlpipe.agents.episodes import EpisodeSettings, run_episodes
 from rlpipe.core.records import Completion
 from rlpipe.engines.sampling import SamplingParams
-from rlpipe.envs.agent_tasks import AgentTasksEnv, call_text
+from rlpipe.envs.agent_tasks import KEYS, AgentTasksEnv, call_text
 from rlpipe.sandbox.base import Limits
 from rlpipe.tasks.agent_episodes import OracleEngine
 from tests.sandbox._bwrap_support import require_bwrap
@@ -63,7 +63,14 @@ def test_tasks_are_seeded_and_the_splits_disjoint():
     assert env.tasks("train", 300, seed=1) == train
     key = lambda task: task.prompt.split()[4]  # noqa: E731 - "put the value of KEY in ans, then submit"
     answer = lambda task: (key(task), json.loads(task.verifier.payload)["value"])  # noqa: E731
-    assert not {answer(t) for t in train} & {answer(t) for t in heldout}  # no held-out answer is a training answer
+    files = lambda task: dict(task.metadata)["files"]  # noqa: E731
+    assert not {files(t) for t in train} & {files(t) for t in heldout}  # no held-out task is a training task
+    assert len({files(t) for t in train}) == 300
+    # the value is drawn whatever the key: every key takes every digit in training, so knowing
+    # which values answer a key cannot pass a task; only copying it from the tool output can
+    assert {len(value) for _, value in map(answer, train + heldout)} == {env.value_digits} == {1}
+    many = env.tasks("train", 1000, seed=1)
+    assert all({value for k, value in map(answer, many) if k == name} == set("0123456789") for name in KEYS)
     for task in train[:20]:
         files = env.initial_files(task)
         hits = [line for content in files.values() for line in content.decode().splitlines() if line.startswith(key(task) + "=")]
