@@ -62,6 +62,7 @@ class EngineActorInfo:
 
     host: str
     node_id: str
+    actor_id: str
     pid: int
     failed: p.Failed | None = None
 
@@ -95,7 +96,8 @@ class EngineActor:
     def info(self) -> EngineActorInfo:
         import ray  # inside an actor: ray is there
 
-        return EngineActorInfo(socket.gethostname(), ray.get_runtime_context().get_node_id(), os.getpid(), self.failed)
+        context = ray.get_runtime_context()
+        return EngineActorInfo(socket.gethostname(), context.get_node_id(), context.get_actor_id(), os.getpid(), self.failed)
 
     def handle(self, request: Any, payload: bytes | None = None) -> ActorReply:
         local = None
@@ -158,7 +160,7 @@ class RayEngineClient(EngineClient):
             raise
         self.info = info
         self.starts += 1
-        self.handle = p.WorkerHandle(self.spec.run_id, self.spec.kind, f"ray-actor:{self._actor._actor_id.hex()}", info.pid)
+        self.handle = p.WorkerHandle(self.spec.run_id, self.spec.kind, f"ray-actor:{info.actor_id}", info.pid)
         if restarted and self.on_restart is not None:
             try:
                 self.on_restart()
@@ -218,7 +220,7 @@ class RayEngineClient(EngineClient):
             if self.closed:
                 raise WorkerClosed(f"the engine actor of run {self.spec.run_id} was stopped: the run is ending ({name} not sent)")
             self._ensure_ready()
-            payload = Path(request.path).read_bytes() if isinstance(request, FILE_REQUESTS) else None
+            payload = self._read_weight_file(request) if isinstance(request, FILE_REQUESTS) else None
             try:
                 result: ActorReply = self._get(self._actor.handle.remote(request, payload), name)
             except BaseException:
@@ -235,6 +237,14 @@ class RayEngineClient(EngineClient):
             if isinstance(result.reply, p.Failed):
                 p.raise_failed(result.reply, self.spec.kind, name)
             return result.reply.value
+
+    def _read_weight_file(self, request: Any) -> bytes:
+        """The bytes of the file a request names (its path is on this machine: the trainer's /dev/shm)."""
+        try:
+            return Path(request.path).read_bytes()
+        except OSError as exc:  # the local worker fails so too (an OSError in the worker: infra)
+            raise EngineFailed(f"the engine actor of run {self.spec.run_id} cannot be sent {request.path}: {exc}",
+                               hint="the stage is retried; the next sync starts from a fresh actor") from exc
 
     # ---- Ray --------------------------------------------------------------------------
 
