@@ -29,7 +29,8 @@ Life and death, as client.py's worker:
   client kill the actor after the reply, so the next call gets a fresh, fully synced one.
 - The controller's death: the actor is owned by the controller's Ray driver, and Ray ends an
   owner's actors when its driver exits or dies (kill -9 included).
-- `stop()` removes the actor's scratch folder and kills it; `close()` does so for good (later
+- `stop()` removes the actor's scratch folder and kills it (a killed actor's folder is removed
+  by the next engine actor that starts on its node); `close()` does so for good (later
   calls raise WorkerClosed) and disconnects if this client connected.
 
 Not here: what the engine computes (engine_worker.py), when weights change (tasks/). Ray is
@@ -53,6 +54,7 @@ from rlpipe.workers import protocol as p
 from rlpipe.workers.client import READY_TIMEOUT_S, EngineClient, WorkerClosed, WorkerSpec
 
 STOP_GRACE_S = 10.0
+SCRATCH_PREFIX = "rlpipe-ray-engine-"
 FILE_REQUESTS = (p.LoadWeightChunk, p.LoadWeightsFile)
 
 
@@ -78,7 +80,8 @@ class EngineActor:
 
     def __init__(self, run_id: str, config_json: str, secrets: dict[str, str | None], cpus: float) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self.scratch = Path(tempfile.mkdtemp(prefix="rlpipe-ray-engine-"))
+        _remove_orphaned_scratch()
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
         self.service: Any = None
         self.failed: p.Failed | None = None
         try:
@@ -116,6 +119,15 @@ class EngineActor:
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _remove_orphaned_scratch() -> None:
+    """Remove the scratch folders of engine actors on this node whose process is gone (a killed
+    actor cannot remove its own; they are named rlpipe-ray-engine-<pid>-*)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = folder.name.removeprefix(SCRATCH_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class RayEngineClient(EngineClient):
