@@ -300,7 +300,8 @@ class ClusterConfig(Section):
     """[cluster]: where work runs beyond one process. Sandboxed verification: unset
     ray_address = the local sandbox pool of [sandbox]; set = actors on a Ray cluster, each with
     its own pool (sandbox/ray_pool.py). The trainer's update: trainer_nproc ranks of a torchrun
-    group on this machine (workers/trainer_group.py). The whole table is left out of the
+    group on this machine (workers/trainer_group.py). The rollout engine: a local worker
+    process, or with engine_on_ray a Ray actor (workers/ray_engine.py). The whole table is left out of the
     config hash: it says where the run computes, not what (a resume may change it)."""
 
     ray_address: str | None = None
@@ -316,6 +317,14 @@ class ClusterConfig(Section):
     ray_timeout_s: float = Field(600.0, gt=0)
     """Longest wait for the next share of verdicts (or for the actors to start); past it the
     stage fails with ClusterUnavailable and Prefect retries it."""
+    engine_on_ray: bool = False
+    """Run the rollout engine in a Ray actor on the cluster at ray_address (workers/ray_engine.py)
+    instead of a local worker process: the same engine service, its weights shipped through Ray's
+    object store. The actor runs in the nodes' Python (rollout.engine_python does not apply)."""
+    ray_engine_cpus: float = Field(1.0, gt=0)
+    """CPUs Ray reserves for the engine actor (also its torch threads)."""
+    ray_engine_gpus: float = Field(0.0, ge=0)
+    """GPUs Ray reserves for the engine actor; with model.device="auto" it uses the one Ray gives it."""
     trainer_nproc: int = Field(1, ge=1)
     """Processes of the trainer's update: 1 = the trainer worker updates alone; N > 1 = a
     long-lived group of N ranks started by the trainer worker with `torchrun --standalone

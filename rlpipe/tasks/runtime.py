@@ -195,7 +195,7 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
         python = engine_python(config) if kind == "engine" else sys.executable
         return WorkerSpec(run_id, kind, config.model_dump_json(), socket_folder, shm, secrets, python)
 
-    engine, trainer = EngineClient(spec("engine")), TrainerClient(spec("trainer"))
+    engine, trainer = build_engine_client(config, spec("engine")), TrainerClient(spec("trainer"))
     runtime = Runtime(run_id=run_id, config=config, lake=lake, tracker=tracker, mixture=mixture,
                       heldout=mixture.heldout(config.envs.heldout_size, seed=config.seed),
                       engine=engine, trainer=trainer, socket_folder=socket_folder, weights_folder=shm)
@@ -212,6 +212,18 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
     engine.on_restart = lambda: restore_engine_version(runtime)
     register_runtime(runtime)
     return runtime
+
+
+def build_engine_client(config: RunConfig, spec: WorkerSpec) -> EngineClient:
+    """The engine's client: a local worker process, or with cluster.engine_on_ray an actor on
+    the Ray cluster (workers/ray_engine.py, the same engine service behind the same calls)."""
+    cluster = config.cluster
+    if not cluster.engine_on_ray:
+        return EngineClient(spec)
+    from rlpipe.workers.ray_engine import RayEngineClient
+
+    check_engine_options(config)  # an address to run on, no rollout.engine_python
+    return RayEngineClient(spec, cluster.ray_address, num_cpus=cluster.ray_engine_cpus, num_gpus=cluster.ray_engine_gpus)
 
 
 def sync_weights(runtime: Runtime) -> float:
@@ -253,7 +265,7 @@ def preflight(config: RunConfig) -> None:
 
     check_engine_options(config)
     mixture = build_mixture(config)
-    if config.cluster.ray_address and any(env.needs_sandbox for env in mixture.envs.values()):
+    if config.cluster.engine_on_ray or (config.cluster.ray_address and any(env.needs_sandbox for env in mixture.envs.values())):
         from rlpipe.sandbox.ray_pool import import_ray
 
         import_ray()  # a ConfigError with the install hint, before any flow run
@@ -276,6 +288,13 @@ def check_engine_options(config: RunConfig) -> None:
             f"train.lora_rank={train.lora_rank} with rollout.engine={rollout.engine!r}: only the hf engine takes LoRA adapter weights",
             "use rollout.engine=\"hf\" with LoRA, or train every weight (train.lora_rank=0)",
         )
+    cluster = config.cluster
+    if cluster.engine_on_ray and not cluster.ray_address:
+        raise ConfigError("cluster.engine_on_ray needs cluster.ray_address (the Ray cluster that runs the engine actor)",
+                          'set it, e.g. --set cluster.ray_address="10.0.0.5:6379", or unset cluster.engine_on_ray')
+    if cluster.engine_on_ray and rollout.engine_python is not None:
+        raise ConfigError("rollout.engine_python with cluster.engine_on_ray: the engine actor runs in the Ray nodes' Python",
+                          "install the engine's packages on the nodes and unset rollout.engine_python")
     if rollout.engine == "openai" and rollout.openai_base_url is None:
         raise ConfigError("rollout.engine=\"openai\" needs rollout.openai_base_url",
                           "set it to the server's base URL, e.g. --set rollout.openai_base_url=http://127.0.0.1:8000/v1")
