@@ -127,8 +127,13 @@ class WorkerClient:
             self._discard()
             raise
         self._pending_ready = False
+        self._serving(p.WorkerHandle(self.spec.run_id, self.spec.kind, self._address, self._process.pid), restarted)
+
+    def _serving(self, handle: p.WorkerHandle, restarted: bool) -> None:
+        """A worker is up: count it, and after a restart bring it back to the run's state
+        (`on_restart`) before it serves, or discard it."""
         self.starts += 1
-        self.handle = p.WorkerHandle(self.spec.run_id, self.spec.kind, self._address, self._process.pid)
+        self.handle = handle
         if restarted and self.on_restart is not None:
             try:
                 self.on_restart()

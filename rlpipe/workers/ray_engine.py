@@ -171,14 +171,7 @@ class RayEngineClient(EngineClient):
             self._discard()
             raise
         self.info = info
-        self.starts += 1
-        self.handle = p.WorkerHandle(self.spec.run_id, self.spec.kind, f"ray-actor:{info.actor_id}", info.pid)
-        if restarted and self.on_restart is not None:
-            try:
-                self.on_restart()
-            except BaseException:
-                self._discard()  # not brought back: never serve from a wrong state
-                raise
+        self._serving(p.WorkerHandle(self.spec.run_id, self.spec.kind, f"ray-actor:{info.actor_id}", info.pid), restarted)
 
     def _discard(self) -> None:
         """Kill the actor (if any); the next call creates a fresh one."""
