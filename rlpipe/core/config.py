@@ -72,6 +72,8 @@ class RunConfig(Section):
         data = self.model_dump(mode="json", exclude=_HASH_EXCLUDED)
         if not self.curriculum.enabled:  # runs from before [curriculum] existed keep their hash
             data.pop("curriculum")
+        if self.warmstart.target_scope == "overall":  # nor do runs from before warmstart.target_scope
+            data["warmstart"].pop("target_scope")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def flat(self) -> dict[str, str]:

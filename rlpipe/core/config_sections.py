@@ -213,6 +213,12 @@ class WarmstartConfig(Section):
     this (checked every check_every_steps); None = always run `steps`. The learning curve of
     a tiny model jumps sharply at a seed-dependent step; stopping at a target makes RL start
     from a comparable policy whatever the seed."""
+    target_scope: Literal["overall", "every_domain"] = "overall"
+    """What target_accuracy is compared with: overall, the greedy accuracy on all the check
+    tasks; every_domain, each domain's accuracy on its share of them, so the warm-start goes
+    on until the least-learned domain reaches the target (no domain starts RL hopeless, below
+    the curriculum's band, when `steps` allow). With every_domain, give check_tasks a few
+    dozen tasks per domain."""
     check_every_steps: int = Field(5, gt=0)
     """How often the target accuracy is checked."""
     check_tasks: int = Field(200, gt=0)

@@ -124,14 +124,29 @@ def warm_start(run_id: str) -> float:
             break
         if state.state == "check":
             sync_weights(runtime)
-            accuracy = greedy_accuracy(runtime, check_tasks)["accuracy"]
-            get_run_logger().info("warm-start step %d: greedy accuracy on training tasks %.3f", state.check_step, accuracy)
-            progress.checked(state.check_step, accuracy)
+            result = greedy_accuracy(runtime, check_tasks)
+            accuracy = warmstart_accuracy(result, config.warmstart.target_scope)
+            get_run_logger().info("warm-start step %d: greedy accuracy on training tasks %.3f (%s)", state.check_step,
+                                  accuracy, ", ".join(f"{key.removeprefix('accuracy/')} {value:.2f}"
+                                                      for key, value in result.items() if key.startswith("accuracy/")))
+            progress.checked(state.check_step, accuracy, {key.removeprefix("accuracy/"): value
+                                                          for key, value in result.items() if key.startswith("accuracy/")})
             runtime.trainer.warm_start_continue(stop=accuracy >= target)
     progress.finish()
     runtime.trainer.reset_reference()  # the KL anchor is the warm-started policy
     sync_weights(runtime)
     return last_loss
+
+
+def warmstart_accuracy(result: dict[str, float], scope: str) -> float:
+    """The figure a warm-start check compares with warmstart.target_accuracy, from
+    `greedy_accuracy`'s result: the overall accuracy, or (scope every_domain) the lowest
+    domain's, so that the warm-start stops only once every domain has reached the target."""
+    if scope == "overall":
+        return result["accuracy"]
+    if scope == "every_domain":
+        return min(value for key, value in result.items() if key.startswith("accuracy/"))
+    raise ValueError(f"unknown warmstart.target_scope {scope!r}; use overall or every_domain")
 
 
 def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:

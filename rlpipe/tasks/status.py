@@ -138,10 +138,14 @@ class WarmStartProgress:
             self._flush_losses()
         self.write()
 
-    def checked(self, step: int, accuracy: float) -> None:
+    def checked(self, step: int, accuracy: float, per_domain: dict[str, float] | None = None) -> None:
+        """`accuracy`: the figure compared with the target; `per_domain`: domain -> its
+        accuracy, logged as warmstart/accuracy/<domain>."""
         self.document.update(accuracy=accuracy, accuracy_step=step)
         self._flush_losses()
         self._log("warmstart/accuracy", [(step, accuracy)])
+        for domain, value in sorted((per_domain or {}).items()):
+            self._log(f"warmstart/accuracy/{domain}", [(step, value)])
         self.write(force=True)
 
     def finish(self) -> None:
