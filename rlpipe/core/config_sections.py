@@ -234,6 +234,11 @@ class EvalConfig(Section):
     `regression_window` evaluations."""
     regression_window: int = Field(3, gt=0)
     """Earlier evaluations a domain's held-out accuracy is compared with."""
+    regression_z: float | None = Field(3.0, gt=0)
+    """Also alert when the fall below that best is more than this many standard errors of the
+    difference of two accuracies on envs.heldout_size tasks each (binomial, pooled): it sees a
+    domain near 0.1 collapse, which an absolute threshold of 0.1 cannot; None = only the
+    absolute threshold."""
     grad_conflict_every_steps: int = Field(0, ge=0)
     """Every N RL steps, the cosine similarity of the per-domain policy gradients of the
     step's batch, per pair (MLflow `grad_conflict/<a>__<b>`); 0 = off. It costs one backward

@@ -1,5 +1,8 @@
-"""Regressions of per-domain held-out accuracy: a domain whose accuracy now is more than a
-threshold below its best over the last few evaluations. Pure: numbers in, findings out.
+"""Regressions of per-domain held-out accuracy: a domain whose accuracy now is below its best
+over the last few evaluations by more than a threshold, or by more than `z` standard errors
+of the difference of two binomial proportions over `tasks` held-out tasks each (so that a
+domain near 0.1 that falls to 0.02 is seen: 200 tasks, z = 3.2, where an absolute 0.1 cannot
+fire, while a swing of 0.08 at 0.2 is noise: z = 2.1). Pure: numbers in, findings out.
 
 What it does not: read evaluations or raise alerts (tasks/lifecycle.py reads the stored
 evaluations, tasks/track.py `alert_regressions` writes the artifact, tag and warning); it
@@ -8,6 +11,7 @@ never stops a run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,9 +52,11 @@ class Regression:
                 f"(policy version {self.at.policy_version})")
 
 
-def find_regressions(earlier: Sequence[Evaluation], current: Evaluation, threshold: float, window: int) -> list[Regression]:
+def find_regressions(earlier: Sequence[Evaluation], current: Evaluation, threshold: float, window: int,
+                     z: float | None = None, tasks: int = 0) -> list[Regression]:
     """Domains of `current` whose accuracy is more than `threshold` below their best over the
-    last `window` of `earlier` (ordered oldest first) that measured them, by domain name."""
+    last `window` of `earlier` (ordered oldest first) that measured them, or (with `z` and
+    `tasks`) below it by more than `z` standard errors (`fall_in_standard_errors`)."""
     recent = list(earlier)[-window:] if window > 0 else []
     found = []
     for domain, now in sorted(current.accuracy.items()):
@@ -59,6 +65,17 @@ def find_regressions(earlier: Sequence[Evaluation], current: Evaluation, thresho
             continue
         best_at = max(measured, key=lambda evaluation: evaluation.accuracy[domain])  # the earliest of equal bests
         best = best_at.accuracy[domain]
-        if best - now > threshold:
+        significant = z is not None and tasks > 0 and fall_in_standard_errors(best, now, tasks) > z
+        if best - now > threshold or significant:
             found.append(Regression(domain, best, best_at, now, current))
     return found
+
+
+def fall_in_standard_errors(best: float, now: float, tasks: int) -> float:
+    """(best - now) over the standard error of the difference of two accuracies measured on
+    `tasks` tasks each (pooled: sqrt(2 p (1 - p) / tasks)); 0 when there is no fall, and
+    when both are 0 or both 1 (no variance: no evidence either way)."""
+    pooled = (best + now) / 2
+    if best <= now or pooled <= 0 or pooled >= 1:
+        return 0.0
+    return (best - now) / math.sqrt(2 * pooled * (1 - pooled) / tasks)

@@ -198,8 +198,9 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
     # tracker skips a point it has already, so a kill between them loses nothing.
     runtime.tracker.log_step_metrics(runtime.mlflow_run_id, runtime.policy_version, heldout_metrics(result), timestamp_ms=None)
     current = Evaluation.from_result(name, runtime.policy_version, result)
-    alert_regressions(runtime, find_regressions(_earlier_evaluations(runtime, current), current,
-                                                runtime.config.eval.regression_threshold, runtime.config.eval.regression_window))
+    settings = runtime.config.eval
+    alert_regressions(runtime, find_regressions(_earlier_evaluations(runtime, current), current, settings.regression_threshold,
+                                                settings.regression_window, settings.regression_z, runtime.config.envs.heldout_size))
     runtime.lake.write_json(run_id, f"evals/{name}.json", {"policy_version": runtime.policy_version, **result})
     return result
 

@@ -9,7 +9,7 @@ from prefect import flow, get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from rlpipe.core.config import load_config
-from rlpipe.rl.heldout_regression import Evaluation, find_regressions
+from rlpipe.rl.heldout_regression import Evaluation, fall_in_standard_errors, find_regressions
 from rlpipe.storage.lake import Lake
 
 BEFORE = Evaluation("before_rl", 0, {"a": 0.50, "b": 0.20})
@@ -31,6 +31,27 @@ def test_the_window_limits_how_far_back_the_best_is_taken():
     # window 1: only step 20 (0.60): 0.05 is no regression; window 2 reaches 0.70 at step 10
     assert find_regressions([BEFORE, STEP_10, STEP_20], now, threshold=0.1, window=1) == []
     assert [r.domain for r in find_regressions([BEFORE, STEP_10, STEP_20], now, threshold=0.1, window=2)] == ["a"]
+
+
+def test_a_significant_fall_near_0_1_is_a_regression_that_the_absolute_threshold_misses():
+    """The multi-domain run of 2026-12-02 (configs/multidomain.toml): rg_sub 0.095 -> 0.020
+    on 200 tasks each is (0.075) / sqrt(2 * 0.0575 * 0.9425 / 200) = 3.22 standard errors;
+    arithmetic's 0.215 -> 0.135 on the same counts is 2.10: noise at z = 3."""
+    best = Evaluation("step_000025", 25, {"rg_sub": 0.095, "arithmetic": 0.215})
+    now = Evaluation("step_000050", 50, {"rg_sub": 0.020, "arithmetic": 0.135})
+    assert fall_in_standard_errors(0.095, 0.020, 200) == pytest.approx(3.22, abs=0.01)
+    assert fall_in_standard_errors(0.215, 0.135, 200) == pytest.approx(2.10, abs=0.01)
+    assert find_regressions([best], now, threshold=0.1, window=3) == []  # absolute only: both under 0.1
+    (found,) = find_regressions([best], now, threshold=0.1, window=3, z=3.0, tasks=200)
+    assert (found.domain, found.best, found.now) == ("rg_sub", 0.095, 0.020)
+    # the same fall measured on 40 tasks is within noise (z = 1.44)
+    assert find_regressions([best], now, threshold=0.1, window=3, z=3.0, tasks=40) == []
+
+
+def test_no_fall_or_no_variance_is_zero_standard_errors():
+    assert fall_in_standard_errors(0.3, 0.3, 200) == 0.0
+    assert fall_in_standard_errors(0.2, 0.4, 200) == 0.0  # a rise
+    assert fall_in_standard_errors(0.0, 0.0, 200) == 0.0 and fall_in_standard_errors(1.0, 1.0, 200) == 0.0
 
 
 def test_no_earlier_evaluation_or_a_new_domain_is_no_regression():
