@@ -1,16 +1,17 @@
-"""^C and SIGTERM end `rlpipe train` in order, in ephemeral mode (Prefect's temporary server,
-no PREFECT_API_URL) and against a running Prefect server (the session's harness).
+"""^C and SIGTERM end `rlpipe train` in order.
 
 Runs the real CLI on a pseudo-terminal: ^C is the byte 0x03 written to the terminal, so the
 kernel sends SIGINT to the whole foreground process group, as a user's ^C does; SIGTERM is
-`kill PID` (the CLI alone: it must stop its workers itself). Each signal is sent once: SIGTERM
-in ephemeral mode during the warm start, ^C with a Prefect server during an RL step (and ^C
-under `rlpipe up`: test_up_serves_train.py). After the signal the command must: exit 130 (SIGINT)
-or 143 (SIGTERM) (a run still alive 600 s after it is hung: killed, and the test fails), print one line with the resume command and no traceback, leave no process
-behind (no process carries the run's PREFECT_HOME in its environment), and have marked
-the run interrupted in the lake (status.json), MLflow (KILLED) and Prefect (Crashed). Then
-the run resumes to the end; after a resume in RL steps the Prefect step table holds every
-step. `rlpipe runs show` of the interrupted run prints the resume command.
+`kill PID` (the CLI alone: it must stop its workers itself). Each signal is sent once, in one
+mode: SIGTERM here, in ephemeral mode (Prefect's temporary server, no PREFECT_API_URL) during
+the warm start; ^C during an RL step with a Prefect server, under `rlpipe up`, in
+tests/cli/test_up_serves_train.py (which imports this module's helpers). After the signal the
+command must: exit 130 (SIGINT) or 143 (SIGTERM) (a run still alive 600 s after it is hung:
+killed, and the test fails), print one line with the resume command and no traceback, leave
+no process behind (no process carries the run's PREFECT_HOME in its environment), and have
+marked the run interrupted in the lake (status.json), MLflow (KILLED) and Prefect (Crashed).
+Then the run resumes to the end. `rlpipe runs show` of an interrupted or failed run prints
+the resume command (in-process: the command's output, not a process's start-up, is tested).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from prefect.client.orchestration import get_client
 from rlpipe.core.config import load_config
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus
+from typer.testing import CliRunner
+
+from rlpipe.cli.main import app
 from tests.durability.cli_runs import RLPIPE, cli_env, make_where, run_cli
 from tests.helpers.prefect_db import seed_prefect_home
 
@@ -48,7 +52,8 @@ HANG_GUARD_S = 600
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 # 100 warm-start steps of 8 examples: long enough that a signal sent as it begins lands
-# inside it; 6 RL steps (checkpoints 0, 2, 4, 6) so a signal after step 1 lands in an RL step.
+# inside it; 6 RL steps (checkpoints 0, 2, 4, 6) so a signal after step 1 lands in an RL step
+# (the ^C under `rlpipe up` in tests/cli/test_up_serves_train.py).
 TOML = """\
 seed = 3
 [train]
@@ -66,6 +71,10 @@ domains = {reverse = 1.0}
 [checkpoint]
 every_steps = 2
 """
+# The SIGTERM during the warm start: its resume starts over (warm start and both steps), so
+# the run is kept short; 60 warm-start steps still outlast the signal sent as they begin.
+EPHEMERAL_TOML = TOML.replace("steps = 6\n", "steps = 2\n", 1).replace("steps = 100\n", "steps = 60\n", 1)
+assert "steps = 2\n" in EPHEMERAL_TOML and "steps = 60\n" in EPHEMERAL_TOML
 
 
 @dataclass(frozen=True)
@@ -182,52 +191,33 @@ def check_interrupted(result: Interrupted, lake_uri: str, run_id: str, signal_na
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("send", ["term"])  # ^C (SIGINT) is sent in the Prefect-server test below: one run per signal (CI time)
-def test_signal_in_ephemeral_mode_ends_in_order_and_the_run_resumes(
-    tmp_path: Path, send: str, prefect_db_snapshot: Path | None
+def test_sigterm_in_ephemeral_mode_ends_in_order_and_the_run_resumes(
+    tmp_path: Path, prefect_db_snapshot: Path | None, prefect_api_url: str
 ) -> None:
-    where = make_where(tmp_path, TOML)
-    run_id = f"sig-eph-{send}"
+    """SIGTERM during the warm start of a run on Prefect's temporary server; the run then
+    resumes to the end against a Prefect server (the session's harness), as after a user
+    starts `rlpipe up`: the interrupted flow run stays in the temporary server's database."""
+    where = make_where(tmp_path, EPHEMERAL_TOML)
+    run_id = "sig-eph-term"
     env = cli_env(where, prefect_api_url=None)
     env.pop("PREFECT_API_URL", None)  # ephemeral mode: Prefect's temporary server
     seed_prefect_home(Path(env["PREFECT_HOME"]), prefect_db_snapshot)  # a ready database: no migration
-    signal_name, code = ("SIGINT", 130) if send == "int" else ("SIGTERM", 143)
     result = run_on_pty(["train", str(where.config_path), "--run-id", run_id], env, tmp_path,
-                        warmstart_started(Path(where.lake_uri), run_id), send)
-    where_stopped = check_interrupted(result, where.lake_uri, run_id, signal_name, code)
+                        warmstart_started(Path(where.lake_uri), run_id), "term")
+    where_stopped = check_interrupted(result, where.lake_uri, run_id, "SIGTERM", 143)
     assert where_stopped == {"step": 0, "stage": "warm-start"}
     assert wait_for_no_process(env["PREFECT_HOME"]) == []
-    assert ephemeral_states(Path(env["PREFECT_HOME"]), run_id)[0] in ENDED
+    states = ephemeral_states(Path(env["PREFECT_HOME"]), run_id)
+    assert len(states) == 1 and states[0] in ENDED
 
-    shown = run_cli(["runs", "show", run_id, "--lake", where.lake_uri], env, tmp_path)
-    assert f"resume with: rlpipe resume {run_id} --lake {where.lake_uri}" in shown.stdout, shown.stdout
-    resumed = run_cli(["resume", run_id, "--lake", where.lake_uri], env, tmp_path)
+    shown = CliRunner().invoke(app, ["runs", "show", run_id, "--lake", where.lake_uri], env={"COLUMNS": "200"})
+    assert f"resume with: rlpipe resume {run_id} --lake {where.lake_uri}" in shown.output.splitlines(), shown.output
+    served = cli_env(where, prefect_api_url=prefect_api_url)
+    resumed = run_cli(["resume", run_id, "--lake", where.lake_uri], served, tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert Lake.open(where.lake_uri).committed_steps(run_id) == [1, 2, 3, 4, 5, 6]
-    assert ephemeral_states(Path(env["PREFECT_HOME"]), run_id)[1:] == ["COMPLETED"]
+    assert Lake.open(where.lake_uri).committed_steps(run_id) == [1, 2]
+    assert asyncio.run(flow_run_states(run_id)) == ["COMPLETED"]
     assert wait_for_no_process(env["PREFECT_HOME"]) == []
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("send", ["int"])  # SIGTERM: the ephemeral-mode test above
-def test_signal_with_a_prefect_server_ends_in_order(tmp_path: Path, prefect_api_url: str, send: str) -> None:
-    """Interrupted in an RL step (once step 1 is persisted); the ^C run resumes, and its
-    Prefect step table then holds every step, also those before the interruption."""
-    where = make_where(tmp_path, TOML)
-    run_id = f"sig-srv-{send}-{os.getpid()}"
-    env = cli_env(where, prefect_api_url=prefect_api_url)
-    signal_name, code = ("SIGINT", 130) if send == "int" else ("SIGTERM", 143)
-    result = run_on_pty(["train", str(where.config_path), "--run-id", run_id], env, tmp_path,
-                        step_committed(Path(where.lake_uri), run_id, 1), send)
-    where_stopped = check_interrupted(result, where.lake_uri, run_id, signal_name, code)
-    assert where_stopped["step"] >= 1 and where_stopped["stage"] != "warm-start"  # step 1 persisted: in its update or later
-    assert wait_for_no_process(env["PREFECT_HOME"]) == []
-    assert asyncio.run(flow_run_states(run_id))[0] in ENDED
-    resumed = run_cli(["resume", run_id, "--lake", where.lake_uri], env, tmp_path)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert asyncio.run(flow_run_states(run_id))[1:] == ["COMPLETED"]
-    key = "rlpipe-steps-" + run_id.lower()
-    assert [int(row["step"]) for row in asyncio.run(step_table(key))] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize(
@@ -241,15 +231,16 @@ def test_runs_show_of_a_failed_or_interrupted_run_prints_the_resume_command(tmp_
     config = load_config(None, [])
     lake.write_run_info(RunInfo("r-7", config.model_dump_json(), config.config_hash(), "test", 1))
     lake.write_status(RunStatus("r-7", RunState.FAILED, 3, "verify", error, 2))
-    env = cli_env(make_where(tmp_path / "where"), prefect_api_url=None)
-    result = run_cli(["runs", "show", "r-7", "--lake", lake_uri], env, tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert shown in result.stdout
-    assert f"resume with: rlpipe resume r-7 --lake {lake_uri}" in result.stdout.splitlines()
+    wide = {"COLUMNS": "200"}  # a line the test reads whole: wider than any temporary path
+    result = CliRunner().invoke(app, ["runs", "show", "r-7", "--lake", lake_uri], env=wide)
+    assert result.exit_code == 0, result.output
+    assert shown in result.output
+    assert f"resume with: rlpipe resume r-7 --lake {lake_uri}" in result.output.splitlines()
 
     lake.write_status(RunStatus("r-7", RunState.FINISHED, 6, "done", None, 3))
-    finished = run_cli(["runs", "show", "r-7", "--lake", lake_uri], env, tmp_path)
-    assert "resume with" not in finished.stdout
+    finished = CliRunner().invoke(app, ["runs", "show", "r-7", "--lake", lake_uri], env=wide)
+    assert finished.exit_code == 0, finished.output
+    assert "resume with" not in finished.output
 
 
 @pytest.mark.slow

@@ -12,9 +12,12 @@ deployments onto the work pool, queues and limits `up` created (flows/operations
 
 ^C of a `rlpipe train` in a terminal under `up` ends in order: the CLI finds the Prefect
 server and the MLflow server from `up`'s state file (no PREFECT_API_URL, no
-tracking.mlflow_uri in the config), and after ^C it exits 130 with one resume line, the run
-is interrupted in the lake, KILLED in `up`'s MLflow server and ended in `up`'s Prefect
-server, and nothing of the CLI's is left. (Its own module until 2026-12-02: one `up` for all
+tracking.mlflow_uri in the config), and after ^C in an RL step it exits 130 with one resume
+line, the run is interrupted in the lake, KILLED in `up`'s MLflow server and ended in `up`'s
+Prefect server, and nothing of the CLI's is left; then `rlpipe resume` finishes it, and its
+Prefect step table holds every step. (This is the suite's ^C with a Prefect server: until
+2026-12-03 tests/cli/test_signals.py ran the same against the session's harness, one CLI
+run and resume more for CI.) (Its own module until 2026-12-02: one `up` for all
 of these saves a start of the three servers.)
 
 Last, `down` while a served run trains (holding the one `rlpipe-trainer` slot) stops the run
@@ -54,7 +57,7 @@ from rlpipe.tasks.builders import build_lake
 from tests.agents.helpers import copy_task
 from tests.cli.cli_process import REPO_ROOT
 from tests.cli.test_signals import (
-    ENDED, TOML, check_interrupted, flow_run_states, run_on_pty, step_committed, wait_for_no_process,
+    ENDED, TOML, check_interrupted, flow_run_states, run_on_pty, step_committed, step_table, wait_for_no_process,
 )
 from tests.durability.cli_runs import Where, cli_env, count_rows, make_where, run_cli
 from tests.helpers.s3_server import free_port
@@ -177,10 +180,18 @@ def test_ctrl_c_of_a_cli_run_under_up_ends_in_order(up: Up, tmp_path: Path) -> N
     result = run_on_pty(["train", str(where.config_path), "--run-id", run_id], env, tmp_path,
                         step_committed(Path(lake_uri), run_id, 1), "int")
     where_stopped = check_interrupted(result, lake_uri, run_id, "SIGINT", 130)  # MLflow: up's server, over HTTP
-    assert where_stopped["step"] >= 1
+    assert where_stopped["step"] >= 1 and where_stopped["stage"] != "warm-start"  # step 1 persisted: in its update or later
     assert wait_for_no_process(env["PREFECT_HOME"]) == []  # nothing of the CLI's own is left
     with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):  # over a session harness, if any
         assert asyncio.run(flow_run_states(run_id))[0] in ENDED
+    # The ^C run resumes to the end, and its Prefect step table then holds every step, also
+    # those before the interruption.
+    resumed = run_cli(["resume", run_id, "--lake", lake_uri], env, tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert Lake.open(lake_uri).committed_steps(run_id) == [1, 2, 3, 4, 5, 6]
+    with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):
+        assert asyncio.run(flow_run_states(run_id))[1:] == ["COMPLETED"]
+        assert [int(row["step"]) for row in asyncio.run(step_table("rlpipe-steps-" + run_id.lower()))] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.slow
