@@ -13,16 +13,18 @@ resume loads checkpoint 2 and replays step 3 (and step 4 where it was committed)
 (`warmstart`, a kill inside the very first checkpoint whose resume redoes the warm start,
 was dropped for CI time: a half-written checkpoint is `checkpoint-write`'s case, and a run
 stopped in its warm start and resumed from nothing is tests/cli/test_signals.py's.)
-`verify` also alters checkpoint 2 before its resume (bit rot), which falls back to checkpoint 0
-and replays steps 1-3, and still takes step 4's generated rows from the lake, where the
-killed run staged them (tasks/rollout.py); `part-write`
-and `update` resume from checkpoint 2 itself. (A kill inside `generate` of step 4, before
+`part-write` also alters checkpoint 2 before its resume (bit rot), which falls back to
+checkpoint 0 and replays steps 1-3, and still takes step 4's generated and verified rows from
+the lake, where the killed run staged them (tasks/rollout.py); `update` and
+`checkpoint-write` resume from checkpoint 2 itself. (A kill inside `generate` of step 4, before
 anything of the step is staged, was a scenario of its own until CI's time ran short: its
 resume computes step 4 with nothing staged, as `lost-files`' resume does once the staged
 rows are gone; tests/workers/test_worker_death.py still kills the engine worker inside a
-generate mid-run.)
-`lost-files` deletes checkpoint 2's weights file and the staged rows of step 4 before its
-resume: the resume falls back to checkpoint 0 and computes step 4's stages again.
+generate mid-run. So was `verify`, a kill in step 4's verify with checkpoint 2 bit-rotted,
+until 2026-12-03: `lost-files` kills at the same point, and `part-write` took the bit rot.)
+`lost-files` kills in `verify` of step 4 and deletes checkpoint 2's weights file and the
+staged rows of step 4 before its resume: the resume falls back to checkpoint 0 and computes
+step 4's stages again.
 
 The curriculum is on (two domains; ratios move half-way to their target each step, over a
 window of 2 steps; arithmetic on operands 0..4 after 80 warm-start steps has reward to
@@ -80,7 +82,6 @@ KR_TOML = (SMALL_TOML.replace("[warmstart]\nsteps = 5\n", "[warmstart]\nsteps = 
 # name -> (failpoint spec, the step the kill lands in, steps committed when it dies)
 # checkpoint-write's hit count is filled in from the reference: files per checkpoint.
 SCENARIOS: dict[str, tuple[str, int, list[int]]] = {
-    "verify": ("verify@4", 4, [1, 2, 3]),
     "update": ("update@4", 4, [1, 2, 3, 4]),
     "part-write": ("part-write@4", 4, [1, 2, 3]),
     "checkpoint-write": ("checkpoint-write@{mid_checkpoint_4}", 4, [1, 2, 3, 4]),
@@ -88,7 +89,7 @@ SCENARIOS: dict[str, tuple[str, int, list[int]]] = {
 }
 # scenario -> the checkpoint whose weights file is altered in the lake before the resume: the
 # resume finds it LakeCorrupted, falls back to checkpoint 0 and replays steps 1-3 instead
-CORRUPT_BEFORE_RESUME = {"verify": 2}
+CORRUPT_BEFORE_RESUME = {"part-write": 2}
 # scenario -> (checkpoint whose weights file is deleted, step whose staged rows are deleted)
 # before the resume: a lake that lost files, not one that cannot be reached
 LOST_BEFORE_RESUME = {"lost-files": (2, 4)}
@@ -253,25 +254,25 @@ def test_resumed_run_logs_one_mlflow_point_per_step(runs: dict[str, Outcome], na
 
 
 def test_resume_takes_generated_rows_from_the_lake(runs: dict[str, Outcome]) -> None:
-    """Killed in `verify` of step 4, checkpoint 2 bit-rotted before the resume: the resume
-    falls back to checkpoint 0, replays steps 1-3 to the same weights, and the resumed flow
-    run's rollout of step 4 takes generate's rows from the lake, where the killed run staged
-    them under their stage key (run id, incarnation, step, stage, config hash, policy
-    version), not a new sample."""
-    outcome = runs["verify"]
+    """Killed half-way through writing step 4's trajectory part, checkpoint 2 bit-rotted
+    before the resume: the resume falls back to checkpoint 0, replays steps 1-3 to the same
+    weights, and the resumed flow run's rollout of step 4 takes generate's and verify's rows
+    from the lake, where the killed run staged them under their stage key (run id,
+    incarnation, step, stage, config hash, policy version), not a new sample."""
+    outcome = runs["part-write"]
     assert outcome.resumed.returncode == 0, outcome.resumed.stderr[-3000:]
     warnings = asyncio.run(_flow_run_log_messages(outcome.run_id))
-    assert any("checkpoint 2 of run kr-verify is corrupted" in message and message.endswith("falling back to checkpoint 0")
+    assert any("checkpoint 2 of run kr-part-write is corrupted" in message and message.endswith("falling back to checkpoint 0")
                for message in warnings), warnings
     states = asyncio.run(_stage_states(outcome.run_id, 4))
     # two flow runs of the run: the killed one (left Running: SIGKILL) and the resumed one
     assert len(states) == 2, states
     killed, resumed = states
-    # it died inside the rollout (in verify); task runs reach the API in the background, so
+    # it died inside the rollout (in persist); task runs reach the API in the background, so
     # SIGKILL may have swallowed its Running state or, on a loaded machine, its record itself
     assert killed.get("rollout", []) in ([], ["Pending"], ["Running"]), killed
     assert resumed["rollout"] == ["Completed"], resumed
-    assert _reused(warnings, 4) == ["generate"], warnings  # verify never finished before: computed now
+    assert _reused(warnings, 4) == ["generate", "verify"], warnings
 
 
 def test_lost_files_fall_back_to_an_intact_checkpoint_and_recompute_staged_rows(runs: dict[str, Outcome]) -> None:
