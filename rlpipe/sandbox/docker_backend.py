@@ -541,7 +541,9 @@ def remove_leaked_containers(all_hosts: bool = False, base_url: str | None = Non
     client = docker_client(base_url)
     removed = 0
     hostname = socket.gethostname()
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+    # ignore_removed: a container another process removes between docker's list and its
+    # inspect of each id is skipped, not a NotFound (seen in CI with two test workers)
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}, ignore_removed=True):
         labels = container.labels
         if labels.get("rlpipe.host") != hostname and not all_hosts:
             continue

@@ -217,7 +217,7 @@ def test_double_fork_does_not_outlive_the_command_or_the_sandbox(make_sandbox):
     assert sandbox_pids(sandbox) == []
     container_id = sandbox._container_id
     sandbox.close()
-    ids = [c.id for c in docker_client.containers.list(all=True, filters={"label": "rlpipe.sandbox=1"})]
+    ids = [c.id for c in docker_client.containers.list(all=True, filters={"label": "rlpipe.sandbox=1"}, ignore_removed=True)]
     assert container_id not in ids
 
 
@@ -243,7 +243,7 @@ def test_leaked_containers_of_a_dead_process_are_removed():
     assert remove_leaked_containers() >= 1
     from rlpipe.sandbox.docker_backend import docker_client
 
-    ids = [c.id for c in docker_client().containers.list(all=True, filters={"label": "rlpipe.sandbox=1"})]
+    ids = [c.id for c in docker_client().containers.list(all=True, filters={"label": "rlpipe.sandbox=1"}, ignore_removed=True)]
     assert leaked_id not in ids
 
 
