@@ -36,26 +36,27 @@ from prefect.testing.utilities import prefect_test_harness
 from tests.helpers.prefect_db import snapshot_database
 from tests.helpers.s3_server import start_moto_server
 
-# The files that took longest in CI, longest first (seconds in a fresh-clone run on a loaded
-# machine, 2026-12-02: the order matters, not the figures). Started first, they leave the short
-# files to fill the end of both workers' time.
+# The files that took longest in CI, longest first (seconds in a fresh-clone run,
+# 2026-12-02, load 2-3: the order matters, not the figures). Started first, they leave the
+# short files to fill the end of both workers' time.
 LONGEST_FILES = (
-    "tests/cli/test_signals.py",  # 349
-    "tests/durability/test_kill_resume.py",  # 315
-    "tests/cli/test_up_serves_train.py",  # ~200: 130 measured by its helper + test_signals_up.py's 74, merged into it
-    "tests/flows/test_learning_torchrun.py",  # ~200 (367 measured at load 14); `extended`: only in make test-extended
-    "tests/workers/test_worker_death.py",  # 179
-    "tests/flows/test_learning_e2e.py",  # 167
-    "tests/flows/test_train_flow.py",  # 131
-    "tests/flows/test_ui_retry.py",  # 110 (measured by its helper)
-    "tests/cli/test_resume_more_steps.py",  # 109
-    "tests/flows/test_agent_rl_flow.py",  # ~120 (250 measured at load 15: a warm start and 2 steps of agent episodes)
-    "tests/workers/test_trainer_group.py",  # ~100 (218 measured at load 14: five torchrun groups started)
-    "tests/durability/test_async_kill_resume.py",  # 81
-    "tests/durability/test_s3_outage.py",  # 81
-    "tests/flows/test_progress.py",  # 78
-    "tests/durability/test_checkpoint_safety.py",  # 76
-    "tests/durability/test_retries.py",  # 70
+    "tests/cli/test_up_serves_train.py",  # 169
+    "tests/durability/test_kill_resume.py",  # 161
+    "tests/cli/test_signals.py",  # 107
+    "tests/flows/test_learning_torchrun.py",  # ~200 at load 5; `extended`: only in make test-extended
+    "tests/flows/test_ui_retry.py",  # 82
+    "tests/workers/test_trainer_group.py",  # 79
+    "tests/cli/test_resume_more_steps.py",  # 71
+    "tests/flows/test_learning_e2e.py",  # 70
+    "tests/durability/test_s3_outage.py",  # 59
+    "tests/durability/test_async_kill_resume.py",  # 55
+    "tests/flows/test_train_flow.py",  # 52
+    "tests/workers/test_worker_death.py",  # 47
+    "tests/durability/test_retries.py",  # 42
+    "tests/sandbox/test_docker_warm_python.py",  # 41
+    "tests/flows/test_progress.py",  # 34
+    "tests/durability/test_checkpoint_safety.py",  # 33
+    "tests/flows/test_agent_rl_flow.py",  # 22 here, 250 once at load 15: a warm start and 2 steps of agent episodes
 )
 
 TEST_RETRY_BACKOFF_S = "0.1"
