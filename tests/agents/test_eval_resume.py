@@ -4,6 +4,7 @@ rerun, and the final table equals an uninterrupted eval's."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -15,7 +16,7 @@ from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
 from tests.agents.helpers import copy_task
-from tests.cli.cli_process import error_lines, run_rlpipe
+from tests.cli.cli_process import NARROW, REPO_ROOT, error_lines, run_rlpipe
 from tests.sandbox._bwrap_support import require_bwrap
 
 pytestmark = pytest.mark.bwrap
@@ -72,3 +73,44 @@ def test_resume_refuses_an_unknown_eval_and_other_settings(tmp_path):
     assert unknown.returncode == 2 and "holds no eval 'nope'" in error_lines(unknown)[0]
     other = run_rlpipe(["eval", "--resume", "e", "--lake", "lake", "--agent", "oracle"], cwd=tmp_path, timeout_s=60)
     assert other.returncode == 2 and "--agent oracle (the eval has noop)" in error_lines(other)[0]
+
+
+def test_ctrl_c_mid_eval_commits_the_trial_in_flight_and_resume_runs_only_the_rest(tmp_path, prefect_api_url):
+    """^C on the terminal of `rlpipe eval` (one worker, trials of >= 3 s) once a trial is
+    committed: the trial in flight finishes and is committed, the trials not started are not
+    run, exit 130 with one resume line and no traceback; `--resume` runs only the rest."""
+    from tests.cli.test_signals import run_on_pty
+
+    require_bwrap()
+    tasks = tmp_path / "tasks"
+    slow = "#!/bin/sh\nsleep 3\n" + (copy_task(tmp_path / "original") / "solution" / "solve.sh").read_text().split("\n", 1)[1]
+    names = ("fix-a", "fix-b", "fix-c", "fix-d")
+    for name in names:
+        renamed = copy_task(tasks, **{"solution__solve.sh": slow})
+        renamed.rename(tasks / name)
+    commits = tmp_path / "lake" / "evals" / "cut" / "trials"
+    env = dict(os.environ, COLUMNS=NARROW, PREFECT_LOGGING_LEVEL="WARNING", RLPIPE_HOME=str(tmp_path / "rlpipe-home"),
+               PYTHONPATH=str(REPO_ROOT), PREFECT_API_URL=prefect_api_url, NO_PROXY="127.0.0.1,localhost",
+               no_proxy="127.0.0.1,localhost")
+    interrupted = run_on_pty(["eval", "--tasks", str(tasks), "--agent", "oracle", "--lake", "lake", "--workers", "1",
+                              "--eval-id", "cut"], env, tmp_path, lambda: len(list(commits.glob("*/*/COMMIT.json"))) >= 1,
+                             send="int")
+    assert interrupted.returncode == 130, interrupted.output[-4000:]
+    assert "Traceback" not in interrupted.output, interrupted.output[-4000:]
+    # the terminal echoes the ^C as "^C" before the line
+    lines = [line[line.index("interrupted"):].strip() for line in interrupted.output.splitlines() if "resume with:" in line]
+    assert lines == [f"interrupted (SIGINT); trials in flight were committed; resume with: rlpipe eval --resume cut "
+                     f"--lake {Lake.open(str(tmp_path / 'lake')).uri}"], interrupted.output[-4000:]
+    before = query(tmp_path, "select task_id, attempt, verdict, started_at_ms from eval_trials where eval_id = 'cut'")
+    # the committed one and the one in flight at the signal (it finished, passed and was
+    # committed); the others were never started
+    assert len(before) == 2 and all(row["verdict"] == "passed" for row in before), before
+
+    resumed = run_rlpipe(["eval", "--resume", "cut", "--lake", "lake", "--json"], cwd=tmp_path, timeout_s=180,
+                         PREFECT_API_URL=prefect_api_url)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["metrics"]["success_rate"] == 1.0
+    after = query(tmp_path, "select task_id, attempt, session, started_at_ms from eval_trials where eval_id = 'cut'")
+    assert sorted(row["task_id"] for row in after) == list(names) and all(row["attempt"] == 1 for row in after)
+    assert {(row["task_id"], row["started_at_ms"]) for row in after if row["session"] == 0} == {
+        (row["task_id"], row["started_at_ms"]) for row in before}
