@@ -39,6 +39,11 @@ class VerifierSpec:
     payload: str
 
 
+Segments = tuple[tuple[str, bool], ...]
+"""A whole multi-turn episode after its prompt, for the supervised warm-start: (text,
+trained) in order, the replies trained, the tool output between them context only."""
+
+
 @dataclass(frozen=True)
 class Task:
     """One prompt of one domain, with what is needed to verify an answer to it.

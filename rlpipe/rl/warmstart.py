@@ -2,7 +2,11 @@
 
 What it does: for a fixed budget of `steps` AdamW steps of `batch_size` examples each
 (sampled with replacement, seeded), trains the model on prompt + answer + EOS with the loss
-on the answer tokens and the EOS token only (the prompt is context, not a target). Ending
+on the answer tokens and the EOS token only (the prompt is context, not a target). An
+example is (prompt, answer), or (prompt, segments) for a whole multi-turn episode:
+segments are (text, trained) pairs in order (the replies trained, the tool output between
+them context only, as in the RL loss), each tokenized on its own, so one sequence trains
+every reply of the episode given what came before it (tasks/agent_episodes.py). Ending
 every answer with EOS is what teaches the policy to stop; the rollout engine stops on EOS.
 A tiny random model needs this to be partially right (non-zero pass rate) before GRPO has
 any reward signal. The budget is exactly steps * batch_size sequences, constant learning
@@ -24,14 +28,18 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from rlpipe.core.records import Segments
 from rlpipe.rl.batching import TrainSample, pad_samples, token_logprobs
 from rlpipe.rl.precision import MasterWeights
+
+SupervisedExample = tuple[str, str] | tuple[str, Segments]
+"""(prompt, answer) or (prompt, ((text, trained), ...)): see the module docstring."""
 
 
 def warm_start(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    examples: list[tuple[str, str]],
+    examples: list[SupervisedExample],
     steps: int,
     batch_size: int,
     lr: float,
@@ -41,7 +49,7 @@ def warm_start(
     check_every: int = 5,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """Train on (prompt, answer) pairs; returns the mean answer-token loss of every step.
+    """Train on the examples; returns the mean trained-token loss of every step.
 
     `stop_check(steps_done)`, called every `check_every` steps, ends the warm-start early
     when it returns True (e.g. once the policy is right often enough for RL to learn from);
@@ -83,8 +91,18 @@ def warm_start(
     return losses
 
 
-def _encode(tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str) -> TrainSample:
-    """The answer + EOS as the 'completion' of a sample (advantage unused here)."""
+def _encode(tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str | Segments) -> TrainSample:
+    """The answer (or the segments) + EOS as the 'completion' of a sample (advantage unused
+    here); untrained segments are masked out of the loss."""
     prompt_ids = tuple(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    answer_ids = tuple(tokenizer(answer, add_special_tokens=False)["input_ids"]) + (tokenizer.eos_token_id,)
-    return TrainSample(prompt_token_ids=prompt_ids, token_ids=answer_ids, old_logprobs=(0.0,) * len(answer_ids), advantage=None)
+    segments: Segments = ((answer, True),) if isinstance(answer, str) else tuple(answer)
+    token_ids: list[int] = []
+    mask: list[int] = []
+    for text, trained in segments:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        token_ids += ids
+        mask += [int(trained)] * len(ids)
+    token_ids.append(tokenizer.eos_token_id)
+    mask.append(1)
+    return TrainSample(prompt_token_ids=prompt_ids, token_ids=tuple(token_ids), old_logprobs=(0.0,) * len(token_ids),
+                       advantage=None, loss_mask=None if all(mask) else tuple(mask))

@@ -7,11 +7,14 @@ the warm-start's oracle trajectories.
   carries its completion (the whole episode, loss-masked) and the verifier's verdict, so the
   verify stage keeps these rows as they are (tasks/verify.py).
 - `oracle_examples(runtime, tasks)`: the env's oracle replies played as real episodes in
-  the pool (the observations are what the tools returned); every reply becomes one
-  (context before it, reply + stop string) pair for the supervised warm-start, which puts
-  its loss on the reply only: the same masking as the RL loss. TRAIN tasks only: the caller
-  draws them from the mixture's train split. An oracle episode that fails its verifier is an
-  env bug and raises.
+  the pool (the observations are what the tools returned); every episode becomes ONE
+  example for the supervised warm-start: (prompt, ((reply + stop, True), (observation,
+  False), ...)), the loss on the replies only, the same masking as the RL loss. One
+  sequence trains every reply given the context before it, as one (context, reply) pair per
+  reply would, at a third of the tokens for a 3-reply episode, and a batch of N examples
+  holds N of each reply (with pairs, a third of a batch was each kind). TRAIN tasks only:
+  the caller draws them from the mixture's train split. An oracle episode that fails its
+  verifier is an env bug and raises.
 
 Not here: the episode loop (agents/episodes.py), the tasks (envs/), the stages (rollout.py).
 """
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from rlpipe.agents.episodes import EpisodeResult, EpisodeSettings, run_episodes
 from rlpipe.core.errors import ConfigError
-from rlpipe.core.records import Completion, Task
+from rlpipe.core.records import Completion, Segments, Task
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.tasks.runtime import Runtime
 
@@ -68,8 +71,8 @@ def run_agent_episodes(runtime: Runtime, tasks: list[Task], group_size: int, par
                         episode_settings(runtime))
 
 
-def oracle_examples(runtime: Runtime, tasks: list[Task]) -> list[tuple[str, str]]:
-    """(context, reply) pairs of every oracle reply of every task (see the module docstring)."""
+def oracle_examples(runtime: Runtime, tasks: list[Task]) -> list[tuple[str, Segments]]:
+    """One (prompt, segments) example per oracle episode of a task (see the module docstring)."""
     if runtime.sandbox_pool is None:
         raise RuntimeError("a multi-turn domain needs the run's sandbox pool (build_sandbox_pool)")
     unique = list({task.task_id: task for task in tasks}.values())
@@ -81,17 +84,20 @@ def oracle_examples(runtime: Runtime, tasks: list[Task]) -> list[tuple[str, str]
     failed = [(result.completion.task_id, result.verdict.detail) for result in results if not result.verdict.passed]
     if failed:
         raise RuntimeError(f"{len(failed)} oracle episodes failed their verifier (an env bug); the first: {failed[0]}")
-    return oracle.examples
+    return oracle.episodes
 
 
 class OracleEngine:
     """A scripted engine that replies each episode's oracle turns in order (a test-free use of
-    the Generate protocol): token ids are character codes, so contexts extend exactly."""
+    the Generate protocol): token ids are character codes, so contexts extend exactly.
+    `episodes`: what it replied, per episode, as warm-start examples (prompt, segments)."""
 
     def __init__(self, turns: dict[str, list[str]], stop: str) -> None:
         self.turns, self.stop = turns, stop
         self.replied: dict[str, int] = defaultdict(int)
-        self.examples: list[tuple[str, str]] = []
+        self._prompts: dict[str, str] = {}
+        self._segments: dict[str, list[tuple[str, bool]]] = defaultdict(list)
+        self._seen: dict[str, str] = {}  # episode key -> its last context + the reply to it
 
     def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> tuple[list[Completion], int]:
         completions = []
@@ -101,8 +107,23 @@ class OracleEngine:
             self.replied[key] += 1
             replies = self.turns[task_id]
             reply = replies[index] if index < len(replies) else replies[-1]
-            self.examples.append((context, reply + self.stop))
+            self._record(key, context, reply + self.stop)
             tokens = tuple(ord(char) for char in reply + self.stop)
             completions.append(Completion(key, int(sample), reply, tuple(ord(char) for char in context), tokens,
                                           (0.0,) * len(tokens), "stop", 0))
         return completions, 0
+
+    def _record(self, key: str, context: str, reply: str) -> None:
+        if key not in self._prompts:
+            self._prompts[key] = context
+        else:
+            before = self._seen[key]
+            if not context.startswith(before):
+                raise RuntimeError(f"episode {key}: the context of a turn does not extend the one before it")
+            self._segments[key].append((context[len(before):], False))  # the tool's output
+        self._segments[key].append((reply, True))
+        self._seen[key] = context + reply
+
+    @property
+    def episodes(self) -> list[tuple[str, Segments]]:
+        return [(prompt, tuple(self._segments[key])) for key, prompt in self._prompts.items()]

@@ -134,9 +134,10 @@ class RenderedChat:
 @dataclass(frozen=True)
 class WarmStartBegin:
     """Start the supervised warm-start in the worker (a thread): `examples` are (prompt,
-    reference answer) pairs. It pauses at each accuracy check until WarmStartContinue."""
+    reference answer) pairs, or (prompt, segments) for whole episodes (rl/warmstart.py). It
+    pauses at each accuracy check until WarmStartContinue."""
 
-    examples: tuple[tuple[str, str], ...]
+    examples: tuple[tuple[str, Any], ...]
     steps: int
     batch_size: int
     lr: float

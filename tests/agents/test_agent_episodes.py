@@ -86,7 +86,14 @@ def test_oracle_succeeds_and_doing_nothing_fails(pool):
     results = run_episodes(tasks, 1, PARAMS, oracle.generate, pool, lambda task: env, SETTINGS)
     assert [result.verdict.passed for result in results] == [True] * 6
     assert {result.ending for result in results} == {"submit"}
-    assert len(oracle.examples) == 3 * 6  # one (context, reply) pair per oracle reply
+    # one warm-start example per episode: the prompt, then its 3 replies (trained) with the 2
+    # tool outputs between them (not trained), which extend the context as the episode did
+    assert len(oracle.episodes) == 6
+    for (prompt, segments), task in zip(oracle.episodes, tasks):
+        assert prompt == task.prompt and [trained for _, trained in segments] == [True, False, True, False, True]
+        assert [text for text, trained in segments if trained] == [turn + "\n" for turn in env.oracle_turns(task)]
+        line = f"{task.prompt.split()[4]}={json.loads(task.verifier.payload)['value']}"
+        assert segments[1][0] == f"out: {line}\n" and segments[3][0] == "out: ok\n"
     quitter = ScriptedEngine([call_text("submit")])
     results = run_episodes(tasks, 2, PARAMS, quitter.generate, pool, lambda task: env, SETTINGS)
     assert len(results) == 12 and not any(result.verdict.passed for result in results)

@@ -243,3 +243,28 @@ def test_tis_old_logprobs_are_taken_before_the_first_optimizer_step(tiny_model, 
     assert metrics.clip_frac > 0 and metrics.tis_weight == pytest.approx(1.0, abs=1e-5)
     with pytest.raises(ValueError, match="tis_cap"):
         Trainer(tiny_model, lr=1e-2, tis_cap=0.0)
+
+
+def test_an_episode_example_trains_its_replies_and_not_the_tool_output_between_them(tiny_model, tokenizer):
+    """(prompt, segments): one sequence whose loss is on the trained segments and EOS only,
+    each reply scored given the context before it, as the pair (context, reply) scores it."""
+    from rlpipe.rl.batching import pad_samples, token_logprobs
+    from rlpipe.rl.warmstart import _encode
+
+    sample = _encode(tokenizer, "ab", (("cd", True), ("ef", False), ("gh", True)))
+    ids = lambda text: tuple(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    assert sample.prompt_token_ids == ids("ab")
+    assert sample.token_ids == ids("cd") + ids("ef") + ids("gh") + (tokenizer.eos_token_id,)
+    assert sample.loss_mask == (1,) * len(ids("cd")) + (0,) * len(ids("ef")) + (1,) * len(ids("gh")) + (1,)
+    assert _encode(tokenizer, "ab", "cd").loss_mask is None  # a plain answer: every token trained
+    tiny_model.eval()
+    with torch.no_grad():
+        packed = pad_samples([sample], 0, "cpu")
+        packed_logprobs = token_logprobs(tiny_model, packed)[0][packed.completion_mask[0] > 0]
+        pair = pad_samples([_encode(tokenizer, "abcdef", "gh")], 0, "cpu")
+        pair_logprobs = token_logprobs(tiny_model, pair)[0][pair.completion_mask[0] > 0]
+    # the last reply and EOS: the same log-probabilities in both forms
+    assert torch.allclose(packed_logprobs[-3:], pair_logprobs, atol=1e-5)
+    losses = warm_start(tiny_model, tokenizer, [("ab", (("cd", True), ("ef", False), ("gh", True)))], steps=3, batch_size=2,
+                        lr=1e-3, seed=0)
+    assert len(losses) == 3 and all(loss > 0 for loss in losses)
