@@ -1,0 +1,103 @@
+"""Agent RL probe: does GRPO sharpen the copy of a warm-started agent policy? Minutes, no sandbox.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agent_rl_probe.py --policy LAKE/checkpoints/RUN/step=000000/policy \
+        [--lr 3e-4] [--steps 100] [--mask all|digit] [--temperature 0.6] [--warmup 0]
+
+The agent quickstart's write turn alone (envs/agent_tasks.py tasks, each given the context it
+has in an oracle episode: prompt, grep reply, `out: key=value`; no sandbox): per step 8
+training tasks x 8 sampled write replies through rlpipe's HF engine, reward 1 iff the reply
+writes the value, GRPO advantages per task, one update of rlpipe's Trainer (the quickstart's
+micro-batch and 2 mini-batches), the weights loaded into the engine. Every 5 steps: the mean
+reward and the greedy copy accuracy on 200 held-out tasks (chance 10 %). `--mask digit`
+puts the loss on the value token only (is the format's drift the cause?), `--warmup N`
+raises the lr linearly over N steps. Nothing asserts: numbers are for reading.
+
+Not measured: whole episodes (the grep and submit turns, the sandbox); `rlpipe train
+configs/agent_quickstart.toml --set model.path=... --set warmstart.steps=0` measures those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+import torch
+
+from rlpipe.engines.hf import HFEngine
+from rlpipe.engines.sampling import SamplingParams
+from rlpipe.envs.agent_tasks import AgentTasksEnv
+from rlpipe.rl.advantages import group_advantages
+from rlpipe.rl.batching import TrainSample
+from rlpipe.rl.policy import load_local_model
+from rlpipe.rl.trainer import Trainer
+
+PROMPTS, GROUP = 8, 8
+
+
+def write_contexts(env: AgentTasksEnv, split: str, count: int) -> list[tuple[str, str, str]]:
+    """(task id, context before the write reply, value) per task."""
+    out = []
+    for task in env.tasks(split, count, 0):
+        grep = env.oracle_turns(task)[0]
+        key = json.loads(grep)["arguments"]["command"].split()[2]
+        files = json.loads(dict(task.metadata)["files"])
+        line = [line for name in sorted(files) for line in files[name].splitlines() if line.startswith(key + "=")][0]
+        out.append((task.task_id, task.prompt + grep + "\nout: " + line + "\n", json.loads(task.verifier.payload)["value"]))
+    return out
+
+
+def copied(text: str, value: str) -> bool:
+    return f'"content":"{value}"' in text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", required=True, help="an HF folder: a warm-started checkpoint's policy/")
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--mask", choices=("all", "digit"), default="all")
+    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--warmup", type=int, default=0)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model, tokenizer = load_local_model(args.policy)
+    for parameter in model.parameters():
+        parameter.requires_grad_(True)
+    env = AgentTasksEnv()
+    train, heldout = write_contexts(env, "train", 400), write_contexts(env, "heldout", 200)
+    engine = HFEngine(model, tokenizer, batch_size=64, copy_model=True, device="cpu", dtype="float32", prompt_format="plain")
+    trainer = Trainer(model, lr=args.lr, micro_batch_size=64, mini_batches_per_step=2, temperature=args.temperature)
+
+    def heldout_accuracy() -> float:
+        params = SamplingParams(n=1, temperature=1.0, max_new_tokens=40, stop=("\n",), seed=0, greedy=True)
+        completions = engine.generate([(task_id, context) for task_id, context, _ in heldout], params)
+        return sum(copied(c.text, value) for c, (_, _, value) in zip(completions, heldout)) / len(heldout)
+
+    rng = random.Random(0)
+    print(f"lr={args.lr} mask={args.mask} temperature={args.temperature} warmup={args.warmup}; "
+          f"step 0 held-out copy {heldout_accuracy():.3f}", flush=True)
+    for step in range(1, args.steps + 1):
+        batch = rng.sample(train, PROMPTS)
+        params = SamplingParams(n=GROUP, temperature=args.temperature, max_new_tokens=40, stop=("\n",), seed=step, greedy=False)
+        completions = engine.generate([(task_id, context) for task_id, context, _ in batch], params)
+        rewards = [float(copied(c.text, batch[index // GROUP][2])) for index, c in enumerate(completions)]
+        advantages = [a for g in range(PROMPTS) for a in group_advantages(rewards[g * GROUP:(g + 1) * GROUP])]
+        samples = []
+        for completion, advantage in zip(completions, advantages):
+            mask = None
+            if args.mask == "digit":
+                position = tokenizer.decode(completion.token_ids).find('"content":"') + len('"content":"')
+                mask = tuple(int(index == position) for index in range(len(completion.token_ids)))
+            samples.append(TrainSample(completion.prompt_token_ids, completion.token_ids, completion.logprobs, advantage,
+                                       loss_mask=mask))
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = args.lr * min(1.0, step / args.warmup) if args.warmup else args.lr
+        trainer.update(samples, shuffle_seed=step)
+        engine.load_weights(model.named_parameters(), policy_version=step)
+        if step % 5 == 0:
+            print(f"step {step:4d}  reward {sum(rewards) / len(rewards):.3f}  held-out copy {heldout_accuracy():.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
