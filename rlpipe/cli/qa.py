@@ -78,7 +78,9 @@ def qa(
                                                                 temperature=temperature, prompt_format=prompt_format)
     request = GateRequest(env=env, samples=samples, repeats=repeats, seed=seed, backend=backend.value, config_path=config,
                           timeout_s=timeout_s, workers=workers, policy=policy_options)
-    report = gate_env(request, environment)
+    from rlpipe.tasks.agent_episodes import gate_verify
+
+    report = gate_env(request, environment, verify_one=gate_verify)
     written = write_report(report, out)
     if mlflow:
         _log_to_mlflow(report, written, config)

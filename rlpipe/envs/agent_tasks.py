@@ -47,6 +47,7 @@ from rlpipe.envs.exact import check_split, in_heldout, source_version
 from rlpipe.sandbox.base import Sandbox
 
 AGENT_STATE_KIND = "agent_final_state"
+MAX_ANSWER_BYTES = 1000  # the verifier reads no more: a value is at most 9 digits
 KEYS = ("port", "user", "code", "size", "host", "mode", "path", "rate")
 ANSWER_PATH = "ans"
 
@@ -118,14 +119,70 @@ class AgentTasksEnv:
 
         if sandbox is None:
             return verdict(None, VerdictReason.SANDBOX_ERROR, "agent_tasks judges the episode's final state; no sandbox given")
-        expected = json.loads(task.verifier.payload)["value"]
+        expected = self._answer(task)
         try:
-            written = sandbox.read_file(ANSWER_PATH).decode("utf-8", errors="replace")
+            raw = sandbox.read_file(ANSWER_PATH)
         except (OSError, ValueError, RuntimeError) as exc:  # no ans (or not a regular file)
             return verdict(0.0, VerdictReason.WRONG, f"no readable /work/{ANSWER_PATH}: {type(exc).__name__}")
+        if len(raw) > MAX_ANSWER_BYTES:
+            return verdict(0.0, VerdictReason.WRONG, f"/work/{ANSWER_PATH} holds {len(raw)} bytes; an answer is at most {MAX_ANSWER_BYTES}")
+        written = raw.decode("utf-8", errors="replace")
         if written.strip() == expected:
             return verdict(1.0, VerdictReason.OK, "")
         return verdict(0.0, VerdictReason.WRONG, f"/work/{ANSWER_PATH} holds {written.strip()[:40]!r}")
+
+    # The quality gate (rlpipe qa; qa/answers.py): each answer is a scripted episode, a JSON
+    # list of replies (tasks/agent_episodes.py gate_verify plays it in a sandbox).
+
+    def qa_variant_answers(self, task: Task) -> list[tuple[str, str]]:
+        """The value written with whitespace around it: the verifier strips it, so these pass."""
+        grep, _, submit = self.oracle_turns(task)
+        value = self._answer(task)
+        return [("surrounding_whitespace", json.dumps([grep, call_text("write_file", path=ANSWER_PATH, content=f"  {value} \n\n"), submit])),
+                ("trailing_newline_no_look", json.dumps([call_text("write_file", path=ANSWER_PATH, content=value + "\n"), submit]))]
+
+    def qa_wrong_answers(self, task: Task) -> list[str]:
+        """Another digit written; nothing written."""
+        grep, _, submit = self.oracle_turns(task)
+        value = self._answer(task)
+        other = "".join(str((int(digit) + 1) % 10) for digit in value)
+        return [json.dumps([grep, call_text("write_file", path=ANSWER_PATH, content=other), submit]), json.dumps([grep, submit])]
+
+    def qa_probe_answers(self, task: Task) -> list[tuple[str, str]]:
+        """Episodes that must score 0: submitting at once, saying nothing, the prompt, the tool's
+        whole output line, every digit (in a line, on lines), every file, the value padded
+        past the read bound, the value in another file, and an `ans` that is not a regular
+        file (a symlink to the file that holds the value, one out of /work, a folder)."""
+        grep, _, submit = self.oracle_turns(task)
+        key, value = task.prompt.split()[4], self._answer(task)
+        files = json.loads(dict(task.metadata)["files"])
+        home = next(name for name, content in sorted(files.items()) if f"{key}={value}" in content.splitlines())
+
+        def write(content: str, path: str = ANSWER_PATH) -> str:
+            return call_text("write_file", path=path, content=content)
+
+        def bash(command: str) -> str:
+            return call_text("bash", command=command)
+
+        scripts = {
+            "submit_at_once": [submit],
+            "empty_reply": [""],
+            "prompt_written": [write(task.prompt), submit],
+            "tool_output_line": [grep, bash(f"grep -h {key} * > {ANSWER_PATH}"), submit],
+            "every_digit": [grep, write("0123456789"), submit],
+            "every_digit_on_lines": [grep, write("\n".join("0123456789")), submit],
+            "every_file": [bash(f"cat * > {ANSWER_PATH}"), submit],
+            "value_padded_past_the_bound": [grep, write(value + " " * (MAX_ANSWER_BYTES + 1)), submit],
+            "value_in_another_file": [grep, write(value, path="answer"), submit],
+            "symlink_to_the_value_file": [bash(f"ln -s {home} {ANSWER_PATH}"), submit],
+            "symlink_out_of_work": [bash(f"ln -s /proc/self/cmdline {ANSWER_PATH}"), submit],
+            "ans_a_folder": [bash(f"mkdir {ANSWER_PATH}"), submit],
+        }
+        return [(name, json.dumps(script)) for name, script in scripts.items()]
+
+    @staticmethod
+    def _answer(task: Task) -> str:
+        return json.loads(task.verifier.payload)["value"]
 
     def _value(self, rng: random.Random) -> str:
         return f"{rng.randrange(10 ** self.value_digits):0{self.value_digits}d}"

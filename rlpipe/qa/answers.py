@@ -16,6 +16,9 @@ What it does:
   output (the reference padded to a megabyte and more), the reference repeated or with junk
   around it; for code tasks the 30 attacks of envs/code_probes.py on the tasks they target.
   Each probe should score 0: any reward > 0 is a finding.
+- An env may give its own variants and probes (`qa_variant_answers(task)`,
+  `qa_probe_answers(task)`: (name, answer) pairs) and wrong answers (`qa_wrong_answers`):
+  a multi-turn env does, its answers being scripted episodes (envs/agent_tasks.py).
 
 What it does not: decide pass or fail (checks.py), or know what a domain's verifier accepts
 beyond what the env declares.
@@ -74,6 +77,9 @@ def accepted_variants(env: object, task: Task) -> tuple[str, ...]:
 
 
 def variant_attempts(env: object, task: Task) -> list[Attempt]:
+    own = getattr(env, "qa_variant_answers", None)  # (name, answer) pairs of the env's own (multi-turn envs)
+    if callable(own):
+        return [Attempt(task.task_id, f"variant:{name}", text) for name, text in own(task)]
     if task.reference_answer is None:
         return []
     return [Attempt(task.task_id, f"variant:{name}", VARIANTS[name](task.reference_answer))
@@ -114,6 +120,9 @@ def wrong_attempts(env: object, task: Task) -> list[Attempt]:
 
 def probe_attempts(env: object, task: Task) -> list[Attempt]:
     """Reward-hack probes on one task (the code attacks are per env: `code_probe_attempts`)."""
+    own = getattr(env, "qa_probe_answers", None)  # (name, answer) pairs of the env's own (multi-turn envs)
+    if callable(own):
+        return [Attempt(task.task_id, f"probe:{name}", text) for name, text in own(task)]
     reference = task.reference_answer or ""
     prompt = task.prompt if isinstance(task.prompt, str) else str(task.prompt)
     attempts = [("empty", ""), ("blank", " \n\t\n"), ("prompt_echoed", prompt)]

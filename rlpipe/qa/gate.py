@@ -12,6 +12,7 @@ What it does not: build envs, sandboxes or files (cli/qa.py and report.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlpipe.core.records import Task, Verdict, VerdictReason
@@ -40,6 +41,10 @@ def sample_tasks(env: object, samples: int, seed: int) -> list[Task]:
         for task in env.tasks(split, samples, seed):  # type: ignore[attr-defined]
             tasks.setdefault(task.task_id, task)
     return list(tasks.values())
+
+
+VerifyOne = Callable[[object, Task, str, object], Verdict]
+"""(env, task, answer text, sandbox or None) -> the verdict; never raises for an answer."""
 
 
 def guarded_verify(env: object, task: Task, text: str, sandbox: object = None) -> Verdict:

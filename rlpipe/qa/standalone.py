@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rlpipe.core.records import Task, Verdict
 from rlpipe.envs.mixture import build_env
-from rlpipe.qa.gate import PolicyOptions, guarded_verify, run_gate
+from rlpipe.qa.gate import PolicyOptions, VerifyOne, guarded_verify, run_gate
 from rlpipe.qa.records import QaReport
 from rlpipe.sandbox.backends import reap_leaked, sandbox_constructor
 from rlpipe.sandbox.base import Limits
@@ -56,8 +56,10 @@ def build_env_for_gate(env_name: str, config_path: Path | None, timeout_s: float
     return build_env(env_name, **params), prompt_format
 
 
-def gate_env(request: GateRequest, environment: object | None = None) -> QaReport:
-    """Run the gate on `request.env` (or on `environment`, already built from it)."""
+def gate_env(request: GateRequest, environment: object | None = None, verify_one: VerifyOne = guarded_verify) -> QaReport:
+    """Run the gate on `request.env` (or on `environment`, already built from it), judging
+    each answer with `verify_one(env, task, text, sandbox)` (a multi-turn env's answers are
+    scripted episodes: the caller gives tasks/agent_episodes.py's `gate_verify`)."""
     if environment is None:
         environment, _ = build_env_for_gate(request.env, request.config_path, request.timeout_s)
     with ExitStack() as stack:
@@ -71,10 +73,10 @@ def gate_env(request: GateRequest, environment: object | None = None) -> QaRepor
                                                    reap_leaked=lambda: reap_leaked(request.backend)))
 
             def verify_many(pairs: list[tuple[Task, str]]) -> list[Verdict]:
-                return pool.map(lambda sandbox, pair: guarded_verify(environment, pair[0], pair[1], sandbox), pairs)
+                return pool.map(lambda sandbox, pair: verify_one(environment, pair[0], pair[1], sandbox), pairs)
         else:
             def verify_many(pairs: list[tuple[Task, str]]) -> list[Verdict]:
-                return [guarded_verify(environment, task, text) for task, text in pairs]
+                return [verify_one(environment, task, text, None) for task, text in pairs]
 
         return run_gate(environment, verify_many, samples=request.samples, seed=request.seed, repeats=request.repeats,
                         policy=request.policy)

@@ -16,19 +16,29 @@ the warm-start's oracle trajectories.
   the caller draws them from the mixture's train split. An oracle episode that fails its
   verifier is an env bug and raises.
 
+- `gate_verify(env, task, text, sandbox)`: the quality gate's verify (rlpipe qa, qa.before_train):
+  for a multi-turn env the answer is a SCRIPTED EPISODE (a JSON list of replies, as the
+  env's reference answer and its qa probes are; any other text is one reply), played in
+  `sandbox` from the task's initial files, then judged by the env's verifier on the final
+  state; for any other env qa/gate.py's `guarded_verify`. A crash is an unscored verdict.
+
 Not here: the episode loop (agents/episodes.py), the tasks (envs/), the stages (rollout.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlpipe.agents.episodes import EpisodeResult, EpisodeSettings, run_episodes
 from rlpipe.core.errors import ConfigError
-from rlpipe.core.records import Completion, Segments, Task
+from rlpipe.core.records import Completion, Segments, Task, Verdict, VerdictReason
 from rlpipe.engines.sampling import SamplingParams
+from rlpipe.qa.gate import guarded_verify
 from rlpipe.tasks.runtime import Runtime
 
 
@@ -127,3 +137,45 @@ class OracleEngine:
     @property
     def episodes(self) -> list[tuple[str, Segments]]:
         return [(prompt, tuple(self._segments[key])) for key, prompt in self._prompts.items()]
+
+
+# A scripted episode's limits: the env's max_turns bounds it; its context never does.
+_SCRIPT_SETTINGS = EpisodeSettings(max_context_tokens=10**9)
+_SCRIPT_PARAMS = SamplingParams(n=1, max_new_tokens=1, stop=("\n",), seed=0, greedy=True)
+
+
+def gate_verify(env: object, task: Task, text: str, sandbox: object = None) -> Verdict:
+    """The quality gate's verdict on one answer (see the module docstring)."""
+    if not is_multi_turn(env):
+        return guarded_verify(env, task, text, sandbox)
+    started = time.perf_counter()
+    try:
+        replies = json.loads(text)
+        if not (isinstance(replies, list) and replies and all(isinstance(reply, str) for reply in replies)):
+            replies = [text]
+    except ValueError:
+        replies = [text]
+    try:
+        engine = OracleEngine({task.task_id: replies}, _SCRIPT_PARAMS.stop[0])
+        (result,) = run_episodes([task], 1, _SCRIPT_PARAMS, engine.generate, _OneSandbox(sandbox), lambda _: env,
+                                 _SCRIPT_SETTINGS)
+        return result.verdict
+    except Exception as exc:  # noqa: BLE001 - an episode or a verifier that raises is a finding, not a crash
+        return Verdict(reward=None, passed=False, reason=VerdictReason.CRASH,
+                       detail=f"the scripted episode raised {type(exc).__name__}: {str(exc)[:150]}",
+                       duration_s=time.perf_counter() - started, verifier_version=getattr(env, "verifier_version", ""))
+
+
+class _OneSandbox:
+    """One sandbox (the gate's pool lends it per answer) as the pool run_episodes takes."""
+
+    size = 1
+
+    def __init__(self, sandbox: object) -> None:
+        if sandbox is None:
+            raise RuntimeError("a multi-turn env's answers are episodes: the gate must lend a sandbox")
+        self._sandbox = sandbox
+
+    @contextlib.contextmanager
+    def acquire(self) -> Iterator[object]:
+        yield self._sandbox

@@ -23,6 +23,7 @@ from rlpipe.core.config import load_config
 from rlpipe.core.errors import UserError
 from rlpipe.qa.report import summary_markdown
 from rlpipe.qa.standalone import GateRequest, gate_env
+from rlpipe.tasks.agent_episodes import gate_verify
 from rlpipe.tasks.builders import build_lake
 from rlpipe.tasks.rescore import RescoreSummary, rescore_run
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
@@ -47,7 +48,7 @@ class EnvGateOutcome:
 def qa_env(env: str, samples: int, repeats: int, seed: int, backend: str, config_path: str | None) -> EnvGateOutcome:
     """Gate one env; a markdown artifact with every check; GateFailed when a check fails."""
     report = gate_env(GateRequest(env=env, samples=samples, repeats=repeats, seed=seed, backend=backend,
-                                  config_path=Path(config_path) if config_path else None))
+                                  config_path=Path(config_path) if config_path else None), verify_one=gate_verify)
     create_markdown_artifact(key=f"rlpipe-qa-{artifact_key(env)}", description=f"Quality gate of env {env}",
                              markdown=summary_markdown([report], f"Quality gate of env `{env}`", image=False))
     if not report.passed:

@@ -29,11 +29,12 @@ from prefect.artifacts import create_markdown_artifact
 from rlpipe.core.config import QaConfig
 from rlpipe.core.errors import UserError
 from rlpipe.envs.mixture import Mixture
-from rlpipe.qa.gate import guarded_verify, run_gate
+from rlpipe.qa.gate import run_gate
 from rlpipe.qa.records import QaReport
 from rlpipe.qa.report import summary_markdown, write_gate_reports
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.tracking import Tracker
+from rlpipe.tasks.agent_episodes import gate_verify
 from rlpipe.tasks.runtime import get_runtime
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 from rlpipe.tasks.track import artifact_key
@@ -60,7 +61,7 @@ class GateOutcome:
 def gate_domains(mixture: Mixture, sandbox_pool: object | None, qa: QaConfig, seed: int) -> tuple[QaReport, ...]:
     """The gate's checks on every domain of the mixture with a ratio > 0, one report each."""
     def verify_many(pairs):
-        return verify_batch(mixture, sandbox_pool, pairs, verify_one=guarded_verify)
+        return verify_batch(mixture, sandbox_pool, pairs, verify_one=gate_verify)
 
     return tuple(run_gate(env, verify_many, samples=qa.samples, seed=seed, repeats=qa.repeats)
                  for name, env in sorted(mixture.envs.items()) if mixture.ratios[name] > 0)
