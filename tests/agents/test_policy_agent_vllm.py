@@ -24,6 +24,7 @@ from rlpipe.agents.task_format import builtin_suite_dir, load_task
 from rlpipe.agents.trial import run_trial
 from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model
 from rlpipe.tasks.eval_policy import WorkerChatEngine, open_policy_engine
+from tests.agents.test_policy_worker import TEMPLATE, assert_renders_and_replies
 from tests.cli.cli_process import REPO_ROOT
 from tests.sandbox._bwrap_support import require_bwrap
 from tests.vllm.conftest import MODEL_SHAPE
@@ -32,8 +33,6 @@ from tests.vllm.serve import vllm_server
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no .venv-vllm here: `make test-vllm` makes it and runs this")
 
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
 WINDOW = 4096
 
 
@@ -69,11 +68,7 @@ def engine(request, chat_policy: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 def test_the_engine_renders_with_the_chat_template_and_counts_the_prompt_it_generates_from(engine):
-    rendered = engine.render((("system", "ab"), ("user", "cd")))
-    # "<system>ab\n<user>cd\n<assistant>", one token per character (char tokenizer): 31
-    assert rendered.text == "<system>ab\n<user>cd\n<assistant>" and rendered.token_count == 31
-    generation = engine.generate(rendered, "t")
-    assert generation.prompt_tokens == 31 and 1 <= generation.completion_tokens <= 8
+    assert_renders_and_replies(engine)
 
 
 def test_a_trial_through_the_engine_records_its_replies(engine):

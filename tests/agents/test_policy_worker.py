@@ -41,13 +41,18 @@ def engine(tmp_path_factory):
     opened.close()
 
 
-def test_the_worker_renders_with_the_chat_template_and_counts_the_tokens(engine):
+def assert_renders_and_replies(engine) -> None:
+    """TEMPLATE's rendering and its token count, and one reply of at most 8 tokens to it."""
     rendered = engine.render((("system", "ab"), ("user", "cd")))
     # the template gives "<system>ab\n<user>cd\n<assistant>", one token per character (char tokenizer):
     # (8 + 2 + 1) + (6 + 2 + 1) + 11 = 31
     assert rendered.text == "<system>ab\n<user>cd\n<assistant>" and rendered.token_count == 31
     generation = engine.generate(rendered, "t")
     assert generation.prompt_tokens == 31 and 1 <= generation.completion_tokens <= 8
+
+
+def test_the_worker_renders_with_the_chat_template_and_counts_the_tokens(engine):
+    assert_renders_and_replies(engine)
 
 
 @pytest.mark.bwrap
