@@ -57,6 +57,14 @@ def call_text(name: str, **arguments: str) -> str:
     return json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"))
 
 
+def _write(content: str, path: str = ANSWER_PATH) -> str:
+    return call_text("write_file", path=path, content=content)
+
+
+def _bash(command: str) -> str:
+    return call_text("bash", command=command)
+
+
 class AgentTasksEnv:
     """Find a key's value among distractor files, write it to `ans`, submit."""
 
@@ -138,15 +146,15 @@ class AgentTasksEnv:
         """The value written with whitespace around it: the verifier strips it, so these pass."""
         grep, _, submit = self.oracle_turns(task)
         value = self._answer(task)
-        return [("surrounding_whitespace", json.dumps([grep, call_text("write_file", path=ANSWER_PATH, content=f"  {value} \n\n"), submit])),
-                ("trailing_newline_no_look", json.dumps([call_text("write_file", path=ANSWER_PATH, content=value + "\n"), submit]))]
+        return [("surrounding_whitespace", json.dumps([grep, _write(f"  {value} \n\n"), submit])),
+                ("trailing_newline_no_look", json.dumps([_write(value + "\n"), submit]))]
 
     def qa_wrong_answers(self, task: Task) -> list[str]:
         """Another digit written; nothing written."""
         grep, _, submit = self.oracle_turns(task)
         value = self._answer(task)
         other = "".join(str((int(digit) + 1) % 10) for digit in value)
-        return [json.dumps([grep, call_text("write_file", path=ANSWER_PATH, content=other), submit]), json.dumps([grep, submit])]
+        return [json.dumps([grep, _write(other), submit]), json.dumps([grep, submit])]
 
     def qa_probe_answers(self, task: Task) -> list[tuple[str, str]]:
         """Episodes that must score 0: submitting at once, saying nothing, the prompt, the tool's
@@ -158,25 +166,19 @@ class AgentTasksEnv:
         files = json.loads(dict(task.metadata)["files"])
         home = next(name for name, content in sorted(files.items()) if f"{key}={value}" in content.splitlines())
 
-        def write(content: str, path: str = ANSWER_PATH) -> str:
-            return call_text("write_file", path=path, content=content)
-
-        def bash(command: str) -> str:
-            return call_text("bash", command=command)
-
         scripts = {
             "submit_at_once": [submit],
             "empty_reply": [""],
-            "prompt_written": [write(task.prompt), submit],
-            "tool_output_line": [grep, bash(f"grep -h {key} * > {ANSWER_PATH}"), submit],
-            "every_digit": [grep, write("0123456789"), submit],
-            "every_digit_on_lines": [grep, write("\n".join("0123456789")), submit],
-            "every_file": [bash(f"cat * > {ANSWER_PATH}"), submit],
-            "value_padded_past_the_bound": [grep, write(value + " " * (MAX_ANSWER_BYTES + 1)), submit],
-            "value_in_another_file": [grep, write(value, path="answer"), submit],
-            "symlink_to_the_value_file": [bash(f"ln -s {home} {ANSWER_PATH}"), submit],
-            "symlink_out_of_work": [bash(f"ln -s /proc/self/cmdline {ANSWER_PATH}"), submit],
-            "ans_a_folder": [bash(f"mkdir {ANSWER_PATH}"), submit],
+            "prompt_written": [_write(task.prompt), submit],
+            "tool_output_line": [grep, _bash(f"grep -h {key} * > {ANSWER_PATH}"), submit],
+            "every_digit": [grep, _write("0123456789"), submit],
+            "every_digit_on_lines": [grep, _write("\n".join("0123456789")), submit],
+            "every_file": [_bash(f"cat * > {ANSWER_PATH}"), submit],
+            "value_padded_past_the_bound": [grep, _write(value + " " * (MAX_ANSWER_BYTES + 1)), submit],
+            "value_in_another_file": [grep, _write(value, path="answer"), submit],
+            "symlink_to_the_value_file": [_bash(f"ln -s {home} {ANSWER_PATH}"), submit],
+            "symlink_out_of_work": [_bash(f"ln -s /proc/self/cmdline {ANSWER_PATH}"), submit],
+            "ans_a_folder": [_bash(f"mkdir {ANSWER_PATH}"), submit],
         }
         return [(name, json.dumps(script)) for name, script in scripts.items()]
 

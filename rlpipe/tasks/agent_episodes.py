@@ -107,7 +107,6 @@ class OracleEngine:
         self.replied: dict[str, int] = defaultdict(int)
         self._prompts: dict[str, str] = {}
         self._segments: dict[str, list[tuple[str, bool]]] = defaultdict(list)
-        self._seen: dict[str, str] = {}  # episode key -> its last context + the reply to it
 
     def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> tuple[list[Completion], int]:
         completions = []
@@ -126,13 +125,12 @@ class OracleEngine:
     def _record(self, key: str, context: str, reply: str) -> None:
         if key not in self._prompts:
             self._prompts[key] = context
-        else:
-            before = self._seen[key]
+        else:  # the episode so far: its prompt, then every reply and tool output recorded
+            before = self._prompts[key] + "".join(text for text, _ in self._segments[key])
             if not context.startswith(before):
                 raise RuntimeError(f"episode {key}: the context of a turn does not extend the one before it")
             self._segments[key].append((context[len(before):], False))  # the tool's output
         self._segments[key].append((reply, True))
-        self._seen[key] = context + reply
 
     @property
     def episodes(self) -> list[tuple[str, Segments]]:
