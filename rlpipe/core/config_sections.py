@@ -223,6 +223,12 @@ class WarmstartConfig(Section):
     """How often the target accuracy is checked."""
     check_tasks: int = Field(200, gt=0)
     """Training tasks sampled (seeded, apart from the warm-start's own draw) for the check."""
+    keep_optimizer: bool = False
+    """The warm start steps the RL trainer's own AdamW (with weight_decay from [train]), and RL
+    goes on with its second moments (its momentum zeroed): the first RL steps are then scaled
+    per weight by what the warm start measured, not AdamW's fresh lr-sized step on every
+    weight, which a freshly copying tiny model does not survive (configs/agent_quickstart.toml).
+    False: the warm start's own AdamW, dropped at its end; RL starts a fresh one."""
 
 
 class EvalConfig(Section):

@@ -344,6 +344,19 @@ class Trainer:
         for name, parameter in self.model.named_parameters():
             yield name, parameter.detach()
 
+    def warm_start_optimizer(self) -> tuple[torch.optim.Optimizer, MasterWeights]:
+        """The optimizer and the tensors it steps, for a warm start that the RL updates should
+        continue (rl/warmstart.py, warmstart.keep_optimizer); then call drop_momentum()."""
+        return self.optimizer, self._weights
+
+    def drop_momentum(self) -> None:
+        """Zero AdamW's first moments, keep its second moments and step count: the RL updates
+        keep the per-weight step scale the warm start measured (small along the directions its
+        gradients were large in) without being pushed along the warm start's last direction."""
+        for state in self.optimizer.state.values():
+            if "exp_avg" in state:
+                state["exp_avg"].zero_()
+
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state (torch's own format; save with torch.save or safetensors+json),
         plus the fp32 master weights under MASTER_WEIGHTS_KEY when the model is bf16."""

@@ -13,6 +13,11 @@ any reward signal. The budget is exactly steps * batch_size sequences, constant 
 rate, gradients clipped to norm 1.0. Only parameters that require gradients train (a LoRA
 policy trains its adapter); bf16 weights train through fp32 master weights (rl/precision.py).
 
+By default it steps its own AdamW, dropped at the end. Given `optimizer` and `weights` (the
+RL trainer's: Trainer.warm_start_optimizer()), it steps those at the warm-start's lr instead
+and restores their lr at the end, so the RL updates continue the warm start's optimizer
+state (warmstart.keep_optimizer; the trainer then zeroes the momentum).
+
 An optional `stop_check` ends it early (the caller decides how: the train flow checks greedy
 accuracy on a sample of training tasks against `warmstart.target_accuracy`). An optional
 `on_step(step, loss)` hears of every step (the caller reports progress and metrics).
@@ -48,6 +53,8 @@ def warm_start(
     stop_check: Callable[[int], bool] | None = None,
     check_every: int = 5,
     on_step: Callable[[int, float], None] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    weights: MasterWeights | None = None,
 ) -> list[float]:
     """Train on the examples; returns the mean trained-token loss of every step.
 
@@ -62,11 +69,29 @@ def warm_start(
     if tokenizer.eos_token_id is None:
         raise ValueError("warm_start needs a tokenizer with an EOS token (it marks the end of an answer)")
     encoded = [_encode(tokenizer, prompt, answer) for prompt, answer in examples]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if (optimizer is None) != (weights is None):
+        raise ValueError("warm_start needs both an optimizer and its master weights, or neither")
+    if weights is None:
+        weights = MasterWeights([parameter for parameter in model.parameters() if parameter.requires_grad])
+        optimizer = torch.optim.AdamW(weights.stepped, lr=lr, weight_decay=weight_decay)
+    else:
+        weights.sync_if_model_changed()
+    saved_lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    try:
+        return _train(model, encoded, steps, batch_size, seed, pad_id, optimizer, weights, stop_check, check_every, on_step)
+    finally:
+        for group, saved in zip(optimizer.param_groups, saved_lrs):
+            group["lr"] = saved
+
+
+def _train(model: PreTrainedModel, encoded: list[TrainSample], steps: int, batch_size: int, seed: int, pad_id: int,
+           optimizer: torch.optim.Optimizer, weights: MasterWeights, stop_check: Callable[[int], bool] | None,
+           check_every: int, on_step: Callable[[int, float], None] | None) -> list[float]:
     rng = random.Random(seed)
     device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    weights = MasterWeights([parameter for parameter in model.parameters() if parameter.requires_grad])
-    optimizer = torch.optim.AdamW(weights.stepped, lr=lr, weight_decay=weight_decay)
     model.train()
     losses: list[float] = []
     for step in range(1, steps + 1):

@@ -113,6 +113,7 @@ def warm_start(run_id: str) -> float:
         examples=examples, steps=config.warmstart.steps, batch_size=config.warmstart.batch_size,
         lr=config.warmstart.lr, seed=derive_seed(config.seed, 0, "warmstart-order"),
         check_every=config.warmstart.check_every_steps, with_checks=target is not None,
+        keep_optimizer=config.warmstart.keep_optimizer,
     ))
     last_loss = float("nan")
     while True:

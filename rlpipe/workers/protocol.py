@@ -144,6 +144,7 @@ class WarmStartBegin:
     seed: int
     check_every: int
     with_checks: bool
+    keep_optimizer: bool = False  # step the RL trainer's AdamW; zero its momentum at the end
 
 
 @dataclass(frozen=True)

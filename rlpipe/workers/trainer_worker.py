@@ -262,12 +262,15 @@ class _WarmStart:
 
     def _run(self, service: TrainerService, request: WarmStartBegin) -> None:
         try:
+            optimizer, weights = service.trainer.warm_start_optimizer() if request.keep_optimizer else (None, None)
             warm_start(
                 service.trainer.model, service.tokenizer, list(request.examples), steps=request.steps,
                 batch_size=request.batch_size, lr=request.lr, seed=request.seed,
                 stop_check=self._check if request.with_checks else None, check_every=request.check_every,
-                on_step=lambda step, loss: self._stepped(service, step, loss),
+                on_step=lambda step, loss: self._stepped(service, step, loss), optimizer=optimizer, weights=weights,
             )
+            if request.keep_optimizer:
+                service.trainer.drop_momentum()
             self._events.put(("done",))
         except BaseException as exc:  # noqa: BLE001 - handed to the controller by wait()
             self._events.put(("error", exc, traceback.format_exc()))

@@ -12,6 +12,8 @@ import pytest
 from rlpipe.core.config import load_config
 from rlpipe.envs.agent_tasks import AgentTasksEnv
 from rlpipe.flows.train import train
+from rlpipe.rl.checkpoint import load_trainer_state
+from rlpipe.rl.checkpoint_layout import OPTIMIZER_FILE
 from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
 from tests.helpers.mlflow_db import seed_mlflow_db
@@ -49,3 +51,9 @@ def test_two_agent_rl_steps_store_whole_masked_episodes(tmp_path: Path) -> None:
     metrics = query_trajectories(lake, "select step, tokens from step_metrics order by step").rows
     assert [(step, int(tokens)) for step, tokens in metrics] == sorted(trained_tokens.items())
     assert lake.read_json("agent-rl", "evals/after_rl.json")["accuracy/agent_tasks"] in (0.0, 0.5, 1.0)
+    # warmstart.keep_optimizer: the warm start stepped the RL trainer's AdamW, so checkpoint 0
+    # holds its 2 steps of second moments, momentum zeroed, for RL to go on with
+    saved = tmp_path / "lake" / "checkpoints" / "agent-rl" / "step=000000" / OPTIMIZER_FILE
+    states = list(load_trainer_state(saved, str(saved))["state"].values())
+    assert states and {int(state["step"]) for state in states} == {2}
+    assert all(not state["exp_avg"].any() for state in states) and any(state["exp_avg_sq"].any() for state in states)
