@@ -1,7 +1,7 @@
 """Agent RL probe: does GRPO sharpen the copy of a warm-started agent policy? Minutes, no sandbox.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/agent_rl_probe.py --policy LAKE/checkpoints/RUN/step=000000/policy \
-        [--lr 3e-4] [--steps 100] [--mask all|digit] [--temperature 0.6] [--warmup 0]
+        [--lr 3e-4] [--steps 100] [--mask all|digit] [--temperature 0.6] [--warmup 0] [--keep-optimizer]
 
 The agent quickstart's write turn alone (envs/agent_tasks.py tasks, each given the context it
 has in an oracle episode: prompt, grep reply, `out: key=value`; no sandbox): per step 8
@@ -10,7 +10,9 @@ writes the value, GRPO advantages per task, one update of rlpipe's Trainer (the 
 micro-batch and 2 mini-batches), the weights loaded into the engine. Every 5 steps: the mean
 reward and the greedy copy accuracy on 200 held-out tasks (chance 10 %). `--mask digit`
 puts the loss on the value token only (is the format's drift the cause?), `--warmup N`
-raises the lr linearly over N steps. Nothing asserts: numbers are for reading.
+raises the lr linearly over N steps, `--keep-optimizer` starts from the checkpoint's saved
+AdamW state (trainer/optimizer.pt: the warm start's second moments when the run had
+warmstart.keep_optimizer) instead of a fresh AdamW. Nothing asserts: numbers are for reading.
 
 Not measured: whole episodes (the grep and submit turns, the sandbox); `rlpipe train
 configs/agent_quickstart.toml --set model.path=... --set warmstart.steps=0` measures those.
@@ -22,6 +24,8 @@ import argparse
 import json
 import random
 
+from pathlib import Path
+
 import torch
 
 from rlpipe.engines.hf import HFEngine
@@ -29,6 +33,8 @@ from rlpipe.engines.sampling import SamplingParams
 from rlpipe.envs.agent_tasks import AgentTasksEnv
 from rlpipe.rl.advantages import group_advantages
 from rlpipe.rl.batching import TrainSample
+from rlpipe.rl.checkpoint import load_trainer_state
+from rlpipe.rl.checkpoint_layout import OPTIMIZER_FILE
 from rlpipe.rl.policy import load_local_model
 from rlpipe.rl.trainer import Trainer
 
@@ -59,6 +65,7 @@ def main() -> None:
     parser.add_argument("--mask", choices=("all", "digit"), default="all")
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--warmup", type=int, default=0)
+    parser.add_argument("--keep-optimizer", action="store_true", help="load the checkpoint's trainer/optimizer.pt")
     args = parser.parse_args()
     torch.manual_seed(0)
     model, tokenizer = load_local_model(args.policy)
@@ -68,6 +75,11 @@ def main() -> None:
     train, heldout = write_contexts(env, "train", 400), write_contexts(env, "heldout", 200)
     engine = HFEngine(model, tokenizer, batch_size=64, copy_model=True, device="cpu", dtype="float32", prompt_format="plain")
     trainer = Trainer(model, lr=args.lr, micro_batch_size=64, mini_batches_per_step=2, temperature=args.temperature)
+    if args.keep_optimizer:
+        saved = Path(args.policy).parent / OPTIMIZER_FILE
+        trainer.load_state_dict(load_trainer_state(saved, str(saved)))
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = args.lr
 
     def heldout_accuracy() -> float:
         params = SamplingParams(n=1, temperature=1.0, max_new_tokens=40, stop=("\n",), seed=0, greedy=True)
@@ -75,7 +87,8 @@ def main() -> None:
         return sum(copied(c.text, value) for c, (_, _, value) in zip(completions, heldout)) / len(heldout)
 
     rng = random.Random(0)
-    print(f"lr={args.lr} mask={args.mask} temperature={args.temperature} warmup={args.warmup}; "
+    print(f"lr={args.lr} mask={args.mask} temperature={args.temperature} warmup={args.warmup} "
+          f"keep_optimizer={args.keep_optimizer}; "
           f"step 0 held-out copy {heldout_accuracy():.3f}", flush=True)
     for step in range(1, args.steps + 1):
         batch = rng.sample(train, PROMPTS)
