@@ -4,7 +4,8 @@ $RLPIPE_RETRY_BACKOFF_S; 1 s, 2 s by default; the retries take generate's staged
 the lake) and the run finishes with exactly its rows; a stage that fails on bad data fails
 once, and the error shows in the Prefect flow runs and in `rlpipe runs show --json` (which
 names the stage inside the task); an engine worker that dies makes `generate` raise
-EngineFailed, which is retried with a fresh worker.
+EngineFailed, which is retried with a fresh worker (`extended`: a mid-run kill in
+tests/workers/test_worker_death.py checks that retry in CI).
 
 The failures come from fakes of our own protocols: a domain registered with `register_env`
 (the Env protocol over the arithmetic tasks, whose verify raises on chosen calls, counted
@@ -125,6 +126,9 @@ def test_bad_data_fails_once_and_shows_in_prefect_and_runs_show(tmp_path: Path) 
     assert "failed at step 2 in stage verify" in report["state_detail"]
 
 
+# `extended` (not CI, for its time): tests/workers/test_worker_death.py's mid-run kill checks the
+# same retry in Prefect (step 3's rollout: two attempts) and more (rows and weights equal).
+@pytest.mark.extended
 def test_engine_worker_death_is_engine_failed_and_the_retry_starts_a_fresh_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

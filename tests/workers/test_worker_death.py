@@ -3,10 +3,12 @@ by the call itself; one killed during a call makes that call raise EngineFailed 
 Prefect) and the next call starts a fresh one. A whole run whose engine worker and trainer
 worker are each killed mid-run (SIGKILL at a crash point) ends with exactly the rows and
 the final weights of an undisturbed run: the trainer comes back from the lake (checkpoint +
-replay), the engine by a sync."""
+replay), the engine by a sync; Prefect shows each death as a second attempt of the stage it
+hit (EngineFailed and TrainerFailed are InfraErrors: retried)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from pathlib import Path
@@ -21,6 +23,7 @@ from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
 from tests.durability.cli_runs import final_weights
 from tests.flows.runs import tiny_config
+from tests.helpers.prefect_runs import step_stage_runs
 from tests.workers.workers_at_hand import engine_worker, wait_until_gone
 
 PARAMS = SamplingParams(n=2, max_new_tokens=4, seed=3)
@@ -87,3 +90,10 @@ def test_a_run_whose_workers_are_killed_mid_run_equals_an_undisturbed_run(
     expected = final_weights(reference_lake, "undisturbed", 4, tmp_path / "w2")
     assert sorted(weights) == sorted(expected)
     assert [name for name in expected if not torch.equal(weights[name], expected[name])] == []
+    # Prefect: step 3's rollout and step 4's train each took two attempts (the death, then the
+    # retry with a fresh worker); the undisturbed run's took one.
+    (step_3,) = asyncio.run(step_stage_runs("killed", 3))  # one flow run: no resume
+    (step_4,) = asyncio.run(step_stage_runs("killed", 4))
+    assert step_3["rollout"] == [("Completed", 2)] and step_4["train"] == [("Completed", 2)], (step_3, step_4)
+    (undisturbed,) = asyncio.run(step_stage_runs("undisturbed", 3))
+    assert undisturbed["rollout"] == [("Completed", 1)], undisturbed
