@@ -4,7 +4,7 @@ Prefect) and the next call starts a fresh one. A whole run whose engine worker a
 worker are each killed mid-run (SIGKILL at a crash point) ends with exactly the rows and
 the final weights of an undisturbed run: the trainer comes back from the lake (checkpoint +
 replay), the engine by a sync; Prefect shows each death as a second attempt of the stage it
-hit (EngineFailed and TrainerFailed are InfraErrors: retried)."""
+hit (a call to a dead worker, engine or trainer, raises EngineFailed: an InfraError, retried)."""
 
 from __future__ import annotations
 
