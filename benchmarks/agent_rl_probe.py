@@ -17,7 +17,8 @@ warmstart.keep_optimizer) instead of a fresh AdamW, `--kl C` adds a KL penalty t
 checkpoint's policy, `--prompts`/`--group` size the step. Before the first step and after the
 last it prints, per value seen in the tool's output, the policy's mean probability of each
 digit as the first character of the content (at the sampling temperature, over the
-held-out contexts with that value): which values the copy tells apart, and which it merges. Nothing asserts: numbers are for reading.
+held-out contexts with that value): which values the copy tells apart, and which it merges.
+Nothing asserts: numbers are for reading.
 
 Not measured: whole episodes (the grep and submit turns, the sandbox); `rlpipe train
 configs/agent_quickstart.toml --set model.path=... --set warmstart.steps=0` measures those.
