@@ -1,7 +1,7 @@
 """An eval: every task of a suite attempted by one agent, in parallel trials, recorded and resumable.
 
 `run_eval` runs one trial per task, `workers` at a time. A trial that ends in an
-infrastructure failure (sandbox_error, engine_error, setup_error, verifier_error) is
+infrastructure failure (sandbox_error, engine_error, setup_error) is
 retried from the task's initial state (a new trial: new sandbox, the initial files, the
 setup script) up to `max_attempts` attempts in one session; it is never scored as the
 agent's failure, and the last attempt's verdict is the task's. With a recorder

@@ -7,11 +7,11 @@ Verdicts keep three families apart (TrialVerdict.family):
   time, out of steps, or too many malformed calls in a row) and `agent_error` (the agent
   raised) and `context_exhausted` (a policy agent's next prompt would not fit its context
   window or its episode token budget) when the tests then do not pass; `verifier_timeout` (the tests ran past their
-  limit on the agent's final state).
-- infrastructure: not the agent's doing, never scored as its failure: `sandbox_error` (a
-  sandbox could not start or died), `engine_error` (the model engine failed),
-  `setup_error` (the task's setup script failed), `verifier_error` (the tests wrote no
-  readable reward).
+  limit on the agent's final state) and `verifier_error` (the tests wrote no readable reward
+  on it): abstention scores zero, whatever the agent's state did to the tests.
+- infrastructure: what the host caused, never scored as the agent's failure: `sandbox_error`
+  (a sandbox could not start or died, or rlpipe itself failed), `engine_error` (the model
+  engine failed), `setup_error` (the task's setup script failed, before the agent acted).
 - not run: `skipped` (the task needs what the sandbox lacks: a Dockerfile, network, a GPU,
   a command; or the agent cannot attempt it) and `invalid_task` (the folder is malformed).
 
@@ -51,8 +51,7 @@ class TrialVerdict(str, Enum):
         return "agent"
 
 
-_INFRASTRUCTURE = frozenset({TrialVerdict.SANDBOX_ERROR, TrialVerdict.ENGINE_ERROR, TrialVerdict.SETUP_ERROR,
-                             TrialVerdict.VERIFIER_ERROR})
+_INFRASTRUCTURE = frozenset({TrialVerdict.SANDBOX_ERROR, TrialVerdict.ENGINE_ERROR, TrialVerdict.SETUP_ERROR})
 
 
 class Ending(str, Enum):

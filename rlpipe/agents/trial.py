@@ -10,15 +10,14 @@
        it ends on `submit`, after `max_steps` replies, when the agent time limit passes,
        or after MAX_MALFORMED_IN_A_ROW malformed calls in a row;
     4. a snapshot of /work; the verifier's sandbox holds that state and nothing the agent
-       started (backends.verifier_sandbox); the tests are copied in only now, to a random
-       folder under /tmp the agent could not have guessed, and test.sh runs there (cwd
-       /work) with the verifier's time limit;
-    5. the reward: Harbor's /logs/verifier/reward.txt (a number) or reward.json
-       ({"reward": x}); passed iff reward >= 1.
+       started (backends.verifier_sandbox); the tests arrive only now, read-only at /tests,
+       and test.sh runs (cwd /work) with the verifier's time limit (agents/verifier.py);
+    5. the reward, read by rlpipe once the tests are gone: Harbor's /logs/verifier/reward.txt
+       (a number) or reward.json ({"reward": x}); passed iff reward >= 1. Tests that time
+       out or leave no readable reward score 0: the agent's failure, never infrastructure.
 
-Harbor runs tests from /tests and reads /logs/verifier; the sandboxes have no such
-mounts, so in the test files (text) the paths /tests and /logs are rewritten to that random
-folder before they are copied in: a Harbor test.sh runs unchanged.
+Harbor runs tests from /tests and reads /logs/verifier: both are where test.sh expects
+them, so a Harbor test.sh runs unchanged (agents/verifier.py says what it may trust).
 
 What it does not do: retry (an infrastructure failure is returned as such; agents/evaluation.py
 retries it), record trajectories in the lake (agents/recording.py), or talk to a model
@@ -30,22 +29,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import secrets
 import time
 from dataclasses import dataclass
 
 from rlpipe.agents.agents import Agent, AgentFactory, AgentUnavailable, ContextExhausted, Message
 from rlpipe.agents.backends import TrialBackend, sandbox_limits, trial_backend
 from rlpipe.agents.records import Ending, TrialResult, TrialStep, TrialVerdict
-from rlpipe.agents.task_format import AgentTask, SkippedTask, shebang_interpreter
+from rlpipe.agents.task_format import AgentTask, SkippedTask
 from rlpipe.agents.tools import TOOL_SCHEMAS, MalformedCall, ToolCall, parse_tool_call
 from rlpipe.agents.tree_state import ReplayDiverged, ReplayPrefix, tree_digest
+from rlpipe.agents.verifier import run_tests, tail
 from rlpipe.core.errors import EngineFailed, InfraError
-from rlpipe.sandbox.base import ExecResult, Limits, Sandbox, Snapshot
+from rlpipe.sandbox.base import ExecResult, Sandbox
 
 MAX_MALFORMED_IN_A_ROW = 3
-DETAIL_CHARS = 600
 SYSTEM_PROMPT = """You are an agent working in a Linux sandbox. Your working directory is /work; there is no network.
 Answer every turn with exactly one tool call, a JSON object {"name": TOOL, "arguments": {...}}, and nothing after it.
 Tools:
@@ -110,13 +107,16 @@ def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: Age
             return result(TrialVerdict(ending.value), detail, **common)
         verifier_started = time.monotonic()
         final = sandbox.snapshot()
-        verdict, reward, verifier_detail = _verify(sandboxes, sandbox, final, task, limits)
-        if verdict is None:  # a reward was read
-            verdict = _agent_verdict(reward, ending)
-        return result(verdict, "; ".join(part for part in (detail, verifier_detail) if part), reward=reward,
+        tests = run_tests(sandboxes, sandbox, final, task, limits)
+        verdict = tests.verdict or _agent_verdict(tests.reward, ending)
+        return result(verdict, "; ".join(part for part in (detail, tests.detail) if part), reward=tests.reward,
                       verifier_duration_s=time.monotonic() - verifier_started, **common)
     except InfraError as exc:
         return result(TrialVerdict.SANDBOX_ERROR, f"{type(exc).__name__}: {exc.message}")
+    except ReplayDiverged:
+        raise
+    except Exception as exc:  # noqa: BLE001 - rlpipe's own failure: recorded (and retried), never a lost trial
+        return result(TrialVerdict.SANDBOX_ERROR, f"rlpipe failed during the trial: {type(exc).__name__}: {exc}")
     finally:
         if sandbox is not None:
             sandbox.close()
@@ -135,15 +135,15 @@ def _prepare(sandbox: Sandbox, task: AgentTask, shell: str) -> str:
     sandbox.write_files(dict(task.initial_files))
     if task.executable_files:
         chmod = "import os, sys\nfor path in sys.argv[1:]: os.chmod(path, 0o755)"
-        done = sandbox.exec(["python3", "-c", chmod, *task.executable_files])
+        done = sandbox.exec(["python3", "-I", "-c", chmod, *task.executable_files])
         if done.exit_code != 0:
-            return f"could not restore execute bits: {_tail(done.stderr)}"
+            return f"could not restore execute bits: {tail(done.stderr)}"
     if task.setup_script is None:
         return ""
     ran = sandbox.exec([shell, task.setup_script], timeout_s=task.limits.verifier_timeout_s)
     if ran.exit_code != 0:
-        return f"setup script {task.setup_script} exited {ran.exit_code} (timed out: {ran.timed_out}): {_tail(ran.stdout + ran.stderr)}"
-    sandbox.exec(["python3", "-c", "import os, sys; os.remove(sys.argv[1])", task.setup_script])
+        return f"setup script {task.setup_script} exited {ran.exit_code} (timed out: {ran.timed_out}): {tail(ran.stdout + ran.stderr)}"
+    sandbox.exec(["python3", "-I", "-c", "import os, sys; os.remove(sys.argv[1])", task.setup_script])
     return ""
 
 
@@ -265,73 +265,3 @@ def _cut(text: str, max_chars: int) -> str:
         return text
     half = max_chars // 2
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
-
-
-def _tail(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= DETAIL_CHARS else "..." + text[-DETAIL_CHARS:]
-
-
-_HARBOR_PATHS = re.compile(r"(?<![\w./-])/(tests|logs)(?=/|\b)")
-
-
-_VERIFY_SCRIPT = """
-move='import shutil, sys; shutil.move(sys.argv[1], sys.argv[2])'
-copy='import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])'
-python3 -c "$move" "/work/$1" "/tmp/$1" || exit 97
-"$2" "/tmp/$1/tests/test.sh"
-status=$?
-python3 -c "$copy" "/tmp/$1/logs" "/work/$1-logs" || exit 98
-exit $status
-"""
-
-
-def _verify(sandboxes: TrialBackend, sandbox: Sandbox, final: Snapshot, task: AgentTask, limits: Limits) -> tuple[TrialVerdict | None, float | None, str]:
-    """Run tests/test.sh on the final state: (None, reward, detail) or (a verdict without reward, None, why).
-
-    The tests are written under /work/<random>, moved to /tmp/<random> by the same command
-    that runs them (so /work holds only the agent's files while they run), and their logs
-    are copied back to /work/<random>-logs, where the reward is read from.
-    """
-    root = f".verifier-{secrets.token_hex(8)}"
-    verifier_limits = dataclasses.replace(limits, timeout_s=task.limits.verifier_timeout_s)
-    checker, fresh = sandboxes.verifier(sandbox, final, verifier_limits, task.limits.cpus)
-    try:
-        files = {f"{root}/tests/{path}": _rewrite_paths(data, root) for path, data in task.test_files.items()}
-        files[f"{root}/logs/verifier/.keep"] = b""
-        files[f"{root}/logs/agent/.keep"] = b""
-        checker.write_files(files)
-        interpreter = (shebang_interpreter(task.test_files["test.sh"]) or ("sh",))[0]
-        ran = checker.exec(["sh", "-c", _VERIFY_SCRIPT, "verify", root, interpreter], timeout_s=task.limits.verifier_timeout_s)
-        output = _tail(ran.stdout + ran.stderr)
-        if ran.timed_out:
-            return TrialVerdict.VERIFIER_TIMEOUT, 0.0, f"tests ran past {task.limits.verifier_timeout_s:g} s: {output}"
-        reward = _read_reward(checker, f"{root}-logs")
-        if reward is None:
-            return TrialVerdict.VERIFIER_ERROR, None, f"test.sh (exit {ran.exit_code}) wrote no readable reward: {output}"
-        return None, reward, "" if reward >= 1.0 else f"reward {reward:g}: {output}"
-    finally:
-        if fresh:
-            checker.close()
-
-
-def _rewrite_paths(data: bytes, root: str) -> bytes:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data
-    return _HARBOR_PATHS.sub(lambda match: f"/tmp/{root}/{match.group(1)}", text).encode()
-
-
-def _read_reward(sandbox: Sandbox, logs: str) -> float | None:
-    for name in ("reward.txt", "reward.json"):
-        try:
-            raw = sandbox.read_file(f"{logs}/verifier/{name}").decode("utf-8", errors="replace").strip()
-        except (OSError, ValueError, RuntimeError):
-            continue
-        try:
-            value = json.loads(raw)["reward"] if name.endswith(".json") else float(raw)
-            return float(value)
-        except (ValueError, KeyError, TypeError):
-            return None
-    return None

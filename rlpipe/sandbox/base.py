@@ -41,6 +41,23 @@ class ExecResult:
 
 
 @dataclass(frozen=True)
+class VerifierRun:
+    """What a task's tests did on a sandbox's state (`run_verifier`).
+
+    `logs` holds the regular files the tests left in /logs/verifier (name -> bytes, each at
+    most VERIFIER_LOG_BYTES), read by rlpipe only after the tests and every process they
+    started were gone: nothing of the sandbox could change them after they were read.
+    """
+
+    result: ExecResult
+    logs: dict[str, bytes]
+
+
+VERIFIER_LOG_BYTES = 64 * 1024
+"""The most of one /logs/verifier file `run_verifier` reads (a reward file is a few bytes)."""
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """An opaque handle to a saved work state of one sandbox."""
 
@@ -76,3 +93,20 @@ class Sandbox(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class VerifierSandbox(Protocol):
+    """A sandbox that can run a task's tests out of the reach of what ran in it before.
+
+    `run_verifier(argv, tests, timeout_s)` runs `argv` (cwd /work) with:
+    - `tests` (relative path -> bytes) at /tests, read-only to the command and written by
+      rlpipe (not by a process of the sandbox), and an empty /logs/verifier and /logs/agent
+      the command may write;
+    - an environment of PATH, LANG, TMPDIR, HOME=/tmp (not /work: the agent's files hold no
+      user site, .pth file or dotfile the tests would load) and PYTHONNOUSERSITE=1;
+    - then, when the command and everything it started are gone, rlpipe reads the regular
+      files of /logs/verifier itself (no symlink followed, VERIFIER_LOG_BYTES each) and
+      removes /tests and /logs. Both backends implement it (bwrap.py, docker_backend.py).
+    """
+
+    def run_verifier(self, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun: ...

@@ -56,7 +56,8 @@ from pathlib import Path
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox import limits as limits_module
-from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
+from rlpipe.sandbox import bwrap_verifier
+from rlpipe.sandbox.base import ExecResult, Limits, Snapshot, VerifierRun
 from rlpipe.sandbox.output import pump
 from rlpipe.sandbox.warm_python import (
     SERVER_ARGV,
@@ -127,11 +128,18 @@ class BwrapSandbox:
     # -- the protocol -------------------------------------------------------------------
 
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
+        return self.exec_with_mounts(argv, self.limits.timeout_s if timeout_s is None else timeout_s, (), stdin)
+
+    def run_verifier(self, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
+        """A task's tests on this sandbox's state (base.VerifierSandbox; bwrap_verifier.py)."""
+        return bwrap_verifier.run_verifier(self, argv, tests, timeout_s)
+
+    def exec_with_mounts(self, argv: list[str], timeout_s: float, extra_args: Sequence[str], stdin: bytes = b"") -> ExecResult:
+        """`exec` with more bwrap arguments (binds, --setenv) before the root is made read-only."""
         self._stop_warm()  # the cgroup sweep after this exec would kill it anyway
-        timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         oom_before = self.cgroups.oom_kill_count() if self.cgroups else 0
         started = time.monotonic()
-        process, child_pid = self._start(argv)
+        process, child_pid = self._start(argv, extra_args)
         try:
             captured = pump(process.stdin, process.stdout.fileno(), process.stderr.fileno(),
                             stdin, self.limits.output_bytes, started + timeout_s)
@@ -222,7 +230,7 @@ class BwrapSandbox:
         self._kill(warm.process, child_pid)
         warm.close_pipes()
 
-    def _start(self, argv: list[str]) -> tuple[subprocess.Popen[bytes], int | None]:
+    def _start(self, argv: list[str], extra_args: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], int | None]:
         """Start prlimit -> bwrap; move bwrap's child into the cgroups while it waits on --block-fd.
 
         The child (the namespace's pid 1, which becomes the command) has not run a single
@@ -235,7 +243,8 @@ class BwrapSandbox:
         fds = ["--info-fd", str(info_write_fd), "--block-fd", str(block_read_fd)]
         try:
             process = subprocess.Popen(
-                [*self._prlimit_argv, "bwrap", *self._bwrap_args, *fds, "--", *argv], stdin=subprocess.PIPE,
+                [*self._prlimit_argv, "bwrap", *self._bwrap_args[:-2], *extra_args, *self._bwrap_args[-2:], *fds, "--", *argv],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, close_fds=True,
                 pass_fds=(info_write_fd, block_read_fd), process_group=0, **self._drop_privileges(),
             )

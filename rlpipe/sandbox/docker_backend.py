@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from rlpipe.core.errors import SandboxUnavailable
-from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
+from rlpipe.sandbox.base import ExecResult, Limits, Snapshot, VerifierRun
 from rlpipe.sandbox.docker_warm import ExecStreamProcess, FrameSplitter
 from rlpipe.sandbox.image import SANDBOX_UID, ensure_image
 from rlpipe.sandbox.programs import docker_work, program_source
@@ -97,10 +97,15 @@ _WRAPPER = ["/bin/sh", "-c", f'"$@"; rc=$?; {_KILL_ALL}; exit $rc', "rlpipe-exec
 # the warm server gets the environment a wrapped command gets (dash adds PWD), and no kill at its end
 _WARM_SERVER = ["/bin/sh", "-c", 'exec "$@"', "rlpipe-warm", *NOT_INIT_SERVER_ARGV]
 # the programs run in the container (sandbox/programs/): its init, and the file and state actions of
-# docker_work.py, each sent as `python3 -S -c TEXT ACTION ARGS`
+# docker_work.py, each sent as `python3 -I -S -c TEXT ACTION ARGS` (isolated: nothing in /work is imported)
 _INIT = program_source("programs/docker_init.py")
 _WORK = program_source("programs/cleanup.py", "programs/docker_work.py")
 _WIPED_DIRS = ["/work", "/tmp", "/dev/shm", "/dev/mqueue"]
+_VERIFIER = program_source("programs/docker_verifier.py")
+_ENVIRONMENT = {"HOME": "/work"}
+# the tests' environment: HOME out of the agent's /work (no user site, .pth or dotfile of its own)
+_TESTS_ENVIRONMENT = {"HOME": "/tmp", "PYTHONNOUSERSITE": "1"}
+_ROOT = "0:0"  # without capabilities (cap_drop ALL): it owns /tests and /logs, nothing more
 
 
 _client_lock = threading.Lock()
@@ -196,7 +201,9 @@ class DockerSandbox:
                 nano_cpus=int(self.cpus * 1e9), pids_limit=limits.max_processes + 4,
                 network_mode="bridge" if limits.network else "none", read_only=True,
                 tmpfs={"/work": f"{tmpfs_options},exec,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700",
-                       "/tmp": f"{tmpfs_options},mode=1777"},
+                       "/tmp": f"{tmpfs_options},mode=1777",
+                       # root's (uid 0, mode 0755): the tests and their logs, out of the agent's reach
+                       "/tests": f"{tmpfs_options},mode=0755", "/logs": f"{tmpfs_options},mode=0755"},
                 shm_size=f"{limits.disk_mb}m", working_dir="/work", environment={}, hostname="sandbox",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], log_config=LogConfig(type="none"),
                 ulimits=[Ulimit(name="cpu", soft=limits.cpu_time_s, hard=limits.cpu_time_s)],
@@ -283,7 +290,7 @@ class DockerSandbox:
             self._stop_warm()
         if self._warm_failure:
             return None
-        process = ExecStreamProcess(self._open_exec(_WARM_SERVER)[1])
+        process = ExecStreamProcess(self._open_exec(_WARM_SERVER, _USER, _ENVIRONMENT)[1])
         try:
             self._warm = WarmInterpreter(process)
         except WarmServerLost as exc:
@@ -317,7 +324,7 @@ class DockerSandbox:
                 return _RawRun(None if answer.timed_out else answer.exit_code, answer.stdout, answer.stderr,
                                answer.stdout_dropped > 0, answer.stderr_dropped > 0, answer.timed_out,
                                time.monotonic() - started)
-        return self._run(["python3", "-S", "-c", program, *args], stdin, timeout_s, 4096)
+        return self._run(["python3", "-I", "-S", "-c", program, *args], stdin, timeout_s, 4096)
 
     def _stop_warm(self, kill_everything: bool = False) -> None:
         """End the warm server's stream (an idle server exits at end of input); with
@@ -347,10 +354,11 @@ class DockerSandbox:
             duration_s=raw.duration_s, timed_out=raw.timed_out, oom_killed=oom_killed,
         )
 
-    def _run(self, argv: list[str], stdin: bytes, timeout_s: float, cap_bytes: int | None) -> _RawRun:
+    def _run(self, argv: list[str], stdin: bytes, timeout_s: float, cap_bytes: int | None,
+             user: str = _USER, environment: dict[str, str] | None = None) -> _RawRun:
         """Run argv by `docker exec`, feeding stdin and reading both streams until EOF or the deadline."""
         started = time.monotonic()
-        exec_id, connection = self._open_exec(argv)
+        exec_id, connection = self._open_exec(argv, user, environment or _ENVIRONMENT)
         raw_socket = getattr(connection, "_sock", connection)
         writer = threading.Thread(target=_send_stdin, args=(raw_socket, stdin), daemon=True)
         writer.start()
@@ -362,27 +370,27 @@ class DockerSandbox:
         return _RawRun(exit_code, bytes(capture.chunks[1]), bytes(capture.chunks[2]), capture.truncated[1],
                        capture.truncated[2], timed_out, time.monotonic() - started)
 
-    def _open_exec(self, argv: list[str]):
+    def _open_exec(self, argv: list[str], user: str, environment: dict[str, str]):
         """Start argv by an attached `docker exec`: (exec id, connection); a stopped container is replaced once."""
         import docker.errors
 
         if self._container_id is None:
             raise SandboxUnavailable("this docker sandbox is closed", hint="create a new DockerSandbox")
         try:
-            return self._start_exec(argv)
+            return self._start_exec(argv, user, environment)
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: the container stopped (its init was OOM-killed): replace it once
                 raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
                                          hint=_START_HINT) from exc
             self._replace_container()
-            return self._start_exec(argv)
+            return self._start_exec(argv, user, environment)
         except docker.errors.DockerException as exc:
             raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
                                      hint=_START_HINT) from exc
 
-    def _start_exec(self, argv: list[str]):
-        exec_id = self._client.api.exec_create(self._container_id, argv, stdin=True, user=_USER,
-                                               workdir="/work", environment={"HOME": "/work"})["Id"]
+    def _start_exec(self, argv: list[str], user: str, environment: dict[str, str]):
+        exec_id = self._client.api.exec_create(self._container_id, argv, stdin=True, user=user,
+                                               workdir="/work", environment=environment)["Id"]
         return exec_id, self._client.api.exec_start(exec_id, socket=True)
 
     def _exit_code(self, exec_id: str) -> int | None:
@@ -439,7 +447,7 @@ class DockerSandbox:
         raw = self._ours(_WORK, ["unpack", *wipe_first], frames, 60.0)
         if raw.exit_code != 0 and wipe_first:  # the wipe failed: a fresh container, then write again
             self._replace_container()
-            raw = self._run(["python3", "-S", "-c", _WORK, "unpack"], frames, 60.0, 4096)
+            raw = self._run(["python3", "-I", "-S", "-c", _WORK, "unpack"], frames, 60.0, 4096)
         self._needs_wipe = False
         if raw.exit_code != 0:
             raise SandboxUnavailable(f"docker sandbox could not write files: {raw.stderr[-500:].decode(errors='replace')}",
@@ -447,14 +455,14 @@ class DockerSandbox:
 
     def read_file(self, path: str) -> bytes:
         self._wipe_if_needed()
-        raw = self._run(["python3", "-S", "-c", _WORK, "cat", "/work/" + _checked_relative(path)], b"", 60.0, None)
+        raw = self._run(["python3", "-I", "-S", "-c", _WORK, "cat", "/work/" + _checked_relative(path)], b"", 60.0, None)
         if raw.exit_code != 0:
             raise FileNotFoundError(f"{path} cannot be read in the sandbox: {raw.stderr[-300:].decode(errors='replace')}")
         return raw.stdout
 
     def snapshot(self) -> Snapshot:
         self._wipe_if_needed()
-        archive = self._internal(["python3", "-S", "-c", _WORK, "tar"], b"", "snapshot /work")
+        archive = self._internal(["python3", "-I", "-S", "-c", _WORK, "tar"], b"", "snapshot /work")
         snapshot = Snapshot(snapshot_id=uuid.uuid4().hex)
         self._snapshots[snapshot.snapshot_id] = archive
         return snapshot
@@ -465,7 +473,30 @@ class DockerSandbox:
             raise KeyError(f"snapshot {snapshot.snapshot_id} was not taken by this sandbox")
         self._needs_wipe = True
         self._wipe_if_needed()
-        self._internal(["python3", "-S", "-c", _WORK, "untar"], archive, "restore /work")
+        self._internal(["python3", "-I", "-S", "-c", _WORK, "untar"], archive, "restore /work")
+
+    def run_verifier(self, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
+        """A task's tests on this sandbox's state (base.VerifierSandbox): the tests written to
+        /tests by root, argv run as the sandbox user, then every process of that user killed,
+        then /logs/verifier read by root (programs/docker_verifier.py)."""
+        self._stop_warm(kill_everything=True)  # no process of the sandbox user is left to see the tests arrive
+        self._wipe_if_needed()
+        verifier = ["python3", "-I", "-S", "-c", _VERIFIER]
+        try:
+            self._internal([*verifier, "setup"], docker_work.frames(tests), "put the tests in place", user=_ROOT)
+            # argv is the exec's own process, unwrapped: a test.sh may `kill -9 -1` what it started
+            # without ending its caller; every process of the user is killed after it, either way
+            raw = self._run(list(argv), b"", timeout_s, self.limits.output_bytes, environment=_TESTS_ENVIRONMENT)
+            self._kill_everything()
+            result = ExecResult(
+                exit_code=None if raw.timed_out else raw.exit_code,
+                stdout=raw.stdout.decode("utf-8", errors="replace"), stderr=raw.stderr.decode("utf-8", errors="replace"),
+                stdout_truncated=raw.stdout_truncated, stderr_truncated=raw.stderr_truncated,
+                duration_s=raw.duration_s, timed_out=raw.timed_out, oom_killed=False)
+            logs = _unframe(self._internal([*verifier, "logs"], b"", "read the tests' logs", user=_ROOT))
+        finally:
+            self._internal([*verifier, "clear"], b"", "remove the tests", user=_ROOT)
+        return VerifierRun(result, logs)
 
     def reset(self) -> None:
         """Back to an empty /work, /tmp and /dev/shm. No process is left to kill (each command's
@@ -486,13 +517,23 @@ class DockerSandbox:
             self._replace_container()
         self._needs_wipe = False
 
-    def _internal(self, argv: list[str], stdin: bytes, what: str) -> bytes:
+    def _internal(self, argv: list[str], stdin: bytes, what: str, user: str = _USER) -> bytes:
         """A command of ours (not the sandboxed code's); its failure is an infrastructure error."""
-        raw = self._run(argv, stdin, 60.0, None)
+        raw = self._run(argv, stdin, 60.0, None, user)
         if raw.exit_code != 0:
             raise SandboxUnavailable(f"docker sandbox could not {what}: {raw.stderr[-500:].decode(errors='replace')}",
                                      hint="the work dir may be full (Limits.disk_mb) or the container gone")
         return raw.stdout
+
+
+def _unframe(data: bytes) -> dict[str, bytes]:
+    """docker_work.frames' form back to {name: bytes}."""
+    files, at = {}, 0
+    while at + 12 <= len(data):
+        name_size, size = int.from_bytes(data[at:at + 4], "big"), int.from_bytes(data[at + 4:at + 12], "big")
+        files[data[at + 12:at + 12 + name_size].decode(errors="replace")] = data[at + 12 + name_size:at + 12 + name_size + size]
+        at += 12 + name_size + size
+    return files
 
 
 def _checked_relative(path: str) -> str:

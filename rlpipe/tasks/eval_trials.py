@@ -7,7 +7,7 @@
                run (tasks/eval_tracking.py) and the Prefect artifacts (markdown + table)
 
 Retries of a trial are Prefect retries. A trial whose attempt ends in an infrastructure
-verdict (sandbox_error, engine_error, setup_error, verifier_error) has already been
+verdict (sandbox_error, engine_error, setup_error) has already been
 committed to the lake as that attempt; the task then raises TrialInfrastructureFailure (an
 InfraError), and Prefect retries it (`retries = max_attempts - 1`, the stage back-off,
 retry_infra_errors_only): the retry is a new attempt from the task's initial state. So a

@@ -90,7 +90,7 @@ def test_missing_commands_setup_failures_and_absent_rewards_have_their_verdicts(
     assert run_trial(setup, "noop", scripted(), "bwrap").verdict is TrialVerdict.SETUP_ERROR
     silent = load_task(copy_task(tmp_path / "c", **{"tests__test.sh": "#!/bin/sh\necho no reward\n"}))
     result = run_trial(silent, "noop", scripted(), "bwrap")
-    assert result.verdict is TrialVerdict.VERIFIER_ERROR and result.verdict.family == "infrastructure"
+    assert (result.verdict, result.verdict.family, result.reward) == (TrialVerdict.VERIFIER_ERROR, "agent", 0.0)
 
 
 def test_an_agent_that_raises_is_an_agent_error():

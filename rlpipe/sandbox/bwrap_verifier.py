@@ -1,0 +1,88 @@
+"""A task's tests on a bubblewrap sandbox's state, out of the reach of what ran there before.
+
+`run_verifier(sandbox, argv, tests, timeout_s)` (BwrapSandbox.run_verifier):
+
+    1. a fresh host folder (mkdtemp, in the sandbox's own host folder) holds `tests/`, written
+       by this process, and `logs/verifier`, `logs/agent`, owned by the sandbox's uid;
+    2. one exec with those bound at /tests (read-only) and /logs (read-write), HOME=/tmp (a
+       tmpfs that is new each exec) and PYTHONNOUSERSITE=1: no file of the agent's /work is a
+       user site, .pth or dotfile of the tests' processes;
+    3. when the exec has returned, its pid namespace is gone and everything in it dead (the
+       command was the namespace's pid 1): the regular files of logs/verifier are read here,
+       by this process, through file descriptors that follow no symlink, at most
+       VERIFIER_LOG_BYTES each; then the folder is removed.
+
+What it does not: choose the command or interpret the reward (agents/verifier.py), or keep
+the tests secret from the processes the tests themselves start (they run with the tests'
+uid and can read /tests: a check must compare what it computes itself, see docs/AGENTS.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlpipe.sandbox.base import VERIFIER_LOG_BYTES, VerifierRun
+from rlpipe.sandbox.workdir import write_beneath
+
+if TYPE_CHECKING:
+    from rlpipe.sandbox.bwrap import BwrapSandbox
+
+MAX_LOG_FILES = 32
+"""/logs/verifier files read at most (a reward file or two; the rest is the tests' own logs)."""
+
+
+def run_verifier(sandbox: BwrapSandbox, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
+    root = Path(tempfile.mkdtemp(prefix="verifier-", dir=sandbox.dir))
+    try:
+        os.chmod(root, 0o711)
+        tests_dir, logs_dir = root / "tests", root / "logs"
+        tests_dir.mkdir(mode=0o755)
+        for path, data in tests.items():
+            write_beneath(tests_dir, path, data, uid=None)
+        _open_up(tests_dir)
+        logs_dir.mkdir(mode=0o755)
+        for name in ("verifier", "agent"):
+            (logs_dir / name).mkdir(mode=0o755)
+            os.chown(logs_dir / name, sandbox.host_uid, sandbox.host_uid)
+        extra = ["--ro-bind", str(tests_dir), "/tests", "--bind", str(logs_dir), "/logs",
+                 "--setenv", "HOME", "/tmp", "--setenv", "PYTHONNOUSERSITE", "1"]
+        result = sandbox.exec_with_mounts(argv, timeout_s, extra)
+        return VerifierRun(result, read_logs(logs_dir / "verifier"))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _open_up(tests_dir: Path) -> None:
+    """Tests readable and runnable by the sandbox's uid, writable by none of its processes."""
+    for folder, _, files in os.walk(tests_dir):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o755)
+
+
+def read_logs(folder: Path) -> dict[str, bytes]:
+    """The regular files directly in `folder` (which a sandbox process could write): no
+    symlink followed (the folder's own path included), FIFOs and devices skipped, at most
+    VERIFIER_LOG_BYTES of each, MAX_LOG_FILES files."""
+    try:
+        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    logs: dict[str, bytes] = {}
+    try:
+        for name in sorted(os.listdir(folder_fd))[:MAX_LOG_FILES]:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as handle:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    logs[name] = handle.read(VERIFIER_LOG_BYTES)
+    finally:
+        os.close(folder_fd)
+    return logs

@@ -1,0 +1,94 @@
+"""What the docker backend runs as root in its container around a task's tests (stdlib only).
+
+Sent as `python3 -I -S -c <this file> ACTION` (isolated: no user site, no cwd on the path,
+no PYTHON* variables, so nothing the agent left in /work is imported), by a `docker exec`
+as uid 0 without capabilities: root owns /tests and /logs (tmpfs mounts of the container,
+mode 0755), so the sandbox user (1000) can read them but neither add, remove nor rename
+an entry in them.
+
+    setup   empty /tests and /logs; write the framed files on stdin (docker_work.frames)
+            under /tests, mode 0755 (readable and runnable, writable by root only); make
+            /logs/verifier and /logs/agent, mode 0777 (the tests run as the sandbox user)
+    logs    the regular files directly in /logs/verifier, framed on stdout: no symlink
+            followed, FIFOs and devices skipped, at most LOG_BYTES each, MAX_FILES files
+    clear   empty /tests and /logs
+
+What it does not: run the tests (the backend's exec does, as the sandbox user, and kills
+every process of that user before `logs` runs).
+"""
+
+import os
+import stat
+import sys
+
+TESTS, LOGS = "/tests", "/logs"
+LOG_BYTES = 64 * 1024
+MAX_FILES = 32
+
+
+def clear():
+    for top in (TESTS, LOGS):
+        for name in os.listdir(top):
+            _remove(os.path.join(top, name))
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        for name in os.listdir(path):
+            _remove(os.path.join(path, name))
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+def setup(data):
+    clear()
+    at = 0
+    while at < len(data):
+        path_size, data_size = int.from_bytes(data[at:at + 4], "big"), int.from_bytes(data[at + 4:at + 12], "big")
+        relative = data[at + 12:at + 12 + path_size].decode()
+        at += 12 + path_size
+        if relative.startswith("/") or ".." in relative.split("/"):
+            sys.exit(f"docker_verifier: a test file path leaves /tests: {relative!r}")
+        path = os.path.join(TESTS, relative)
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        with open(path, "wb") as stream:
+            stream.write(data[at:at + data_size])
+        os.chmod(path, 0o755)
+        at += data_size
+    for name in ("verifier", "agent"):
+        os.mkdir(os.path.join(LOGS, name))
+        os.chmod(os.path.join(LOGS, name), 0o777)
+
+
+def logs(out):
+    try:
+        folder_fd = os.open(os.path.join(LOGS, "verifier"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    for name in sorted(os.listdir(folder_fd))[:MAX_FILES]:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            content, encoded = handle.read(LOG_BYTES), name.encode()
+        out.write(len(encoded).to_bytes(4, "big") + len(content).to_bytes(8, "big") + encoded + content)
+
+
+def main(argv):
+    action = argv[0]
+    if action == "setup":
+        setup(sys.stdin.buffer.read())
+    elif action == "logs":
+        logs(sys.stdout.buffer)
+    elif action == "clear":
+        clear()
+    else:
+        sys.exit(f"docker_verifier: unknown action {action!r}")
+
+
+if __name__ == "__main__":  # as `python3 -c` runs it: argv[0] is "-c"
+    main(sys.argv[1:])
