@@ -170,9 +170,10 @@ class AlgoConfig(Section):
     "length") are left out of the loss (their advantage is None); counted per step."""
     tis_cap: float | None = Field(None, gt=0)
     """Truncated importance sampling: each token's loss is weighted by min(p_trainer /
-    p_engine, tis_cap), correcting for the engine's numerics differing from the trainer's.
-    None = 2.0 for rollout.engine vllm and openai, off for hf (whose logprobs are the
-    trainer's own)."""
+    p_engine, tis_cap), correcting for the engine's numerics differing from the trainer's
+    and for rows sampled by an older policy. None = 2.0 for rollout.engine vllm and openai
+    and whenever rollout.max_staleness > 0; off for a synchronous hf run (whose logprobs
+    are the trainer's own). A value set here is used as is."""
 
 
 class TrainConfig(Section):
