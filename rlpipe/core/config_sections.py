@@ -138,7 +138,8 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling mass."""
+    """Nucleus sampling mass of the training rollouts. A run refuses < 1 (tasks/runtime.py,
+    check_engine_options): the trainer does not rebuild the nucleus (engines/base.py)."""
     batch_size: int = Field(128, gt=0)
     """Sequences generated together in one forward batch."""
     stop: tuple[str, ...] = ("\n",)
