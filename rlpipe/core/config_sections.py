@@ -163,7 +163,8 @@ class AlgoConfig(Section):
     clip_eps: float = Field(0.2, gt=0)
     """PPO clip range of the importance ratio."""
     kl_coef: float = Field(0.0, ge=0)
-    """Weight of the KL penalty to the frozen reference policy (0 = no reference kept)."""
+    """Weight of the k3 KL penalty to the frozen reference policy (0 = no reference kept); its
+    value estimates KL(policy || ref), its gradient is KL(ref || policy)'s (rl/losses.py)."""
     loss_agg: Literal["token_mean", "seq_mean_token_sum"] = "token_mean"
     """How token losses are averaged into the batch loss."""
     overlong_filter: bool = False
