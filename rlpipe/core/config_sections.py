@@ -138,7 +138,8 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling mass."""
+    """Nucleus sampling mass of the training rollouts. A run refuses < 1 (tasks/runtime.py,
+    check_engine_options): the trainer does not rebuild the nucleus (engines/base.py)."""
     batch_size: int = Field(128, gt=0)
     """Sequences generated together in one forward batch."""
     stop: tuple[str, ...] = ("\n",)
@@ -162,7 +163,8 @@ class AlgoConfig(Section):
     clip_eps: float = Field(0.2, gt=0)
     """PPO clip range of the importance ratio."""
     kl_coef: float = Field(0.0, ge=0)
-    """Weight of the KL penalty to the frozen reference policy (0 = no reference kept)."""
+    """Weight of the k3 KL penalty to the frozen reference policy (0 = no reference kept); its
+    value estimates KL(policy || ref), its gradient is KL(ref || policy)'s (rl/losses.py)."""
     loss_agg: Literal["token_mean", "seq_mean_token_sum"] = "token_mean"
     """How token losses are averaged into the batch loss."""
     overlong_filter: bool = False
@@ -170,9 +172,10 @@ class AlgoConfig(Section):
     "length") are left out of the loss (their advantage is None); counted per step."""
     tis_cap: float | None = Field(None, gt=0)
     """Truncated importance sampling: each token's loss is weighted by min(p_trainer /
-    p_engine, tis_cap), correcting for the engine's numerics differing from the trainer's.
-    None = 2.0 for rollout.engine vllm and openai, off for hf (whose logprobs are the
-    trainer's own)."""
+    p_engine, tis_cap), correcting for the engine's numerics differing from the trainer's
+    and for rows sampled by an older policy. None = 2.0 for rollout.engine vllm and openai
+    and whenever rollout.max_staleness > 0; off for a synchronous hf run (whose logprobs
+    are the trainer's own). A value set here is used as is."""
 
 
 class TrainConfig(Section):

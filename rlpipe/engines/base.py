@@ -11,10 +11,15 @@ actually drawn from: `log_softmax(logits / T)` at the sampling temperature T, an
 top_p < 1 the nucleus renormalised (log p_T(token) - log of the nucleus' mass under p_T).
 The trainer recomputes `log_softmax(logits / T)` at the same T (`rl.batching.token_logprobs`),
 so the ratio new/old of an unchanged policy is 1 and the clip range is that of the
-sampling policy, as in TRL and verl. Known limit: with top_p < 1 the trainer does not
-rebuild the nucleus (it is not a differentiable function of the weights), so its logprob of
-a token is below the stored one by the log of the nucleus mass and the ratio starts below 1;
-keep top_p = 1 for training until truncated importance sampling lands. Greedy completions
+sampling policy, as in TRL and verl. With top_p < 1 the trainer does not rebuild the
+nucleus (it is not a differentiable function of the weights), so its logprob of a token is
+below the stored one by the log of the nucleus mass: the ratio starts below 1 and clipping
+drops most negative-advantage tokens. Truncated importance sampling does not make it right:
+its ratio starts at 1 (the denominator is the trainer's own logprob), but each token is
+weighted by the nucleus mass and the tokens outside the nucleus are never sampled, so the
+update still does not estimate the gradient of the policy the trainer computes. A training
+run therefore refuses rollout.top_p < 1 (tasks/runtime.py, check_engine_options); evaluation
+samples with top_p < 1 freely, its logprobs are never trained on. Greedy completions
 (held-out evaluation, `greedy=True`) store `log_softmax(logits)` at temperature 1 of the
 argmax token: a diagnostic of the policy's confidence, never trained on. Schema version 1
 stored temperature-1 logprobs also for sampled completions; such runs are not resumed.

@@ -4,10 +4,19 @@ A GRPO group whose rewards are all equal has zero advantage everywhere: it costs
 the update and carries no signal. With `rollout.dynamic_sampling`, a step generates in
 rounds: round 0 is the usual prompts_per_step groups; while fewer than prompts_per_step
 groups have signal and rollout.max_extra_rounds is not spent, another round draws fresh
-tasks. `select_groups` then keeps the first prompts_per_step groups with signal (in round,
-then task order) for training and puts every other group (no signal, or surplus) apart:
-the lake keeps both, the trainer sees only the kept ones. Without dynamic sampling every
-group of the single round is kept, as before.
+tasks. `select_groups` then fills the batch with prompts_per_step groups with signal and
+puts every other group (no signal, or surplus) apart: the lake keeps both, the trainer sees
+only the kept ones. Without dynamic sampling every group of the single round is kept.
+
+Which groups fill the batch: rounds in the order they were generated (a round only runs
+while the earlier ones had too few groups with signal, so only the last round can have a
+surplus), and within a round a random order seeded by the caller (persist: run seed and
+step), as DAPO fills its batch in sampling order. Not task-id order: the rows of a round
+arrive sorted by task id (tasks/advantage.py), and keeping the first groups of that order
+would train the alphabetically first domain and the smallest operands every step. The
+order is a function of the groups' task ids and the seed only, not of the rows' order, so a
+resumed step that selects again from its staged rows keeps the same groups. Kept and
+set-apart rows come out in (round, task id) order.
 
 Over-long filtering: a completion cut at max_new_tokens (finish reason "length") has its
 advantage set to None, so the loss leaves it out (rl/samples.py) while its group's
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,14 +68,16 @@ class GroupSelection:
     metrics: dict[str, float]
 
 
-def select_groups(rounds: Sequence[Sequence[Trajectory]], prompts_per_step: int, dynamic: bool) -> GroupSelection:
-    """The rows to train on and the rows set apart, with `dynamic/*` metrics."""
-    groups = [group for rows in rounds for group in groups_of(rows)]
+def select_groups(rounds: Sequence[Sequence[Trajectory]], prompts_per_step: int, dynamic: bool, *,
+                  seed: int) -> GroupSelection:
+    """The rows to train on and the rows set apart, with `dynamic/*` metrics; `seed` orders
+    the groups of each round (see the module docstring)."""
+    groups = [group for rows in rounds for group in sorted(groups_of(rows), key=lambda group: group[0].task.task_id)]
     signal = [has_signal(group) for group in groups]
     if not dynamic:
         kept_index = set(range(len(groups)))
     else:
-        kept_index = set([index for index, ok in enumerate(signal) if ok][:prompts_per_step])
+        kept_index = set([index for index in fill_order(rounds, seed) if signal[index]][:prompts_per_step])
     trained = [row for index, group in enumerate(groups) if index in kept_index for row in group]
     set_apart = [row for index, group in enumerate(groups) if index not in kept_index for row in group]
     with_signal = sum(signal)
@@ -79,6 +91,19 @@ def select_groups(rounds: Sequence[Sequence[Trajectory]], prompts_per_step: int,
         "dynamic/surplus_groups": float(max(0, with_signal - prompts_per_step)) if dynamic else 0.0,
     }
     return GroupSelection(trained, set_apart, metrics)
+
+
+def fill_order(rounds: Sequence[Sequence[Trajectory]], seed: int) -> list[int]:
+    """The order in which groups fill the batch, as indexes into the rounds' groups in (round,
+    task id) order: round by round, each round's groups shuffled by one `random.Random(seed)`."""
+    order = random.Random(seed)
+    indexes: list[int] = []
+    for rows in rounds:
+        start, count = len(indexes), len(groups_of(rows))
+        shuffled = list(range(start, start + count))
+        order.shuffle(shuffled)
+        indexes.extend(shuffled)
+    return indexes
 
 
 def filter_overlong(rows: Sequence[Trajectory]) -> tuple[list[Trajectory], int]:

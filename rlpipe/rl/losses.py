@@ -5,8 +5,23 @@ Per completion token t of sequence i (A_i = the sequence's advantage):
 
     ratio_t   = exp(new_logprob_t - old_logprob_t)
     pg_t      = -min(ratio_t * A_i, clip(ratio_t, 1 - clip_eps, 1 + clip_eps) * A_i)
-    kl_t      = exp(ref_t - new_t) - (ref_t - new_t) - 1        (k3 estimator of KL(new || ref))
+    kl_t      = exp(ref_t - new_t) - (ref_t - new_t) - 1        (Schulman's k3 estimator)
     loss_t    = pg_t + kl_coef * kl_t
+
+What the k3 term is, per position with its prefix held fixed (the loss does not differentiate
+through which prefixes were sampled), for a token x drawn from the current policy pi: its
+expected VALUE is KL(pi || ref) (what the `kl` metric reports), but its expected GRADIENT
+with respect to pi's parameters is that of KL(ref || pi), the other direction:
+
+    d kl_t / d theta = (1 - ref(x) / pi(x)) * d log pi(x) / d theta
+    E_{x ~ pi}[...]  = sum_x pi(x) d log pi(x) / d theta - sum_x ref(x) d log pi(x) / d theta
+                     = 0 - sum_x ref(x) d log pi(x) / d theta = d KL(ref || pi) / d theta
+
+(sum_x pi(x) d log pi(x) = d sum_x pi(x) = 0). So as a loss it pulls pi towards covering
+ref (mass-covering, the forward KL), not down the reverse KL its value estimates; both are 0
+only at pi = ref and near it the two gradients agree to first order. Tokens sampled by an
+older policy (later mini-batches, async rows) are not reweighted for this term, so there it
+is that gradient only approximately.
 
 Truncated importance sampling (`behaviour_logprobs` and `tis_cap` given): `old_logprob_t` is
 then the TRAINER's own logprob of the token before the update (the proximal policy) and

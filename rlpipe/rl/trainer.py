@@ -90,12 +90,14 @@ FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # torch's fused AdamW kernel; elsewhere i
 
 @dataclass(frozen=True)
 class UpdateMetrics:
-    """What one `update` did. loss/kl/clip_frac are averaged over epochs; grad_norm is the
-    pre-clip norm of the first optimizer step; tokens = completion tokens of the scored samples."""
+    """What one `update` did. loss/kl/clip_frac/grad_norm are means over its optimizer steps
+    (every mini-batch of every epoch); grad_norm is the pre-clip norm, grad_norm_max the
+    largest of them; tokens = completion tokens of the scored samples."""
 
     loss: float
     kl: float
     grad_norm: float
+    grad_norm_max: float
     clip_frac: float
     tokens: int
 
@@ -208,11 +210,12 @@ class Trainer:
                     tis_weights.append(tis[0]), tis_capped.append(tis[1])
         self.model.eval()
         if not losses:
-            return UpdateMetrics(loss=0.0, kl=0.0, grad_norm=0.0, clip_frac=0.0, tokens=tokens)
+            return UpdateMetrics(loss=0.0, kl=0.0, grad_norm=0.0, grad_norm_max=0.0, clip_frac=0.0, tokens=tokens)
         metrics = UpdateMetrics(
             loss=sum(losses) / len(losses),
             kl=sum(kls) / len(kls),
-            grad_norm=grad_norms[0],
+            grad_norm=sum(grad_norms) / len(grad_norms),
+            grad_norm_max=max(grad_norms),
             clip_frac=sum(clips) / len(clips),
             tokens=tokens,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from rlpipe.core.records import Trajectory
+from rlpipe.core.seeds import derive_seed
 from rlpipe.rl.dynamic_sampling import select_groups
 from rlpipe.rl.rollout_metrics import rollout_metrics
 from rlpipe.rl.staleness import generation_version
@@ -23,7 +24,8 @@ def persist(runtime: Runtime, step: int, rounds: list[list[Trajectory]], overlon
     if existing is not None:
         return existing.rows
     config = runtime.config
-    selection = select_groups(rounds, config.rollout.prompts_per_step, config.rollout.dynamic_sampling)
+    selection = select_groups(rounds, config.rollout.prompts_per_step, config.rollout.dynamic_sampling,
+                              seed=derive_seed(config.seed, step, "select-groups"))  # a re-run selects the same
     part = runtime.lake.write_part(run_id, step, "00000", selection.trained)
     set_apart = (runtime.lake.write_part(run_id, step, "set-apart", selection.set_apart),) if selection.set_apart else ()
     metrics = rollout_metrics([row for rows in rounds for row in rows])  # every generated row: the policy's reward

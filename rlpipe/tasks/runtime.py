@@ -181,6 +181,7 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
     """Build the controller's parts and spawn both workers (not waiting for them). Fails on
     bad input (unreachable lake, unknown domain) before anything is written anywhere; a
     failure here stops whatever was started."""
+    check_engine_options(config)  # a deployment's run skips the CLI's preflight
     lake = build_lake(config)
     mixture = build_mixture(config)
     tracker = build_tracker(config)
@@ -281,8 +282,16 @@ def preflight(config: RunConfig) -> None:
 
 
 def check_engine_options(config: RunConfig) -> None:
-    """ConfigError for combinations of rollout and train options no engine serves."""
+    """ConfigError for combinations of rollout and train options no engine serves (or that
+    the trainer would train wrongly on: rollout.top_p < 1)."""
     rollout, train = config.rollout, config.train
+    if rollout.top_p < 1:
+        raise ConfigError(
+            f"rollout.top_p={rollout.top_p}: the trainer cannot rebuild the nucleus the rollouts are sampled from "
+            "(the first ratio starts below 1 and clipping drops most negative-advantage tokens)",
+            "train with rollout.top_p=1 (tune rollout.temperature instead); evaluation takes a top_p of its own "
+            "(rlpipe eval --top-p)",
+        )
     if train.lora_rank > 0 and rollout.engine != "hf":
         raise ConfigError(
             f"train.lora_rank={train.lora_rank} with rollout.engine={rollout.engine!r}: only the hf engine takes LoRA adapter weights",

@@ -78,12 +78,19 @@ def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
     return model, tokenizer
 
 
+DEFAULT_TIS_CAP = 2.0
+
+
 def tis_cap(config: RunConfig) -> float | None:
-    """algo.tis_cap, or its default: 2.0 where the engine's numerics differ from the trainer's
-    (vllm, openai), off for hf (whose logprobs come from the trainer's own model code)."""
+    """algo.tis_cap when set; else DEFAULT_TIS_CAP where the rows were not sampled by the
+    weights the update starts from: an engine whose numerics differ from the trainer's (vllm,
+    openai), or rollout.max_staleness > 0 (rows up to k versions old: without TIS the PPO
+    ratio, and so the trust region, is centred on the old policy); off for a synchronous hf
+    run, whose logprobs come from the trainer's own model code and weights."""
     if config.algo.tis_cap is not None:
         return config.algo.tis_cap
-    return None if config.rollout.engine == "hf" else 2.0
+    on_policy = config.rollout.engine == "hf" and config.rollout.max_staleness == 0
+    return None if on_policy else DEFAULT_TIS_CAP
 
 
 def with_lora(config: RunConfig, policy: torch.nn.Module) -> torch.nn.Module:

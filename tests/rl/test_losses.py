@@ -147,3 +147,24 @@ def test_tis_needs_both_behaviour_logprobs_and_a_cap():
         policy_loss(logprobs, logprobs, torch.tensor([1.0]), tensors([1.0]), 0.2, behaviour_logprobs=logprobs)
     with pytest.raises(ValueError, match="both"):
         policy_loss(logprobs, logprobs, torch.tensor([1.0]), tensors([1.0]), 0.2, tis_cap=2.0)
+
+
+def test_k3_as_a_loss_has_the_gradient_of_kl_from_the_reference_not_to_it():
+    # one position over 5 tokens: the expected gradient of the k3 loss under x ~ pi (every
+    # token weighted by pi(x), exactly) is d KL(ref || pi), while its expected value is KL(pi || ref)
+    logits = torch.tensor([0.3, -1.2, 2.0, 0.1, -0.4], dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.tensor([1.5, 0.2, -0.7, 0.4, 0.0], dtype=torch.float64), dim=0)
+    pi = torch.log_softmax(logits, dim=0)
+    expected_loss, expected_kl = torch.zeros((), dtype=torch.float64), 0.0
+    for x in range(5):
+        new = pi[x].reshape(1, 1)
+        loss, metrics = policy_loss(new, new.detach(), torch.tensor([0.0]), torch.ones(1, 1, dtype=torch.float64), 0.2,
+                                    ref_logprobs=ref[x].reshape(1, 1), kl_coef=1.0)
+        expected_loss = expected_loss + pi[x].exp().detach() * loss
+        expected_kl += float(pi[x].detach().exp()) * metrics.kl
+    (k3_gradient,) = torch.autograd.grad(expected_loss, logits, retain_graph=True)
+    (forward,) = torch.autograd.grad((ref.exp() * (ref - pi)).sum(), logits, retain_graph=True)  # KL(ref || pi)
+    (reverse,) = torch.autograd.grad((pi.exp() * (pi - ref)).sum(), logits)  # KL(pi || ref)
+    assert k3_gradient.tolist() == pytest.approx(forward.tolist(), abs=1e-12)
+    assert float((k3_gradient - reverse).abs().max()) > 0.1  # far apart here: not the reverse KL's gradient
+    assert expected_kl == pytest.approx(float((pi.exp() * (pi - ref)).sum().detach()), abs=1e-12)  # the value: KL(pi || ref)

@@ -53,28 +53,60 @@ def test_a_group_has_signal_only_when_its_scored_rewards_differ() -> None:
     assert not has_signal(_group("a", [1.0]))
 
 
-def test_dynamic_sampling_keeps_the_first_groups_with_signal_up_to_the_batch() -> None:
+def test_dynamic_sampling_keeps_earlier_rounds_first_and_fills_up_from_the_last() -> None:
     round_0 = _group("a", [1.0, 0.0]) + _group("b", [0.0, 0.0]) + _group("c", [1.0, 1.0])
     round_1 = _group("d", [0.0, 1.0]) + _group("e", [1.0, 0.0]) + _group("f", [0.0, 0.0])
-    selection = select_groups([round_0, round_1], prompts_per_step=2, dynamic=True)
-    assert sorted({row.task.task_id for row in selection.trained}) == ["a", "d"]
-    # b, c, f have no signal; e has signal but the batch is full with a and d (surplus)
-    assert sorted({row.task.task_id for row in selection.set_apart}) == ["b", "c", "e", "f"]
-    assert selection.metrics["dynamic/extra_rounds"] == 1.0
-    assert selection.metrics["dynamic/signal_fraction"] == 3 / 6
-    assert selection.metrics["dynamic/batch_fill"] == 1.0
-    assert selection.metrics["dynamic/surplus_groups"] == 1.0
+    for seed in range(8):
+        selection = select_groups([round_0, round_1], prompts_per_step=2, dynamic=True, seed=seed)
+        trained = {row.task.task_id for row in selection.trained}
+        # a (round 0) always; one of d, e (round 1's groups with signal) fills the batch
+        assert "a" in trained and len(trained & {"d", "e"}) == 1 and len(trained) == 2
+        set_apart = {row.task.task_id for row in selection.set_apart}
+        assert set_apart == {"b", "c", "f"} | ({"d", "e"} - trained)
+        assert selection.metrics["dynamic/extra_rounds"] == 1.0
+        assert selection.metrics["dynamic/signal_fraction"] == 3 / 6
+        assert selection.metrics["dynamic/batch_fill"] == 1.0
+        assert selection.metrics["dynamic/surplus_groups"] == 1.0
+
+
+def test_surplus_groups_are_not_chosen_by_task_id_order() -> None:
+    # 20 groups with signal, 5 wanted. The old rule (rows sorted by task id, first 5 kept)
+    # kept t00..t04 on every step; the seeded order keeps each group in about 1 step of 4.
+    ids = [f"t{index:02d}" for index in range(20)]
+    round_0 = [row for task in ids for row in _group(task, [1.0, 0.0])]  # sorted by task id, as tasks/advantage.py hands them
+    steps = 200
+    kept_count = dict.fromkeys(ids, 0)
+    for seed in range(steps):
+        selection = select_groups([round_0], prompts_per_step=5, dynamic=True, seed=seed)
+        trained = {row.task.task_id for row in selection.trained}
+        assert len(trained) == 5
+        for task in trained:
+            kept_count[task] += 1
+    alphabetical_first = ids[:5]
+    assert sum(kept_count[task] for task in alphabetical_first) < steps * 5 / 2  # 1000 under the old rule
+    assert all(steps / 8 < count < steps * 3 / 8 for count in kept_count.values())  # each near 200 / 4 = 50
+
+
+def test_the_selection_depends_on_the_seed_and_the_groups_not_on_the_rows_order() -> None:
+    # persist selects again from the staged rows when a step is retried or resumed
+    rows = [row for task in ("p", "q", "r", "s", "t", "u") for row in _group(task, [1.0, 0.0])]
+    first = select_groups([rows], prompts_per_step=2, dynamic=True, seed=7)
+    again = select_groups([list(reversed(rows))], prompts_per_step=2, dynamic=True, seed=7)
+    assert {(row.task.task_id, row.completion.sample_idx) for row in first.trained} == \
+        {(row.task.task_id, row.completion.sample_idx) for row in again.trained}
+    others = {frozenset(row.task.task_id for row in select_groups([rows], 2, True, seed=seed).trained) for seed in range(20)}
+    assert len(others) > 1  # another seed, another choice
 
 
 def test_dynamic_sampling_that_ran_out_of_rounds_trains_a_partial_batch() -> None:
-    selection = select_groups([_group("a", [1.0, 0.0]) + _group("b", [1.0, 1.0])], prompts_per_step=2, dynamic=True)
+    selection = select_groups([_group("a", [1.0, 0.0]) + _group("b", [1.0, 1.0])], prompts_per_step=2, dynamic=True, seed=0)
     assert {row.task.task_id for row in selection.trained} == {"a"}
     assert selection.metrics["dynamic/batch_fill"] == 0.5
 
 
 def test_without_dynamic_sampling_every_group_trains() -> None:
     rows = _group("a", [1.0, 0.0]) + _group("b", [0.0, 0.0])
-    selection = select_groups([rows], prompts_per_step=2, dynamic=False)
+    selection = select_groups([rows], prompts_per_step=2, dynamic=False, seed=0)
     assert selection.trained == rows and selection.set_apart == []
 
 

@@ -66,6 +66,17 @@ def test_zero_and_none_advantages_do_not_move_the_model(tiny_model, tokenizer):
     assert all(torch.equal(a, b) for a, b in zip(weights, tiny_model.parameters()))
 
 
+def test_grad_norm_covers_every_optimizer_step_of_the_update(tiny_model, tokenizer):
+    samples = samples_from_engine(tiny_model, tokenizer, lambda i: 1.0 if i % 2 == 0 else -1.0)
+    trainer = Trainer(tiny_model, lr=5e-2, grad_clip=1e9, mini_batches_per_step=2, epochs_per_step=2)  # never clipped
+    seen = stepped_gradient(trainer)
+    metrics = trainer.update(samples, shuffle_seed=3)
+    norms = [float(gradient.norm()) for gradient in seen]
+    assert len(norms) == 4 and max(norms) - min(norms) > 1e-3 * max(norms)  # the steps' norms differ
+    assert metrics.grad_norm == pytest.approx(sum(norms) / len(norms), rel=1e-5)  # not the first step's alone
+    assert metrics.grad_norm_max == pytest.approx(max(norms), rel=1e-5)
+
+
 def test_micro_batch_size_does_not_change_the_gradient(tiny_model, tokenizer):
     samples = samples_from_engine(tiny_model, tokenizer, lambda i: float(i % 3) - 1.0)
     grads = []
@@ -227,7 +238,7 @@ def test_truncated_importance_sampling_uses_the_trainers_own_logprobs(tiny_model
     plain = Trainer(copy.deepcopy(tiny_model), lr=0.0).update(skewed)
     assert plain.loss == pytest.approx(-1.2, abs=1e-5) and plain.clip_frac == 1.0
     # without TIS the metrics are exactly the fields they always were
-    assert type(plain) is UpdateMetrics and set(plain.as_floats()) == {"loss", "kl", "grad_norm", "clip_frac", "tokens"}
+    assert type(plain) is UpdateMetrics and set(plain.as_floats()) == {"loss", "kl", "grad_norm", "grad_norm_max", "clip_frac", "tokens"}
     capped = Trainer(copy.deepcopy(tiny_model), lr=0.0, tis_cap=2.0).update(skewed)
     assert isinstance(capped, TisUpdateMetrics) and {"tis_weight", "tis_capped_frac"} <= set(capped.as_floats())
     assert capped.tis_weight == pytest.approx(2.0) and capped.tis_capped_frac == 1.0
