@@ -36,7 +36,7 @@ from rlpipe.storage.lake import Lake
 from rlpipe.storage.tracking import Tracker
 from rlpipe.tasks.builders import build_lake, build_tracker
 from rlpipe.workers.client import EngineClient, TrainerClient, WorkerSpec
-from rlpipe.workers.shm import weights_folder
+from rlpipe.workers.shm import create_weights_folder
 from rlpipe.workers.weight_stream import stream_weights
 
 _RUNTIMES: dict[str, "Runtime"] = {}
@@ -185,9 +185,7 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
     mixture = build_mixture(config)
     tracker = build_tracker(config)
     socket_folder = Path(tempfile.mkdtemp(prefix="rlpipe-w-"))
-    shm = weights_folder(run_id)
-    shutil.rmtree(shm, ignore_errors=True)  # left by a killed earlier process of this run
-    shm.mkdir(parents=True)
+    shm = create_weights_folder(run_id)  # private, a random name: recorded in the Runtime and the workers' specs
     storage = config.storage
     secrets = {"s3_access_key": storage.s3_access_key, "s3_secret_key": storage.s3_secret_key}
 
@@ -195,7 +193,12 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
         python = engine_python(config) if kind == "engine" else sys.executable
         return WorkerSpec(run_id, kind, config.model_dump_json(), socket_folder, shm, secrets, python)
 
-    engine, trainer = build_engine_client(config, spec("engine")), TrainerClient(spec("trainer"))
+    try:
+        engine, trainer = build_engine_client(config, spec("engine")), TrainerClient(spec("trainer"))
+    except BaseException:  # e.g. no interpreter for the engine: nothing started, nothing left behind
+        shutil.rmtree(socket_folder, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+        raise
     runtime = Runtime(run_id=run_id, config=config, lake=lake, tracker=tracker, mixture=mixture,
                       heldout=mixture.heldout(config.envs.heldout_size, seed=config.seed),
                       engine=engine, trainer=trainer, socket_folder=socket_folder, weights_folder=shm)
