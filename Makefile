@@ -33,6 +33,9 @@ demo: venv
 # subprocess start-up and waits, which the second worker overlaps. Files run in collection
 # order, the longest first (tests/conftest.py: LONGEST_FILES).
 # (.ci/run makes venv, system, lint and pytest one by one to print the time of each.)
+# `system` provisioned docker, so a docker test that finds no engine fails instead of skipping
+# (RLPIPE_TEST_DOCKER, tests/helpers/docker_engine.py); `make pytest` alone leaves it unset.
+test: export RLPIPE_TEST_DOCKER = required
 test: venv system lint pytest
 
 lint: venv
@@ -44,6 +47,7 @@ pytest: venv
 # The tests marked `extended` (pyproject.toml): long runs whose property a cheaper test of
 # `make test` checks already (README.md, "Tests"), left out of CI to keep it under 20 minutes;
 # run before a change to what they cover (the trainer group, the learning recipe).
+test-extended: export RLPIPE_TEST_DOCKER = required
 test-extended: venv system
 	$(BIN)/pytest -q -n 2 --dist loadfile -m extended
 

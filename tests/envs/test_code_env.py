@@ -1,7 +1,8 @@
 """The code env on every HumanEval problem, and reward-hack probes, in each sandbox backend.
 
 Each backend is a module-scoped pool (bwrap: marked `bwrap`; docker: marked `docker`), skipped
-cleanly where it cannot start. All 164 problems run through the pool's threads.
+cleanly where it cannot start (docker: only where no engine answers and none was provisioned,
+tests/helpers/docker_engine.py). All 164 problems run through the pool's threads.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.core.records import VerdictReason
 from rlpipe.envs.code import CodeEnv
 from rlpipe.sandbox.base import ExecResult, Limits, Snapshot
+from tests.helpers.docker_engine import no_docker
 
 BACKENDS = [pytest.param("bwrap", marks=pytest.mark.bwrap), pytest.param("docker", marks=pytest.mark.docker)]
 LIMITS = Limits(timeout_s=10, memory_mb=256, max_processes=32)
@@ -35,6 +37,8 @@ def pool(request):
     try:
         sandbox_pool = SandboxPool(_factory(request.param), size)
     except SandboxUnavailable as exc:
+        if request.param == "docker":
+            no_docker(f"docker sandboxes cannot start here: {exc.message}")
         pytest.skip(f"{request.param} sandboxes cannot start here: {exc.message}")
     yield sandbox_pool
     sandbox_pool.close()

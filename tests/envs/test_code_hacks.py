@@ -4,7 +4,8 @@ A probe answers correctly only if its attack worked (it found the tests, could r
 control the harness), and otherwise tries to make the verdict say ok by itself (a forged
 nonce line, exit 0) or answers wrongly; so reward 0 means the attack failed. One sandbox
 pool per backend for the module (bwrap: marked `bwrap`; docker: `docker`), skipped where
-the backend cannot start. Probes that end by the timeout run with a 1.5 s one.
+the backend cannot start (docker: only where no engine answers and none was provisioned,
+tests/helpers/docker_engine.py). Probes that end by the timeout run with a 1.5 s one.
 
 The probes are live attacks: `SAME_PROCESS_HARNESS`, the harness this verifier replaced
 (the solution ran in the tests' process, with copied builtins and a nonce), is fooled by
@@ -23,6 +24,7 @@ from rlpipe.core.records import VerdictReason
 from rlpipe.envs.code import CodeEnv, verdict_from
 from rlpipe.envs.code_probes import HELPERS, PROBES
 from rlpipe.sandbox.base import Limits
+from tests.helpers.docker_engine import no_docker
 
 BACKENDS = [pytest.param("bwrap", marks=pytest.mark.bwrap), pytest.param("docker", marks=pytest.mark.docker)]
 LIMITS = Limits(timeout_s=5, memory_mb=256, max_processes=32)
@@ -96,6 +98,8 @@ def pool(request):
     try:
         sandbox_pool = SandboxPool(lambda: backend(LIMITS), 2)
     except SandboxUnavailable as exc:
+        if request.param == "docker":
+            no_docker(f"docker sandboxes cannot start here: {exc.message}")
         pytest.skip(f"{request.param} sandboxes cannot start here: {exc.message}")
     yield sandbox_pool
     sandbox_pool.close()

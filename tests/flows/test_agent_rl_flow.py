@@ -24,6 +24,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "agent_quickstart.tom
 
 @pytest.mark.bwrap
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 22 s quiet, once 250 s at load 15: twice the suite's hang guard
 def test_two_agent_rl_steps_store_whole_masked_episodes(tmp_path: Path) -> None:
     require_bwrap()
     seed_mlflow_db(tmp_path / "mlflow.db")

@@ -15,6 +15,7 @@ from rlpipe.flows.train import train
 from rlpipe.storage.query import query_trajectories
 from rlpipe.tasks.builders import build_lake
 from tests.flows.runs import tiny_config
+from tests.helpers.docker_engine import require_docker_engine
 from tests.sandbox._bwrap_support import require_bwrap
 
 # What the code verifier can say about a completion; sandbox_error (reward None) is not in it.
@@ -26,12 +27,7 @@ def _require(backend: str) -> None:
     if backend == "bwrap":
         require_bwrap()
         return
-    from rlpipe.sandbox.docker_backend import docker_client
-
-    try:
-        docker_client()
-    except SandboxUnavailable as exc:
-        pytest.skip(f"no docker engine: {exc.message}")
+    require_docker_engine()
 
 
 @pytest.mark.parametrize("backend", [pytest.param("bwrap", marks=pytest.mark.bwrap),

@@ -33,6 +33,7 @@ MARK = "RLPIPE_TEST_TORCHRUN_RUN"
 
 @pytest.mark.slow
 @pytest.mark.extended
+@pytest.mark.timeout(1800)  # ~200 s at load 5: above the suite's 600 s hang guard at a high load
 def test_small_quickstart_learns_with_two_trainer_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MARK, str(tmp_path))  # inherited by the workers, torchrun and its ranks
     train_and_check_it_learned(tmp_path, "learn-ddp", "cluster.trainer_nproc=2")

@@ -13,18 +13,17 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from rlpipe.core.errors import ConfigError, EngineFailed, InfraError
 from rlpipe.engines.sampling import SamplingParams
-from rlpipe.workers import protocol as p
 from rlpipe.workers.client import WorkerSpec
 from rlpipe.workers.ray_engine import RayEngineClient
 from rlpipe.workers.weight_stream import stream_weights
-from tests.workers.workers_at_hand import tiny_config, worker_pair
+from tests.helpers.waiting import wait_until
+from tests.workers.workers_at_hand import tiny_config, train_a_little, worker_pair
 
 CHUNK = 16 * 1024  # the tiny model streams in several chunks, each through the object store
 PROMPTS = [("a", "5+5="), ("b", "reverse abc="), ("c", "12+7=")]
@@ -44,13 +43,6 @@ def outputs(engine) -> tuple:  # noqa: ANN001 - an EngineClient
     return tuple(tuple(engine.generate(PROMPTS, params).completions) for params in (GREEDY, SAMPLED))
 
 
-def _train_a_little(trainer) -> None:  # noqa: ANN001 - a TrainerClient
-    trainer.warm_start_begin(p.WarmStartBegin(examples=(("1+2=", "3"), ("2+2=", "4")), steps=3, batch_size=4,
-                                              lr=1e-2, seed=1, check_every=5, with_checks=False))
-    while trainer.warm_start_wait(1.0).state != "done":
-        pass
-
-
 def test_the_actor_generates_what_the_local_worker_does_before_and_after_a_sync(ray_cluster, tmp_path) -> None:
     with worker_pair(tmp_path) as (local, trainer, shm):
         remote = ray_engine(tmp_path, ray_cluster)
@@ -61,7 +53,7 @@ def test_the_actor_generates_what_the_local_worker_does_before_and_after_a_sync(
             assert outputs(remote) == before
             assert len(before[1]) == len(PROMPTS) * SAMPLED.n
 
-            _train_a_little(trainer)
+            train_a_little(trainer)
             trained = trainer.digest()
             for engine in (local, remote):
                 streamed = stream_weights(trainer, engine, chunk_bytes=CHUNK)
@@ -83,9 +75,10 @@ def test_a_killed_actor_is_an_infra_error_and_the_next_call_gets_a_fresh_synced_
         try:
             remote.version()
             first = remote.handle
-            _train_a_little(trainer)
+            train_a_little(trainer)
             remote.on_restart = lambda: stream_weights(trainer, remote, chunk_bytes=CHUNK)  # as tasks/runtime.py does
             raised: list[BaseException] = []
+            generating = _note_when_sent(remote, "Generate")
 
             def generate_a_lot() -> None:
                 try:
@@ -95,8 +88,8 @@ def test_a_killed_actor_is_an_infra_error_and_the_next_call_gets_a_fresh_synced_
 
             worker = threading.Thread(target=generate_a_lot)
             worker.start()
-            time.sleep(1.0)  # the call is under way (or about to be: either way it never returns a result)
-            ray.kill(remote._actor, no_restart=True)
+            wait_until(generating.is_set, "the Generate request to be with the actor")
+            ray.kill(remote._actor, no_restart=True)  # mid-call: 1200 completions of 32 tokens take far longer
             worker.join(timeout=120)
             assert len(raised) == 1 and isinstance(raised[0], EngineFailed), raised
             assert isinstance(raised[0], InfraError)
@@ -107,6 +100,21 @@ def test_a_killed_actor_is_an_infra_error_and_the_next_call_gets_a_fresh_synced_
             assert outputs(remote) == outputs(local)
         finally:
             remote.close()
+
+
+def _note_when_sent(remote: RayEngineClient, call: str) -> threading.Event:
+    """An event set once a `call` request has been sent to the actor (the client then awaits
+    its reply): an event to act on instead of a sleep that hopes the call is under way."""
+    sent = threading.Event()
+    get = remote._get
+
+    def get_noting(ref, name, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - RayEngineClient._get's
+        if name == call:
+            sent.set()
+        return get(ref, name, *args, **kwargs)
+
+    remote._get = get_noting
+    return sent
 
 
 def test_an_actor_no_node_can_hold_is_a_config_error(ray_cluster, tmp_path) -> None:

@@ -17,7 +17,6 @@ import dataclasses
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -28,6 +27,7 @@ from rlpipe.envs.code_probes import PROBES
 from rlpipe.sandbox.ray_pool import RaySandboxPool
 from rlpipe.tasks.runtime import build_mixture, build_sandbox_pool
 from rlpipe.tasks.verify_batch import verify_batch
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.bwrap
 HACKS = ["os_exit_zero_before_the_tests", "print_pass_lines_and_nonce_guesses", "always_equal_object",
@@ -90,8 +90,9 @@ def test_a_killed_actor_mid_batch_is_an_infra_error_and_the_next_batch_runs(ray_
     ray_pool = build(ray_cluster)
     try:
         victim = ray_pool.infos[0].pid
+        dispatched = _note_dispatch(ray_pool)
         worker, raised = _verify_in_background(mixture, ray_pool, _slow_pairs(mixture))
-        time.sleep(1.0)  # the first shares are running (the batch takes >= 3 s: 12 x 0.5 s / 2)
+        wait_until(dispatched.is_set, "the batch's shares to be with the actors")
         os.kill(victim, signal.SIGKILL)
         worker.join(timeout=120)
         assert len(raised) == 1 and isinstance(raised[0], ClusterUnavailable), raised
@@ -142,9 +143,10 @@ def test_a_cluster_stopped_mid_batch_is_an_infra_error(mixture):
     slow = _slow_pairs(mixture)
     with local_ray_cluster((2,)) as cluster:
         ray_pool = build(cluster.address)
+        dispatched = _note_dispatch(ray_pool)
         worker, raised = _verify_in_background(mixture, ray_pool, slow)
         try:
-            time.sleep(1.0)
+            wait_until(dispatched.is_set, "the batch's shares to be with the actors")
             cluster.stop()
             worker.join(timeout=120)
             assert len(raised) == 1 and isinstance(raised[0], ClusterUnavailable), raised
@@ -155,9 +157,34 @@ def test_a_cluster_stopped_mid_batch_is_an_infra_error(mixture):
 
 
 def _slow_pairs(mixture) -> list:
-    """12 right answers that each sleep 0.5 s: a batch of >= 3 s on 2 sandboxes."""
+    """12 answers that each sleep 2 s (under the 3 s sandbox timeout): a batch of >= 12 s on 2
+    sandboxes, so a kill right after the shares are dispatched lands mid-batch."""
     task = mixture.envs["code"].all_tasks()[0]
-    return [(task, "    import time\n    time.sleep(0.5)\n" + task.reference_answer)] * 12
+    return [(task, "    import time\n    time.sleep(2.0)\n" + task.reference_answer)] * 12
+
+
+class _RayNotingWait:
+    """The ray module as RaySandboxPool uses it, with `dispatched` set at the pool's first
+    `ray.wait`: every share in flight has been submitted to the actors by then."""
+
+    def __init__(self, ray) -> None:  # noqa: ANN001 - the ray module
+        self._ray = ray
+        self.dispatched = threading.Event()
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - whatever ray has
+        return getattr(self._ray, name)
+
+    def wait(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - ray.wait's
+        self.dispatched.set()
+        return self._ray.wait(*args, **kwargs)
+
+
+def _note_dispatch(ray_pool: RaySandboxPool) -> threading.Event:
+    """An event set once the pool's next batch is with the actors: to act on instead of a
+    sleep that hopes the batch is under way."""
+    noting = _RayNotingWait(ray_pool.ray)
+    ray_pool.ray = noting
+    return noting.dispatched
 
 
 def _verify_in_background(mixture, ray_pool, pairs) -> tuple[threading.Thread, list[BaseException]]:

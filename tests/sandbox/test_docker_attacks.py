@@ -18,6 +18,7 @@ import pytest
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import Limits
+from tests.helpers.docker_engine import require_docker_engine
 
 pytestmark = pytest.mark.docker
 
@@ -25,12 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _docker_or_skip():
-    from rlpipe.sandbox.docker_backend import docker_client
-
-    try:
-        return docker_client()
-    except SandboxUnavailable as exc:
-        pytest.skip(f"no docker engine: {exc.message}")
+    return require_docker_engine()
 
 
 @pytest.fixture

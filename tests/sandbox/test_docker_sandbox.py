@@ -6,6 +6,7 @@ import pytest
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import Limits
+from tests.helpers.docker_engine import no_docker
 
 pytestmark = pytest.mark.docker
 
@@ -17,7 +18,7 @@ def sandbox():
     try:
         sandbox = DockerSandbox(Limits(timeout_s=10))
     except SandboxUnavailable as exc:
-        pytest.skip(f"no docker engine: {exc.message}")
+        no_docker(exc.message)
     yield sandbox
     sandbox.close()
 

@@ -17,6 +17,7 @@ import pytest
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import Limits
+from tests.helpers.docker_engine import no_docker
 from tests.helpers.waiting import wait_until
 from tests.sandbox.warm_programs import COMMON_PROGRAMS, DENY_ALL_DEFAULT_ACL, IPC_FILL, IPC_TABLES, result_fields
 
@@ -32,7 +33,7 @@ def sandbox():
     try:
         made = DockerSandbox(Limits(timeout_s=10, output_bytes=1000))
     except SandboxUnavailable as exc:
-        pytest.skip(f"no docker engine: {exc.message}")
+        no_docker(exc.message)
     yield made
     made.close()
 
@@ -146,7 +147,7 @@ def test_a_memory_bomb_is_oom_killed_and_the_server_survives():
     try:
         sandbox = DockerSandbox(Limits(timeout_s=20, memory_mb=128))
     except SandboxUnavailable as exc:
-        pytest.skip(f"no docker engine: {exc.message}")
+        no_docker(exc.message)
     with sandbox:
         before = sandbox.exec_python(SERVER_PID).stdout
         result = sandbox.exec_python("blocks = []\nwhile True: blocks.append(bytearray(16 << 20))")

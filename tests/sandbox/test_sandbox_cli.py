@@ -86,13 +86,9 @@ def test_an_unavailable_backend_is_a_short_error_with_exit_125(monkeypatch, tmp_
 
 @pytest.mark.docker
 def test_run_on_docker_prints_the_exec_result_as_json():
-    from rlpipe.core.errors import SandboxUnavailable
-    from rlpipe.sandbox.docker_backend import docker_client
+    from tests.helpers.docker_engine import require_docker_engine
 
-    try:
-        docker_client()
-    except SandboxUnavailable as exc:
-        pytest.skip(f"no docker engine: {exc.message}")
+    require_docker_engine()
     result = runner.invoke(app, ["run", "--backend", "docker", "--json", "--", "python3", "-c", "print('hi'); raise SystemExit(3)"])
     assert result.exit_code == 3, result.output
     payload = json.loads(result.stdout)

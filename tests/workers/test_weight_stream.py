@@ -21,7 +21,7 @@ from rlpipe.engines.sampling import SamplingParams
 from rlpipe.workers import protocol as p
 from rlpipe.workers import weights
 from rlpipe.workers.weight_stream import stream_weights
-from tests.workers.workers_at_hand import worker_pair
+from tests.workers.workers_at_hand import train_a_little, worker_pair
 
 CHUNK = 16 * 1024  # bytes: the tiny model (~100k parameters) streams in many chunks
 PARAMS = SamplingParams(n=2, max_new_tokens=4, seed=3)
@@ -56,16 +56,9 @@ def test_chunks_are_bounded_and_copy_back_bit_equal(tmp_path: Path) -> None:
         assert torch.equal(target[name], tensor) and target[name].dtype == tensor.dtype
 
 
-def _train_a_little(trainer) -> None:  # noqa: ANN001 - a TrainerClient
-    trainer.warm_start_begin(p.WarmStartBegin(examples=(("1+2=", "3"), ("2+2=", "4")), steps=3, batch_size=4,
-                                              lr=1e-2, seed=1, check_every=5, with_checks=False))
-    while trainer.warm_start_wait(1.0).state != "done":
-        pass
-
-
 def test_a_stream_gives_the_engine_the_trainers_exact_weights_and_a_cut_one_never_serves(tmp_path: Path) -> None:
     with worker_pair(tmp_path) as (engine, trainer, shm):
-        _train_a_little(trainer)
+        train_a_little(trainer)
         changed = trainer.digest()
         assert engine.digest() != changed
         streamed = stream_weights(trainer, engine, chunk_bytes=CHUNK)
@@ -74,7 +67,7 @@ def test_a_stream_gives_the_engine_the_trainers_exact_weights_and_a_cut_one_neve
         assert list(shm.iterdir()) == []
 
         # cut after one chunk: the engine's weights are mixed; it refuses to generate and exits
-        _train_a_little(trainer)
+        train_a_little(trainer)
         changed_again = trainer.digest()
         plan = trainer.call(p.BeginWeightStream(CHUNK))
         engine.call(p.BeginWeightLoad(plan.stream_id, plan.policy_version, plan.rows))
@@ -110,7 +103,7 @@ def test_a_trainer_that_dies_mid_stream_fails_the_sync_and_a_retry_recovers(
     monkeypatch.setenv("RLPIPE_FAILPOINTS", "trainer-weight-chunk@3")  # the trainer SIGKILLs itself writing chunk 3
     with worker_pair(tmp_path) as (engine, trainer, shm):
         initial = engine.digest()
-        _train_a_little(trainer)
+        train_a_little(trainer)
         assert trainer.digest() != initial
         with pytest.raises(EngineFailed, match="died during PublishWeightChunk"):
             stream_weights(trainer, engine, chunk_bytes=CHUNK)

@@ -6,18 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlpipe.workers.protocol import WarmStartBegin
-from tests.workers.workers_at_hand import worker_pair
+from tests.workers.workers_at_hand import train_a_little, worker_pair
 
 
 def test_published_weights_give_the_engine_the_trainers_exact_weights(tmp_path: Path) -> None:
     with worker_pair(tmp_path) as (engine, trainer, shm):
         assert engine.digest() == trainer.digest()  # both built from the same seed
         # 3 supervised steps change the trainer's weights; the engine's stay the initial ones
-        trainer.warm_start_begin(WarmStartBegin(examples=(("1+2=", "3"), ("2+2=", "4")), steps=3, batch_size=4,
-                                                lr=1e-2, seed=1, check_every=5, with_checks=False))
-        while trainer.warm_start_wait(1.0).state != "done":
-            pass
+        train_a_little(trainer)
         changed = trainer.digest()
         assert engine.digest() != changed
         published = trainer.publish_weights()

@@ -1,7 +1,7 @@
 """Helpers for worker tests: a pair of real workers (engine, trainer) for a tiny config, or
 the engine worker alone (each worker start imports torch and transformers: a test that never
 calls the trainer does not start one), started in this process and stopped at the end, and
-process checks through /proc."""
+process checks through /proc, and a little training to change the trainer's weights."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from pathlib import Path
 
 from rlpipe.core.config import RunConfig, load_config
 from rlpipe.workers.client import EngineClient, TrainerClient, WorkerSpec
+from rlpipe.workers.protocol import WarmStartBegin
+from tests.helpers.waiting import wait_until
 
 TINY = ["warmstart.steps=3", "warmstart.batch_size=8", "envs.heldout_size=4", "rollout.group_size=2"]
 
@@ -54,6 +56,15 @@ def worker_pair(
         engine.stop()
         trainer.stop()
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+def train_a_little(trainer: TrainerClient) -> None:
+    """3 supervised steps on two examples: the trainer's weights change. Waits for the
+    warm-start's end in 1 s polls, failing the test (never looping on) if it has not ended
+    by the hang guard (a worker that died raises from the poll instead)."""
+    trainer.warm_start_begin(WarmStartBegin(examples=(("1+2=", "3"), ("2+2=", "4")), steps=3, batch_size=4,
+                                            lr=1e-2, seed=1, check_every=5, with_checks=False))
+    wait_until(lambda: trainer.warm_start_wait(1.0).state == "done", "the trainer's 3 warm-start steps", every_s=0)
 
 
 def alive(pid: int) -> bool:
