@@ -29,6 +29,11 @@ the cgroup is emptied as well); bwrap reaps it, so no zombie is left to a host i
 may not reap. If this process dies, `--die-with-parent` takes the sandbox down. Nothing the
 sandboxed code starts survives its exec.
 
+Snapshots copy the work dir with holes and hard links kept, refused (AgentStateError) past
+`disk_mb` of data (bwrap_workdir.py, tree_copy.py). This module holds the sandbox class;
+bwrap's arguments are bwrap_mounts.py's, starting and killing it bwrap_process.py's, and
+the removal of what dead processes left bwrap_reap.py's.
+
 Not guaranteed: protection from kernel exploits (no seccomp filter beyond bwrap's own), from
 timing side channels, or from CPU oversubscription (CPU time is limited per process, not CPU
 share); exit codes of signalled processes are reported as bwrap reports them (128 + signal).
