@@ -39,7 +39,7 @@ from rlpipe.agents.task_format import AgentTask, SkippedTask
 from rlpipe.agents.tools import TOOL_SCHEMAS, MalformedCall, ToolCall, parse_tool_call
 from rlpipe.agents.tree_state import ReplayDiverged, ReplayPrefix, tree_digest
 from rlpipe.agents.verifier import run_tests, tail
-from rlpipe.core.errors import EngineFailed, InfraError
+from rlpipe.core.errors import AgentStateError, EngineFailed, InfraError
 from rlpipe.sandbox.base import ExecResult, Sandbox
 
 MAX_MALFORMED_IN_A_ROW = 3
@@ -106,8 +106,12 @@ def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: Age
         if ending in (Ending.ENGINE_ERROR, Ending.SANDBOX_ERROR):
             return result(TrialVerdict(ending.value), detail, **common)
         verifier_started = time.monotonic()
-        final = sandbox.snapshot()
-        tests = run_tests(sandboxes, sandbox, final, task, limits)
+        try:
+            final = sandbox.snapshot()
+            tests = run_tests(sandboxes, sandbox, final, task, limits)
+        except AgentStateError as exc:  # a /work its own state made uncopyable: abstention scores zero
+            return result(TrialVerdict.FAILED, f"the final state cannot be verified: {exc.message}", reward=0.0,
+                          verifier_duration_s=time.monotonic() - verifier_started, **common)
         verdict = tests.verdict or _agent_verdict(tests.reward, ending)
         return result(verdict, "; ".join(part for part in (detail, tests.detail) if part), reward=tests.reward,
                       verifier_duration_s=time.monotonic() - verifier_started, **common)

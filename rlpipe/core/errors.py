@@ -8,6 +8,8 @@
     │   ├── RunNotFoundError         a run id that the lake does not hold
     │   └── LakeNotFoundError        no lake at the URI (read-only commands never create one)
     ├── LakeCorrupted                a committed file is missing or altered; never retried
+    ├── AgentStateError              what the sandboxed agent left cannot be copied (too big, unreadable):
+    │                                the agent's failure (reward 0), never retried as infrastructure
     └── InfraError                   the machinery failed; Prefect retries these (with backoff)
         ├── StorageUnavailable       the lake (S3 endpoint, disk) cannot be reached
         ├── SandboxUnavailable       a sandbox backend (bwrap, docker daemon) is gone
@@ -65,6 +67,16 @@ class LakeCorrupted(RlpipeError):
 
     Not an InfraError: a retry reads the same bytes. The run stops with this error; the
     hint says what to restore or delete.
+    """
+
+
+class AgentStateError(RlpipeError):
+    """The sandboxed code's own files make a sandbox operation refuse: a snapshot or restore
+    whose tree holds more data than the sandbox's disk limit (`Limits.disk_mb`), or a tree
+    the snapshot cannot read because of what the code did to it.
+
+    Not an InfraError: a retry meets the same files. A trial that gets it is the agent's
+    failure (reward 0), recorded with this message; the host and the backend are fine.
     """
 
 

@@ -6,7 +6,7 @@ Guaranteed (each has an adversarial test in tests/sandbox/test_docker_attacks.py
 - the root filesystem is the read-only image built by sandbox/image.py from host files
   (no host path is mounted in, so host files, the project and /root are not visible);
 - writable places are size-limited tmpfs mounts: /work (`Limits.disk_mb`), /tmp and
-  /dev/shm (the same size); tmpfs pages count against the memory limit too;
+  /dev/shm (the same size; /tests and /logs are root's); tmpfs pages count as memory too;
 - memory: `mem_limit` = `memswap_limit` = `Limits.memory_mb` (no swap); the kernel's OOM
   killer ends the biggest process and `ExecResult.oom_killed` says so (read from the
   cgroup's `oom_kill` counter, else from `docker inspect`);
@@ -24,33 +24,28 @@ Guaranteed (each has an adversarial test in tests/sandbox/test_docker_attacks.py
   lost (empty), which the ExecResult cannot show (it says timed_out);
 - stdout and stderr are read as they come and kept up to `Limits.output_bytes` each; the
   rest is read and dropped (never buffered), the `*_truncated` flags say so;
-- `close()` removes the container; every container carries the labels `rlpipe.sandbox=1`,
-  `rlpipe.host` and `rlpipe.pid`, and `remove_leaked_containers()` removes those whose
-  creating process on this host is gone (a crashed run).
+- `close()` removes the container and the sandbox's snapshots; every container is labelled
+  with its owning process (pid and start time) and run id, and the first sandbox a process
+  opens removes the containers of owners that are gone (docker_owners.py: a `kill -9`ed
+  eval's containers are removed by the next command that opens one).
 
 `exec_python` forks each request from a warm interpreter: sandbox/warm_server.py, started
-with `--not-init` on first use by one attached `docker exec` that stays open
-(docker_warm.py turns its stream into the pipes warm_python.WarmInterpreter reads). A
-request gets what an exec gets (container, user, limits, environment, cwd, exit codes,
-output caps, timeout, oom_killed from the same counter) and, after it, the server kills
-every other process of the user (orphans, reparented to the container's init, included)
-and empties /tmp and /dev/shm. The server is not the container's init, so a request can
-kill or stop it (same uid): a server that dies or garbles mid-request makes that request a
-crash, one that answers nothing within the timeout plus a grace period a timeout; either
-way every process of the user is killed (as after a timed out exec) and the request is
-never rerun (killing the server must not buy a second time budget). A request runs by exec
-where the server cannot start, or is found gone before the request. A plain `exec` retires the server first (its
-wrapper's kill would end it); `reset()` keeps it, and while it runs it also serves the
-wipe and `write_files` (a fork instead of a docker exec each). What differs from exec:
-stderr lacks the wrapper shell's line about a signalled command ("Segmentation fault",
-"Killed"), and the server's modules are already imported.
+with `--not-init` on first use by one attached `docker exec` that stays open (docker_warm.py
+turns its stream into the pipes warm_python.WarmInterpreter reads). A request gets what an
+exec gets (container, user, limits, environment, cwd, exit codes, output caps, timeout,
+oom_killed from the same counter) and, after it, the server kills every other process of
+the user (orphans included) and empties /tmp and /dev/shm. A request can kill or stop the
+server (same uid, not the init): one that dies or garbles mid-request makes that request a
+crash, one silent past the timeout plus a grace period a timeout; either way every process
+of the user is killed and the request is never rerun (no second time budget). A request
+runs by exec where the server cannot start or is found gone. A plain `exec` retires the
+server first (its wrapper's kill would end it); `reset()` keeps it, and while it runs it
+serves the wipe and `write_files` too. What differs from exec: stderr lacks the wrapper
+shell's line about a signalled command ("Killed"), and the server's modules are imported.
 
-Snapshots: `docker commit` does not see tmpfs mounts, so `snapshot()` streams a tar of /work
-out of the container and keeps it in this process's memory (bounded by `disk_mb`);
-`restore()` empties /work and unpacks it. Files go in and out the same way (framed bytes over
-the exec's stdin/stdout): `docker cp`/`put_archive` would write under the tmpfs, not into it.
-The programs that do it in the container (the wipe, the file upload, tar and untar, the
-read, the OOM counter; the container's init) are modules of sandbox/programs/, sent as text.
+Files, snapshots and the wipe are docker_files.py's (snapshots are files on the host's disk,
+never this process's memory); a task's tests, docker_verifier.py's (/tests and /logs are
+root's tmpfs mounts); what runs in the container, modules of sandbox/programs/.
 
 Not guaranteed: isolation from kernel exploits (containers share the host kernel; use
 gVisor/kata as the runtime for hostile code at scale); one command at a time per sandbox
@@ -62,21 +57,23 @@ engine answers, SandboxUnavailable says how to start one.
 from __future__ import annotations
 
 import logging
-import os
-import select
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from typing import BinaryIO
 
 from rlpipe.core.errors import SandboxUnavailable
-from rlpipe.sandbox.base import ExecResult, Limits, Snapshot, VerifierRun
-from rlpipe.sandbox.docker_warm import ExecStreamProcess, FrameSplitter
+from rlpipe.sandbox import docker_verifier
+from rlpipe.sandbox.base import ExecResult, Limits, VerifierRun
+from rlpipe.sandbox.docker_files import WORK_PROGRAM as _WORK
+from rlpipe.sandbox.docker_engine import START_HINT, docker_client
+from rlpipe.sandbox.docker_files import DockerFiles
+from rlpipe.sandbox.docker_owners import LABEL, owner_labels, reap_once, remove_leaked_containers
+from rlpipe.sandbox.docker_snapshots import SnapshotStore, work_inodes
+from rlpipe.sandbox.docker_stream import AGENT, Capture, Identity, RawRun, read_until, send_stdin
+from rlpipe.sandbox.docker_warm import ExecStreamProcess
 from rlpipe.sandbox.image import SANDBOX_UID, ensure_image
-from rlpipe.sandbox.programs import docker_work, program_source
+from rlpipe.sandbox.programs import program_source
 from rlpipe.sandbox.warm_python import (
     NOT_INIT_SERVER_ARGV,
     WarmAnswer,
@@ -88,97 +85,31 @@ from rlpipe.sandbox.warm_python import (
 
 log = logging.getLogger(__name__)
 
-LABEL = "rlpipe.sandbox"
-_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
+__all__ = ["LABEL", "DockerSandbox", "docker_client", "remove_leaked_containers"]
 _INIT_USER = "65534:65534"
-_START_HINT = "start an engine: `dockerd > /tmp/dockerd.log 2>&1 &` (as root) or `systemctl start docker`"
 _KILL_ALL = 'i=0; while kill -9 -1 2>/dev/null && [ $i -lt 2000 ]; do i=$((i+1)); done'
 _WRAPPER = ["/bin/sh", "-c", f'"$@"; rc=$?; {_KILL_ALL}; exit $rc', "rlpipe-exec"]
 # the warm server gets the environment a wrapped command gets (dash adds PWD), and no kill at its end
 _WARM_SERVER = ["/bin/sh", "-c", 'exec "$@"', "rlpipe-warm", *NOT_INIT_SERVER_ARGV]
-# the programs run in the container (sandbox/programs/): its init, and the file and state actions of
-# docker_work.py, each sent as `python3 -I -S -c TEXT ACTION ARGS` (isolated: nothing in /work is imported)
-_INIT = program_source("programs/docker_init.py")
-_WORK = program_source("programs/cleanup.py", "programs/docker_work.py")
-_WIPED_DIRS = ["/work", "/tmp", "/dev/shm", "/dev/mqueue"]
-_VERIFIER = program_source("programs/docker_verifier.py")
-_ENVIRONMENT = {"HOME": "/work"}
-# the tests' environment: HOME out of the agent's /work (no user site, .pth or dotfile of its own)
-_TESTS_ENVIRONMENT = {"HOME": "/tmp", "PYTHONNOUSERSITE": "1"}
-_ROOT = "0:0"  # without capabilities (cap_drop ALL): it owns /tests and /logs, nothing more
+_INIT = program_source("programs/docker_init.py")  # the container's pid 1 (sandbox/programs/)
 
 
-_client_lock = threading.Lock()
-_clients: dict[str | None, object] = {}
-
-
-def docker_client(base_url: str | None = None):
-    """One docker client per engine address and process (thread-safe), checked with a ping.
-
-    `base_url` None means the environment's engine (DOCKER_HOST, else the local socket).
-    Raises SandboxUnavailable, with how to start an engine, when none answers.
-    """
-    with _client_lock:
-        if base_url not in _clients:
-            try:
-                import docker
-
-                if base_url is None:
-                    client = docker.from_env(timeout=60, max_pool_size=64)
-                else:
-                    client = docker.DockerClient(base_url=base_url, timeout=60, max_pool_size=64)
-                client.ping()
-            except Exception as exc:  # docker raises DockerException, requests errors, OSError
-                where = base_url or os.environ.get("DOCKER_HOST", "the local socket")
-                raise SandboxUnavailable(f"no docker engine answers at {where}: {exc}", hint=_START_HINT) from exc
-            _clients[base_url] = client
-        return _clients[base_url]
-
-
-@dataclass
-class _RawRun:
-    exit_code: int | None
-    stdout: bytes
-    stderr: bytes
-    stdout_truncated: bool
-    stderr_truncated: bool
-    timed_out: bool
-    duration_s: float
-
-
-@dataclass
-class _Capture:
-    """Demultiplexes docker's framed exec stream, keeping at most `cap_bytes` per stream."""
-
-    cap_bytes: int | None
-    frames: FrameSplitter = field(default_factory=FrameSplitter)
-    chunks: dict[int, bytearray] = field(default_factory=lambda: {1: bytearray(), 2: bytearray()})
-    truncated: dict[int, bool] = field(default_factory=lambda: {1: False, 2: False})
-
-    def feed(self, data: bytes) -> None:
-        for stream, piece in self.frames.feed(data):
-            self._keep(stream, piece)
-
-    def _keep(self, stream: int, piece: bytes) -> None:
-        kept = self.chunks[stream]
-        room = len(piece) if self.cap_bytes is None else max(0, self.cap_bytes - len(kept))
-        kept += piece[:room]
-        if room < len(piece):
-            self.truncated[stream] = True
-
-
-class DockerSandbox:
+class DockerSandbox(DockerFiles):
     """A sandbox in one docker container; see the module docstring for what it guarantees."""
 
     def __init__(self, limits: Limits, image: str | None = None, cpus: float = 1.0,
-                 base_url: str | None = None) -> None:
+                 base_url: str | None = None, run_id: str | None = None) -> None:
         """A started container; `image` defaults to the one ensure_image builds from host files,
-        `cpus` is its CPU share (nano_cpus), `base_url` the engine (None: DOCKER_HOST or the local socket)."""
+        `cpus` is its CPU share (nano_cpus), `base_url` the engine (None: DOCKER_HOST or the local socket),
+        `run_id` (an eval's or run's id) goes into the container's owner labels (docker_owners.py).
+        The first sandbox of a process on an engine first removes the containers of dead processes."""
         self.limits = limits
         self.cpus = cpus
+        self.run_id = run_id
         self._client = docker_client(base_url)
+        reap_once(self._client, base_url)
         self.image = image or ensure_image(self._client)
-        self._snapshots: dict[str, bytes] = {}
+        self._snapshots = SnapshotStore()
         self._container_id: str | None = None
         self._oom_baseline = 0
         self._needs_wipe = False
@@ -200,14 +131,14 @@ class DockerSandbox:
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 nano_cpus=int(self.cpus * 1e9), pids_limit=limits.max_processes + 4,
                 network_mode="bridge" if limits.network else "none", read_only=True,
-                tmpfs={"/work": f"{tmpfs_options},exec,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700",
-                       "/tmp": f"{tmpfs_options},mode=1777",
-                       # root's (uid 0, mode 0755): the tests and their logs, out of the agent's reach
+                tmpfs={"/work": f"{tmpfs_options},nr_inodes={work_inodes(limits.disk_mb)},exec,uid={SANDBOX_UID},"
+                                f"gid={SANDBOX_UID},mode=0700",
+                       "/tmp": f"{tmpfs_options},mode=1777",  # /tests, /logs: root's, for run_verifier
                        "/tests": f"{tmpfs_options},mode=0755", "/logs": f"{tmpfs_options},mode=0755"},
                 shm_size=f"{limits.disk_mb}m", working_dir="/work", environment={}, hostname="sandbox",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], log_config=LogConfig(type="none"),
                 ulimits=[Ulimit(name="cpu", soft=limits.cpu_time_s, hard=limits.cpu_time_s)],
-                labels={LABEL: "1", "rlpipe.host": socket.gethostname(), "rlpipe.pid": str(os.getpid())},
+                labels=owner_labels(self.run_id),
             )
         except docker.errors.DockerException as exc:
             raise SandboxUnavailable(f"docker could not start a sandbox container: {exc}",
@@ -233,12 +164,16 @@ class DockerSandbox:
             pass
         except docker.errors.DockerException as exc:
             raise SandboxUnavailable(f"docker could not remove container {self._container_id[:12]}: {exc}",
-                                     hint=_START_HINT) from exc
+                                     hint=START_HINT) from exc
         self._container_id = None
 
     def close(self) -> None:
         self._remove_container()
         self._snapshots.clear()
+
+    def run_verifier(self, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
+        """A task's tests on this sandbox's state (base.VerifierSandbox; docker_verifier.py)."""
+        return docker_verifier.run_verifier(self, argv, tests, timeout_s)
 
     def __enter__(self) -> DockerSandbox:
         return self
@@ -290,7 +225,7 @@ class DockerSandbox:
             self._stop_warm()
         if self._warm_failure:
             return None
-        process = ExecStreamProcess(self._open_exec(_WARM_SERVER, _USER, _ENVIRONMENT)[1])
+        process = ExecStreamProcess(self._open_exec(_WARM_SERVER)[1])
         try:
             self._warm = WarmInterpreter(process)
         except WarmServerLost as exc:
@@ -307,7 +242,7 @@ class DockerSandbox:
         if self._warm.due_for_retirement(answer, self.limits.cpu_time_s):
             self._stop_warm(kill_everything=not answer.clean)
 
-    def _ours(self, program: str, args: list[str], stdin: bytes, timeout_s: float) -> _RawRun:
+    def _ours(self, program: str, args: list[str], stdin: bytes, timeout_s: float) -> RawRun:
         """A program of sandbox/programs/ (at most 4096 bytes of output kept): forked by the
         running warm server if there is one, else by its own `docker exec`; same user and cwd."""
         warm = self._warm if self._warm is not None and self._warm.alive else None
@@ -321,7 +256,7 @@ class DockerSandbox:
                 self._stop_warm(kill_everything=True)
             else:
                 self._retire_warm_if_due(answer)
-                return _RawRun(None if answer.timed_out else answer.exit_code, answer.stdout, answer.stderr,
+                return RawRun(None if answer.timed_out else answer.exit_code, answer.stdout, answer.stderr,
                                answer.stdout_dropped > 0, answer.stderr_dropped > 0, answer.timed_out,
                                time.monotonic() - started)
         return self._run(["python3", "-I", "-S", "-c", program, *args], stdin, timeout_s, 4096)
@@ -354,43 +289,44 @@ class DockerSandbox:
             duration_s=raw.duration_s, timed_out=raw.timed_out, oom_killed=oom_killed,
         )
 
-    def _run(self, argv: list[str], stdin: bytes, timeout_s: float, cap_bytes: int | None,
-             user: str = _USER, environment: dict[str, str] | None = None) -> _RawRun:
-        """Run argv by `docker exec`, feeding stdin and reading both streams until EOF or the deadline."""
+    def _run(self, argv: list[str], stdin: bytes | BinaryIO, timeout_s: float, cap_bytes: int | None,
+             capture: Capture | None = None, identity: Identity = AGENT) -> RawRun:
+        """Run argv by `docker exec` as `identity`, feeding stdin (bytes or a file) and reading both streams
+        until EOF, the deadline, or (with a `capture` that writes stdout to a file) its cap; then no exit code."""
         started = time.monotonic()
-        exec_id, connection = self._open_exec(argv, user, environment or _ENVIRONMENT)
+        exec_id, connection = self._open_exec(argv, identity)
         raw_socket = getattr(connection, "_sock", connection)
-        writer = threading.Thread(target=_send_stdin, args=(raw_socket, stdin), daemon=True)
+        writer = threading.Thread(target=send_stdin, args=(raw_socket, stdin), daemon=True)
         writer.start()
-        capture = _Capture(cap_bytes)
+        capture = capture or Capture(cap_bytes)
         deadline = started + timeout_s
-        timed_out = _read_until(raw_socket, capture, deadline)
+        timed_out = read_until(raw_socket, capture, deadline)
         connection.close()
-        exit_code = None if timed_out else self._exit_code(exec_id)
-        return _RawRun(exit_code, bytes(capture.chunks[1]), bytes(capture.chunks[2]), capture.truncated[1],
+        exit_code = None if timed_out or capture.overflowed else self._exit_code(exec_id)
+        return RawRun(exit_code, bytes(capture.chunks[1]), bytes(capture.chunks[2]), capture.truncated[1],
                        capture.truncated[2], timed_out, time.monotonic() - started)
 
-    def _open_exec(self, argv: list[str], user: str, environment: dict[str, str]):
+    def _open_exec(self, argv: list[str], identity: Identity = AGENT):
         """Start argv by an attached `docker exec`: (exec id, connection); a stopped container is replaced once."""
         import docker.errors
 
         if self._container_id is None:
             raise SandboxUnavailable("this docker sandbox is closed", hint="create a new DockerSandbox")
         try:
-            return self._start_exec(argv, user, environment)
+            return self._start_exec(argv, identity)
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # 409: the container stopped (its init was OOM-killed): replace it once
                 raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
-                                         hint=_START_HINT) from exc
+                                         hint=START_HINT) from exc
             self._replace_container()
-            return self._start_exec(argv, user, environment)
+            return self._start_exec(argv, identity)
         except docker.errors.DockerException as exc:
             raise SandboxUnavailable(f"docker exec failed in container {self._container_id[:12]}: {exc}",
-                                     hint=_START_HINT) from exc
+                                     hint=START_HINT) from exc
 
-    def _start_exec(self, argv: list[str], user: str, environment: dict[str, str]):
-        exec_id = self._client.api.exec_create(self._container_id, argv, stdin=True, user=user,
-                                               workdir="/work", environment=environment)["Id"]
+    def _start_exec(self, argv: list[str], identity: Identity):
+        exec_id = self._client.api.exec_create(self._container_id, argv, stdin=True, user=identity.user,
+                                               workdir="/work", environment=dict(identity.environment))["Id"]
         return exec_id, self._client.api.exec_start(exec_id, socket=True)
 
     def _exit_code(self, exec_id: str) -> int | None:
@@ -400,7 +336,7 @@ class DockerSandbox:
             try:
                 state = self._client.api.exec_inspect(exec_id)
             except docker.errors.DockerException as exc:
-                raise SandboxUnavailable(f"docker exec inspect failed: {exc}", hint=_START_HINT) from exc
+                raise SandboxUnavailable(f"docker exec inspect failed: {exc}", hint=START_HINT) from exc
             if not state.get("Running") and state.get("ExitCode") is not None:
                 return int(state["ExitCode"])
             time.sleep(0.01)
@@ -437,174 +373,3 @@ class DockerSandbox:
             return bool(self._client.api.inspect_container(self._container_id)["State"].get("OOMKilled"))
         except docker.errors.DockerException:
             return False
-
-    # --- files and state -------------------------------------------------------------
-    def write_files(self, files: dict[str, bytes]) -> None:
-        """Write files under /work (parents created, existing files replaced) in one exec, or one
-        request to the warm server when it runs."""
-        frames = docker_work.frames({_checked_relative(path): data for path, data in files.items()})
-        wipe_first = _WIPED_DIRS if self._needs_wipe else []
-        raw = self._ours(_WORK, ["unpack", *wipe_first], frames, 60.0)
-        if raw.exit_code != 0 and wipe_first:  # the wipe failed: a fresh container, then write again
-            self._replace_container()
-            raw = self._run(["python3", "-I", "-S", "-c", _WORK, "unpack"], frames, 60.0, 4096)
-        self._needs_wipe = False
-        if raw.exit_code != 0:
-            raise SandboxUnavailable(f"docker sandbox could not write files: {raw.stderr[-500:].decode(errors='replace')}",
-                                     hint="the files may not fit in the work dir (Limits.disk_mb)")
-
-    def read_file(self, path: str) -> bytes:
-        self._wipe_if_needed()
-        raw = self._run(["python3", "-I", "-S", "-c", _WORK, "cat", "/work/" + _checked_relative(path)], b"", 60.0, None)
-        if raw.exit_code != 0:
-            raise FileNotFoundError(f"{path} cannot be read in the sandbox: {raw.stderr[-300:].decode(errors='replace')}")
-        return raw.stdout
-
-    def snapshot(self) -> Snapshot:
-        self._wipe_if_needed()
-        archive = self._internal(["python3", "-I", "-S", "-c", _WORK, "tar"], b"", "snapshot /work")
-        snapshot = Snapshot(snapshot_id=uuid.uuid4().hex)
-        self._snapshots[snapshot.snapshot_id] = archive
-        return snapshot
-
-    def restore(self, snapshot: Snapshot) -> None:
-        archive = self._snapshots.get(snapshot.snapshot_id)
-        if archive is None:
-            raise KeyError(f"snapshot {snapshot.snapshot_id} was not taken by this sandbox")
-        self._needs_wipe = True
-        self._wipe_if_needed()
-        self._internal(["python3", "-I", "-S", "-c", _WORK, "untar"], archive, "restore /work")
-
-    def run_verifier(self, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
-        """A task's tests on this sandbox's state (base.VerifierSandbox): the tests written to
-        /tests by root, argv run as the sandbox user, then every process of that user killed,
-        then /logs/verifier read by root (programs/docker_verifier.py)."""
-        self._stop_warm(kill_everything=True)  # no process of the sandbox user is left to see the tests arrive
-        self._wipe_if_needed()
-        verifier = ["python3", "-I", "-S", "-c", _VERIFIER]
-        try:
-            self._internal([*verifier, "setup"], docker_work.frames(tests), "put the tests in place", user=_ROOT)
-            # argv is the exec's own process, unwrapped: a test.sh may `kill -9 -1` what it started
-            # without ending its caller; every process of the user is killed after it, either way
-            raw = self._run(list(argv), b"", timeout_s, self.limits.output_bytes, environment=_TESTS_ENVIRONMENT)
-            self._kill_everything()
-            result = ExecResult(
-                exit_code=None if raw.timed_out else raw.exit_code,
-                stdout=raw.stdout.decode("utf-8", errors="replace"), stderr=raw.stderr.decode("utf-8", errors="replace"),
-                stdout_truncated=raw.stdout_truncated, stderr_truncated=raw.stderr_truncated,
-                duration_s=raw.duration_s, timed_out=raw.timed_out, oom_killed=False)
-            logs = _unframe(self._internal([*verifier, "logs"], b"", "read the tests' logs", user=_ROOT))
-        finally:
-            self._internal([*verifier, "clear"], b"", "remove the tests", user=_ROOT)
-        return VerifierRun(result, logs)
-
-    def reset(self) -> None:
-        """Back to an empty /work, /tmp and /dev/shm. No process is left to kill (each command's
-        wrapper, or the warm server after each request, killed them), so the wipe is deferred:
-        the next write_files does it in the same exec, anything else first runs it on its own
-        (one docker exec saved per pool use). The warm server, which holds no file, stays, and
-        serves the wipe and write_files while it runs (a fork instead of a docker exec)."""
-        self._needs_wipe = True
-
-    def _wipe_if_needed(self) -> None:
-        if not self._needs_wipe:
-            return
-        try:
-            raw = self._ours(_WORK, ["wipe", *_WIPED_DIRS], b"", 30.0)
-            if raw.exit_code != 0:
-                self._replace_container()
-        except SandboxUnavailable:
-            self._replace_container()
-        self._needs_wipe = False
-
-    def _internal(self, argv: list[str], stdin: bytes, what: str, user: str = _USER) -> bytes:
-        """A command of ours (not the sandboxed code's); its failure is an infrastructure error."""
-        raw = self._run(argv, stdin, 60.0, None, user)
-        if raw.exit_code != 0:
-            raise SandboxUnavailable(f"docker sandbox could not {what}: {raw.stderr[-500:].decode(errors='replace')}",
-                                     hint="the work dir may be full (Limits.disk_mb) or the container gone")
-        return raw.stdout
-
-
-def _unframe(data: bytes) -> dict[str, bytes]:
-    """docker_work.frames' form back to {name: bytes}."""
-    files, at = {}, 0
-    while at + 12 <= len(data):
-        name_size, size = int.from_bytes(data[at:at + 4], "big"), int.from_bytes(data[at + 4:at + 12], "big")
-        files[data[at + 12:at + 12 + name_size].decode(errors="replace")] = data[at + 12 + name_size:at + 12 + name_size + size]
-        at += 12 + name_size + size
-    return files
-
-
-def _checked_relative(path: str) -> str:
-    relative = PurePosixPath(path)
-    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-        raise ValueError(f"sandbox paths are relative to the work dir and stay inside it: {path!r}")
-    return str(relative)
-
-
-def _send_stdin(raw_socket: socket.socket, data: bytes) -> None:
-    try:
-        if data:
-            raw_socket.sendall(data)
-        raw_socket.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass  # the command exited without reading all of its stdin
-
-
-def _read_until(raw_socket: socket.socket, capture: _Capture, deadline: float) -> bool:
-    """Feed the stream into capture until EOF (False) or the deadline (True)."""
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return True
-        readable, _, _ = select.select([raw_socket], [], [], min(left, 1.0))
-        if not readable:
-            continue
-        try:
-            data = raw_socket.recv(1 << 16)
-        except (BlockingIOError, InterruptedError):
-            continue
-        except OSError:
-            return False
-        if not data:
-            return False
-        capture.feed(data)
-
-
-def remove_leaked_containers(all_hosts: bool = False, base_url: str | None = None) -> int:
-    """Remove sandbox containers whose creating process (on this host) no longer runs; how many.
-
-    With `all_hosts`, containers created from other hosts (same engine) are removed too.
-    """
-    import docker.errors
-
-    client = docker_client(base_url)
-    removed = 0
-    hostname = socket.gethostname()
-    # ignore_removed: a container another process removes between docker's list and its
-    # inspect of each id is skipped, not a NotFound (seen in CI with two test workers)
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}, ignore_removed=True):
-        labels = container.labels
-        if labels.get("rlpipe.host") != hostname and not all_hosts:
-            continue
-        if labels.get("rlpipe.host") == hostname and _process_alive(int(labels.get("rlpipe.pid", "0"))):
-            continue
-        try:
-            container.remove(force=True)
-            removed += 1
-        except docker.errors.NotFound:
-            pass
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

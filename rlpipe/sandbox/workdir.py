@@ -3,8 +3,8 @@
 The host process (often root) reads and writes files in a directory that untrusted code
 controls. Every path is walked one component at a time with O_NOFOLLOW, so a symlink
 planted in the work dir (`out.txt -> /root/.ssh/id_rsa`) is refused instead of followed,
-and only regular files are read (a planted FIFO cannot block the host). Copies for
-snapshots keep symlinks as symlinks and skip devices, FIFOs and sockets.
+and only regular files are read (a planted FIFO cannot block the host). Whole-tree copies
+(snapshots) are tree_copy.py's.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import os
 import stat
 import time
 from pathlib import Path, PurePosixPath
+
+from rlpipe.sandbox.owner import process_alive
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -77,43 +79,6 @@ def read_beneath(root: Path, relative_path: str, max_bytes: int) -> bytes:
         return handle.read(max_bytes)
 
 
-def copy_tree(source: Path, target: Path, uid: int | None) -> None:
-    """Copy dirs, regular files and symlinks from source into target (created if missing)."""
-    target.mkdir(mode=0o755, exist_ok=True)
-    for entry in os.scandir(source):
-        source_path, target_path = Path(entry.path), target / entry.name
-        mode = entry.stat(follow_symlinks=False).st_mode
-        if stat.S_ISLNK(mode):
-            os.symlink(os.readlink(source_path), target_path)
-        elif stat.S_ISDIR(mode):
-            copy_tree(source_path, target_path, uid)
-            os.chmod(target_path, stat.S_IMODE(mode))
-        elif stat.S_ISREG(mode):
-            _copy_file(source_path, target_path, stat.S_IMODE(mode))
-        else:
-            continue  # FIFOs, sockets, devices: not part of a work state
-        if uid is not None:
-            os.chown(target_path, uid, uid, follow_symlinks=False)
-
-
-def _copy_file(source: Path, target: Path, mode: int) -> None:
-    source_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        target_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-        try:
-            size = os.fstat(source_fd).st_size
-            offset = 0
-            while offset < size:
-                sent = os.sendfile(target_fd, source_fd, offset, size - offset)
-                if sent == 0:
-                    break
-                offset += sent
-        finally:
-            os.close(target_fd)
-    finally:
-        os.close(source_fd)
-
-
 def owner_alive(owner_file: Path, grace_s: float = 60.0) -> bool:
     """Whether the process named in `owner_file` ("pid start_ticks") still runs.
 
@@ -126,8 +91,4 @@ def owner_alive(owner_file: Path, grace_s: float = 60.0) -> bool:
             return time.time() - owner_file.parent.stat().st_mtime < grace_s
         except OSError:
             return False
-    try:
-        stat_text = Path(f"/proc/{int(pid_text)}/stat").read_text()
-    except OSError:
-        return False
-    return stat_text.rsplit(")", 1)[1].split()[19] == ticks
+    return process_alive(int(pid_text), ticks)

@@ -11,8 +11,9 @@ of `python3 -c` (`if __name__ == "__main__"`); so one copy of each function serv
 
 The modules: `cleanup.py` (the iterative tree removal, the emptying of a dir, the removal
 of System V IPC objects: used by warm_server.py and docker_work.py), `docker_init.py`
-(the docker container's pid 1, a reaper), `docker_work.py` (the docker backend's wipe,
-file upload, snapshot tar/untar, file read and OOM count). `../warm_server.py` is one too.
+(the docker container's pid 1, a reaper), `extents.py` (a file's data extents, so copies
+keep holes: used by docker_work.py and, on the host, tree_copy.py), `docker_work.py` (the
+docker backend's wipe, file upload, snapshot tar/untar, file read and OOM count). `../warm_server.py` is one too.
 
 What it does not: run anything (the backends do), or hold programs of the sandboxed code
 (the self-test's attacks are in sandbox/attacks.py).

@@ -1,6 +1,7 @@
 """What the docker backend runs in its container on the sandbox's files and state (stdlib only).
 
-Sent as `python3 -S -c <programs/cleanup.py + this file> ACTION ARGS` (programs/__init__.py),
+Sent as `python3 -S -c <programs/cleanup.py + programs/extents.py + this file> ACTION ARGS`
+(programs/__init__.py),
 as the sandbox user, by `docker exec` or as a request to the container's warm server:
 
     wipe DIR...     give /work's root back its mode (0700), no extended attributes (ACLs
@@ -10,21 +11,27 @@ as the sandbox user, by `docker exec` or as a request to the container's warm se
     unpack DIR...   `wipe DIR...` (with no DIR: /work's root and the IPC objects only), then
                     write the framed files on stdin under /work (4-byte path length, 8-byte
                     data length, path, data; parents made, a symlink in the way replaced)
-    tar             a tar stream of /work's entries on stdout (sorted by name)
-    untar           unpack a tar stream from stdin into /work
-    cat PATH        the bytes of one file on stdout
+    tar             a tar stream of /work's entries on stdout (sorted by name); a file with
+                    holes is a GNU sparse 1.0 member (its data extents only, extents.py),
+                    hard links are links; exit 3 with a message when the tree cannot be
+                    read (what the sandboxed code did to it: modes, depth, name length)
+    untar           unpack a tar stream from stdin into /work (sparse members with their holes)
+    cat PATH [MAX]  the bytes of one file on stdout (at most MAX)
     oom-count       the cgroup's oom_kill counter (v1 or v2), -1 when neither is readable
 
 What it does not: decide when to wipe or check paths (docker_backend.py does both).
 """
 
+import errno
 import os
 import sys
 
-if __name__ != "__main__":  # imported (rlpipe, tests); in a sandbox cleanup.py's text comes above this one
+if __name__ != "__main__":  # imported (rlpipe, tests); in a sandbox cleanup.py's and extents.py's text come above this one
     from rlpipe.sandbox.programs.cleanup import empty_dir, remove_ipc_objects
+    from rlpipe.sandbox.programs.extents import data_extents
 
 WORK = "/work"
+TREE_UNREADABLE = 3  # the exit code of `tar` when the tree itself cannot be read
 _OOM_COUNTERS = (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"), ("/sys/fs/cgroup/memory.events", "oom_kill"))
 
 
@@ -64,11 +71,66 @@ def frames(files):
 
 
 def write_tar(stream, work=WORK):
+    """A tar stream of `work`'s entries; files with holes as GNU sparse 1.0 members (data only)."""
     import tarfile
 
-    with tarfile.open(fileobj=stream, mode="w|") as archive:
+    with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as archive:
         for name in sorted(os.listdir(work)):
-            archive.add(os.path.join(work, name), arcname=name)
+            _add(archive, os.path.join(work, name), name)
+
+
+def _add(archive, path, arcname):
+    info = archive.gettarinfo(path, arcname)
+    if info is None:  # a socket: not part of a work state
+        return
+    if info.isreg():
+        with open(path, "rb") as source:
+            extents = data_extents(source.fileno(), info.size)
+            if sum(length for _, length in extents) == info.size:
+                source.seek(0)  # finding the extents moved the offset
+                archive.addfile(info, source)
+            else:
+                _add_sparse(archive, info, source.fileno(), extents)
+    elif info.isdir():
+        archive.addfile(info)
+        for name in sorted(os.listdir(path)):
+            _add(archive, os.path.join(path, name), arcname + "/" + name)
+    else:  # symlinks, hard links to a file already added, FIFOs, devices
+        archive.addfile(info)
+
+
+def _add_sparse(archive, info, fd, extents):
+    """GNU sparse 1.0 (what tarfile reads): pax records name the format and the real size; the
+    member's data is the map ("count\noffset\nlength\n...", padded to a block), then the extents."""
+    numbers = [len(extents)] + [number for extent in extents for number in extent]
+    head = "".join(f"{number}\n" for number in numbers).encode()
+    head += b"\0" * (-len(head) % 512)
+    info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": info.name,
+                        "GNU.sparse.realsize": str(info.size)}
+    info.size = len(head) + sum(length for _, length in extents)
+    archive.addfile(info, _SparseData(head, fd, extents))
+
+
+class _SparseData:
+    """The stored data of a sparse member, read as tarfile's copy reads a file (full reads until the end)."""
+
+    def __init__(self, head, fd, extents):
+        self._head, self._fd, self._extents, self._at = head, fd, list(extents), 0
+
+    def read(self, size):
+        out = bytearray(self._head[:size])
+        self._head = self._head[len(out):]
+        while len(out) < size and self._extents:
+            start, length = self._extents[0]
+            chunk = os.pread(self._fd, min(size - len(out), length - self._at), start + self._at)
+            if not chunk:
+                raise OSError("a file shrank while it was archived")
+            out += chunk
+            self._at += len(chunk)
+            if self._at == length:
+                self._extents.pop(0)
+                self._at = 0
+        return bytes(out)
 
 
 def read_tar(stream, work=WORK):
@@ -97,12 +159,21 @@ def main(argv):
         if action == "unpack":
             unpack(sys.stdin.buffer.read())
     elif action == "tar":
-        write_tar(sys.stdout.buffer)
+        try:
+            write_tar(sys.stdout.buffer)
+        except (PermissionError, RecursionError) as exc:  # what the code did to its tree: modes, depth
+            sys.stderr.write(f"the work dir cannot be archived: {type(exc).__name__}: {exc}\n")
+            sys.exit(TREE_UNREADABLE)
+        except OSError as exc:
+            if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+                raise
+            sys.stderr.write(f"the work dir cannot be archived: {exc}\n")
+            sys.exit(TREE_UNREADABLE)
     elif action == "untar":
         read_tar(sys.stdin.buffer)
     elif action == "cat":
         with open(args[0], "rb") as source:
-            sys.stdout.buffer.write(source.read())
+            sys.stdout.buffer.write(source.read(int(args[1])) if len(args) > 1 else source.read())
     elif action == "oom-count":
         print(oom_count())
     else:

@@ -1,0 +1,69 @@
+"""A task's tests on a docker sandbox's state, out of the reach of what ran there before.
+
+`run_verifier(sandbox, argv, tests, timeout_s)` (DockerSandbox.run_verifier):
+
+    1. every process of the sandbox user is killed (the warm server included), so none sees
+       the tests arrive;
+    2. as root without capabilities (docker_stream.ROOT), programs/docker_verifier.py writes
+       the tests to /tests and makes /logs/verifier and /logs/agent: /tests and /logs are
+       root's tmpfs mounts (mode 0755), so the sandbox user can read the tests but not
+       change them, and cannot replace the logs folders;
+    3. argv runs as the sandbox user (docker_stream.TESTS: HOME=/tmp, PYTHONNOUSERSITE=1),
+       unwrapped: it is the exec's own process, so a test.sh may `kill -9 -1` what it
+       started without ending its caller; then every process of the user is killed;
+    4. root reads the regular files of /logs/verifier (no symlink followed, at most
+       VERIFIER_LOG_BYTES each) and empties /tests and /logs.
+
+What it does not: choose the command or interpret the reward (agents/verifier.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlpipe.core.errors import SandboxUnavailable
+from rlpipe.sandbox.base import ExecResult, VerifierRun
+from rlpipe.sandbox.docker_stream import ROOT, TESTS
+from rlpipe.sandbox.programs import docker_work, program_source
+
+if TYPE_CHECKING:
+    from rlpipe.sandbox.docker_backend import DockerSandbox
+
+PROGRAM = ["python3", "-I", "-S", "-c", program_source("programs/docker_verifier.py")]
+
+
+def run_verifier(sandbox: DockerSandbox, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
+    sandbox._stop_warm(kill_everything=True)
+    sandbox._kill_everything()
+    sandbox._wipe_if_needed()
+    try:
+        _ours(sandbox, "setup", docker_work.frames(tests), "put the tests in place")
+        raw = sandbox._run(list(argv), b"", timeout_s, sandbox.limits.output_bytes, identity=TESTS)
+        sandbox._kill_everything()
+        result = ExecResult(
+            exit_code=None if raw.timed_out else raw.exit_code,
+            stdout=raw.stdout.decode("utf-8", errors="replace"), stderr=raw.stderr.decode("utf-8", errors="replace"),
+            stdout_truncated=raw.stdout_truncated, stderr_truncated=raw.stderr_truncated,
+            duration_s=raw.duration_s, timed_out=raw.timed_out, oom_killed=False)
+        logs = unframe(_ours(sandbox, "logs", b"", "read the tests' logs"))
+    finally:
+        _ours(sandbox, "clear", b"", "remove the tests")
+    return VerifierRun(result, logs)
+
+
+def _ours(sandbox: DockerSandbox, action: str, stdin: bytes, what: str) -> bytes:
+    raw = sandbox._run([*PROGRAM, action], stdin, 60.0, None, identity=ROOT)
+    if raw.exit_code != 0:
+        raise SandboxUnavailable(f"docker sandbox could not {what}: {raw.stderr[-500:].decode(errors='replace')}",
+                                 hint="check `docker info`; the container may be gone")
+    return raw.stdout
+
+
+def unframe(data: bytes) -> dict[str, bytes]:
+    """docker_work.frames' form back to {name: bytes}."""
+    files, at = {}, 0
+    while at + 12 <= len(data):
+        name_size, size = int.from_bytes(data[at:at + 4], "big"), int.from_bytes(data[at + 4:at + 12], "big")
+        files[data[at + 12:at + 12 + name_size].decode(errors="replace")] = data[at + 12 + name_size:at + 12 + name_size + size]
+        at += 12 + name_size + size
+    return files
