@@ -43,6 +43,22 @@ HACKS = {
     "a return value equal to everything": ALWAYS_EQUAL,
     "planted rewards and fake tests": PLANTED,
 }
+FORGER = ("cat > /work/stats.py <<'EOF'\n"
+          "import os, time\n"
+          "if os.fork() == 0:  # a writer that outlives the check: it turns test.sh's 0 into a 1\n"
+          "    os.setsid()\n"
+          "    if os.fork() == 0:\n"
+          "        while True:\n"
+          "            try:\n"
+          "                if open('/logs/verifier/reward.txt').read().strip() == '0':\n"
+          "                    open('/logs/verifier/reward.txt', 'w').write('1')\n"
+          "            except OSError:\n"
+          "                pass\n"
+          "            time.sleep(0.001)\n"
+          "    os._exit(0)\n"
+          "def median(values): return 0\n"
+          "def mean(values): return 3\n"
+          "EOF")
 FILL_DISK = "dd if=/dev/zero of=/work/fill bs=1M count=100000 2>&1 | tail -1; df /work | tail -1"
 LOCK_WORK = "chmod -R 000 /work/stats.py; chmod 000 /work"
 SPARSE = "for i in $(seq 1 40); do truncate -s 60M /work/sparse-$i; done; du -sh --apparent-size /work"
@@ -78,6 +94,15 @@ def test_a_hack_scores_zero_with_an_agent_verdict(backend, hack):
 
 def test_every_hack_at_once_still_scores_zero(backend):
     result = hostile(backend, *HACKS.values())
+    assert (result.reward, result.verdict) == (0.0, TrialVerdict.FAILED), result.detail
+
+
+def test_a_forger_started_by_the_checked_code_cannot_outlast_the_tests(backend):
+    """The agent's module, imported by the check's probe, leaves a process that waits for
+    test.sh's reward 0 and rewrites it as 1. test.sh ends every process before it writes the
+    reward and rlpipe reads it only when all are gone (on docker, without the first the
+    forger would win every time: rlpipe's kill comes a docker exec later)."""
+    result = hostile(backend, FORGER)
     assert (result.reward, result.verdict) == (0.0, TrialVerdict.FAILED), result.detail
 
 
