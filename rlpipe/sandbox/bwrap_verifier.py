@@ -24,20 +24,23 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
-from rlpipe.sandbox.base import VERIFIER_LOG_BYTES, VerifierRun
+from rlpipe.sandbox.base import VERIFIER_LOG_BYTES, ExecResult, VerifierRun
 from rlpipe.sandbox.workdir import write_beneath
 
-if TYPE_CHECKING:
-    from rlpipe.sandbox.bwrap import BwrapSandbox
+ExecWithMounts = Callable[[list[str], float, Sequence[str]], ExecResult]
+"""BwrapSandbox.exec_with_mounts: (argv, timeout_s, more bwrap arguments) -> the result."""
 
 MAX_LOG_FILES = 32
 """/logs/verifier files read at most (a reward file or two; the rest is the tests' own logs)."""
 
 
-def run_verifier(sandbox: BwrapSandbox, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
-    root = Path(tempfile.mkdtemp(prefix="verifier-", dir=sandbox.dir))
+def run_verifier(exec_with_mounts: ExecWithMounts, sandbox_dir: Path, sandbox_uid: int, argv: list[str],
+                 tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
+    """Run argv as the module docstring says, in the sandbox whose host folder is `sandbox_dir`
+    and whose processes run as host uid `sandbox_uid`."""
+    root = Path(tempfile.mkdtemp(prefix="verifier-", dir=sandbox_dir))
     try:
         os.chmod(root, 0o711)
         tests_dir, logs_dir = root / "tests", root / "logs"
@@ -48,10 +51,10 @@ def run_verifier(sandbox: BwrapSandbox, argv: list[str], tests: dict[str, bytes]
         logs_dir.mkdir(mode=0o755)
         for name in ("verifier", "agent"):
             (logs_dir / name).mkdir(mode=0o755)
-            os.chown(logs_dir / name, sandbox.host_uid, sandbox.host_uid)
+            os.chown(logs_dir / name, sandbox_uid, sandbox_uid)
         extra = ["--ro-bind", str(tests_dir), "/tests", "--bind", str(logs_dir), "/logs",
                  "--setenv", "HOME", "/tmp", "--setenv", "PYTHONNOUSERSITE", "1"]
-        result = sandbox.exec_with_mounts(argv, timeout_s, extra)
+        result = exec_with_mounts(argv, timeout_s, extra)
         return VerifierRun(result, read_logs(logs_dir / "verifier"))
     finally:
         shutil.rmtree(root, ignore_errors=True)

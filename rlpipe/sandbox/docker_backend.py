@@ -173,7 +173,10 @@ class DockerSandbox(DockerFiles):
 
     def run_verifier(self, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
         """A task's tests on this sandbox's state (base.VerifierSandbox; docker_verifier.py)."""
-        return docker_verifier.run_verifier(self, argv, tests, timeout_s)
+        self._stop_warm(kill_everything=True)  # nothing of the user's may see the tests arrive
+        self._kill_everything()
+        self._wipe_if_needed()
+        return docker_verifier.run_verifier(self._run, self._kill_everything, argv, tests, timeout_s, self.limits.output_bytes)
 
     def __enter__(self) -> DockerSandbox:
         return self

@@ -2,8 +2,8 @@
 
 `run_verifier(sandbox, argv, tests, timeout_s)` (DockerSandbox.run_verifier):
 
-    1. every process of the sandbox user is killed (the warm server included), so none sees
-       the tests arrive;
+    1. (by the caller, DockerSandbox.run_verifier) every process of the sandbox user is
+       killed, the warm server included, so none sees the tests arrive;
     2. as root without capabilities (docker_stream.ROOT), programs/docker_verifier.py writes
        the tests to /tests and makes /logs/verifier and /logs/agent: /tests and /logs are
        root's tmpfs mounts (mode 0755), so the sandbox user can read the tests but not
@@ -19,40 +19,38 @@ What it does not: choose the command or interpret the reward (agents/verifier.py
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import ExecResult, VerifierRun
-from rlpipe.sandbox.docker_stream import ROOT, TESTS
+from rlpipe.sandbox.docker_stream import ROOT, TESTS, RawRun
 from rlpipe.sandbox.programs import docker_work, program_source
 
-if TYPE_CHECKING:
-    from rlpipe.sandbox.docker_backend import DockerSandbox
-
 PROGRAM = ["python3", "-I", "-S", "-c", program_source("programs/docker_verifier.py")]
+RunAs = Callable[..., RawRun]
+"""DockerSandbox._run: (argv, stdin, timeout_s, bytes kept of each stream, identity=...) -> the raw run."""
 
 
-def run_verifier(sandbox: DockerSandbox, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
-    sandbox._stop_warm(kill_everything=True)
-    sandbox._kill_everything()
-    sandbox._wipe_if_needed()
+def run_verifier(run: RunAs, kill_everything: Callable[[], None], argv: list[str], tests: dict[str, bytes],
+                 timeout_s: float, output_bytes: int) -> VerifierRun:
+    """Steps 2-4 of the module docstring; the caller has done step 1 (no process of the user left)."""
     try:
-        _ours(sandbox, "setup", docker_work.frames(tests), "put the tests in place")
-        raw = sandbox._run(list(argv), b"", timeout_s, sandbox.limits.output_bytes, identity=TESTS)
-        sandbox._kill_everything()
+        _ours(run, "setup", docker_work.frames(tests), "put the tests in place")
+        raw = run(list(argv), b"", timeout_s, output_bytes, identity=TESTS)
+        kill_everything()
         result = ExecResult(
             exit_code=None if raw.timed_out else raw.exit_code,
             stdout=raw.stdout.decode("utf-8", errors="replace"), stderr=raw.stderr.decode("utf-8", errors="replace"),
             stdout_truncated=raw.stdout_truncated, stderr_truncated=raw.stderr_truncated,
             duration_s=raw.duration_s, timed_out=raw.timed_out, oom_killed=False)
-        logs = unframe(_ours(sandbox, "logs", b"", "read the tests' logs"))
+        logs = unframe(_ours(run, "logs", b"", "read the tests' logs"))
     finally:
-        _ours(sandbox, "clear", b"", "remove the tests")
+        _ours(run, "clear", b"", "remove the tests")
     return VerifierRun(result, logs)
 
 
-def _ours(sandbox: DockerSandbox, action: str, stdin: bytes, what: str) -> bytes:
-    raw = sandbox._run([*PROGRAM, action], stdin, 60.0, None, identity=ROOT)
+def _ours(run: RunAs, action: str, stdin: bytes, what: str) -> bytes:
+    raw = run([*PROGRAM, action], stdin, 60.0, None, identity=ROOT)
     if raw.exit_code != 0:
         raise SandboxUnavailable(f"docker sandbox could not {what}: {raw.stderr[-500:].decode(errors='replace')}",
                                  hint="check `docker info`; the container may be gone")
