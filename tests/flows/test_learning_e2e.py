@@ -3,7 +3,7 @@ on held-out tasks and the lake holds exactly the rows it should. The full-size v
 configs/quickstart.toml (see README.md); this one is its first STEPS steps, the same recipe
 without dynamic sampling (its extra generation rounds would triple the test's generation;
 they are tested in tests/rl/test_staleness_and_dynamic_sampling.py, and the quickstart's
-five-seed table in README.md is measured with them).
+five-seed table in docs/RESULTS.md is measured with them).
 
 What is asserted, and why it holds on any machine: the trajectory of a run depends on the
 CPU kernels (another reduction order, another thread count, and the sampled completions
