@@ -48,7 +48,7 @@ from rlpipe.core.errors import EngineFailed, ModelNotFoundError
 from rlpipe.core.records import Completion
 from rlpipe.engines.sampling import PromptFormat, SamplingParams, encode_prompt
 
-INSTALL_HINT = "vllm is not installed in this environment: run `make venv-vllm` and use .venv-vllm/bin/python (see README, 'vLLM on CPU')"
+INSTALL_HINT = "vllm is not installed in this environment: run `make venv-vllm` and use .venv-vllm/bin/python (see docs/USAGE.md, 'vLLM on CPU')"
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head sizes vLLM's CPU attention backend supports (vllm/v1/attention/backends/cpu_attn.py)."""
 MAX_TEMPERATURE = 2.0
