@@ -14,8 +14,10 @@ sees the host's /usr (bash, coreutils, git, make, ... where the host has them); 
 image holds python3, sh and the shell tools of its TOOL_PACKAGES (rlpipe/sandbox/image.py).
 
 `TrialBackend` is what a trial needs of a backend (open, verifier, available_commands);
-`trial_backend(name)` gives the real one for bwrap or docker, and a test may pass its own
-(e.g. one whose sandboxes die mid-trial) to run_trial.
+`trial_backend(name, run_id)` gives the real one for bwrap or docker, and a test may pass its
+own (e.g. one whose sandboxes die mid-trial) to run_trial. `run_id` (an eval's id) labels
+every docker container the backend opens (`rlpipe.run_id`, docker_owners.py); bubblewrap
+sandboxes have no labels and ignore it.
 
 What it does not do: pool or pre-warm sandboxes (a trial owns its sandboxes).
 """
@@ -42,12 +44,13 @@ def sandbox_limits(limits: TaskLimits, timeout_s: float) -> Limits:
                   max_processes=256, disk_mb=limits.storage_mb, network=False)
 
 
-def open_sandbox(backend: str, limits: Limits, cpus: float = 1.0) -> Sandbox:
-    """A new sandbox; SandboxUnavailable (an InfraError) when the backend cannot start one."""
+def open_sandbox(backend: str, limits: Limits, cpus: float = 1.0, run_id: str | None = None) -> Sandbox:
+    """A new sandbox (a docker one labelled with `run_id`); SandboxUnavailable (an InfraError)
+    when the backend cannot start one."""
     if backend == "docker":
         from rlpipe.sandbox.docker_backend import DockerSandbox
 
-        return DockerSandbox(limits, cpus=cpus)
+        return DockerSandbox(limits, cpus=cpus, run_id=run_id)
     if backend == "bwrap":
         from rlpipe.sandbox.bwrap import BwrapSandbox
 
@@ -55,11 +58,12 @@ def open_sandbox(backend: str, limits: Limits, cpus: float = 1.0) -> Sandbox:
     raise ConfigError(f"unknown sandbox backend {backend!r}", hint=f"use one of {', '.join(BACKENDS)}")
 
 
-def verifier_sandbox(backend: str, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float) -> tuple[Sandbox, bool]:
+def verifier_sandbox(backend: str, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float,
+                     run_id: str | None = None) -> tuple[Sandbox, bool]:
     """The sandbox the tests run in, holding the agent's final state; True when it is a new one
     (the caller closes it)."""
     if backend == "bwrap":
-        fresh = open_sandbox(backend, limits, cpus)
+        fresh = open_sandbox(backend, limits, cpus, run_id)
         try:
             fresh.restore(final)
         except BaseException:
@@ -100,20 +104,23 @@ class TrialBackend(Protocol):
 
 @dataclass(frozen=True)
 class NamedBackend:
-    """The real backend `name` (bwrap or docker), through this module's functions."""
+    """The real backend `name` (bwrap or docker), through this module's functions; its docker
+    containers are labelled with `run_id` (the eval's id) when there is one."""
 
     name: str
+    run_id: str | None = None
 
     def open(self, limits: Limits, cpus: float) -> Sandbox:
-        return open_sandbox(self.name, limits, cpus)
+        return open_sandbox(self.name, limits, cpus, self.run_id)
 
     def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float) -> tuple[Sandbox, bool]:
-        return verifier_sandbox(self.name, agent_sandbox, final, limits, cpus)
+        return verifier_sandbox(self.name, agent_sandbox, final, limits, cpus, self.run_id)
 
     def available_commands(self, names: Iterable[str]) -> frozenset[str]:
         return available_commands(self.name, names)
 
 
-def trial_backend(backend: str | TrialBackend) -> TrialBackend:
-    """A backend name -> the real backend; a TrialBackend is returned as it is."""
-    return NamedBackend(backend) if isinstance(backend, str) else backend
+def trial_backend(backend: str | TrialBackend, run_id: str | None = None) -> TrialBackend:
+    """A backend name -> the real backend (its containers labelled with `run_id`); a
+    TrialBackend is returned as it is."""
+    return NamedBackend(backend, run_id) if isinstance(backend, str) else backend

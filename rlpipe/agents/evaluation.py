@@ -106,7 +106,7 @@ def run_eval(tasks: Sequence[AgentTask | SkippedTask], agent: str, backend: str 
     if max_attempts < 1:
         raise ConfigError(f"max attempts {max_attempts} must be at least 1", hint="e.g. --max-attempts 3")
     factory = factory or agent_factory(agent)
-    sandboxes = trial_backend(backend)
+    sandboxes = trial_backend(backend, run_id=recorder.info.eval_id if recorder is not None else None)
     recorded = recorder.attempts() if recorder is not None else {}
     session = recorder.session if recorder is not None else 0
 

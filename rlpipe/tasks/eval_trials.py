@@ -129,7 +129,7 @@ def open_eval(eval_id: str, lake_uri: str) -> list[str]:
     """Build the eval's runtime from its EVAL.json and the lake; the ids of the tasks to run."""
     lake = Lake(open_lake_location(lake_uri, create=False))
     recorder, tasks, options = resume_eval(EvalStore(lake), eval_id)
-    backend = _BACKENDS.get(recorder.info.backend) or trial_backend(recorder.info.backend)
+    backend = _BACKENDS.get(recorder.info.backend) or trial_backend(recorder.info.backend, run_id=eval_id)
     histories = {k: list(v) for k, v in recorder.attempts().items()}
     pending = [task.task_id for task in tasks if needs_attempt(histories.get(task.task_id, []))]
     check_agent_name(recorder.info.agent)  # an unknown agent fails here, before any trial

@@ -2,7 +2,8 @@
 copy), and the fixes of issue 13 are in place, read from the YAML itself: Prefect and MLflow
 on separate databases made by the init script, the buckets made before MLflow and the worker
 start, MLflow's artifacts in the MinIO bucket that is made, a worker that can run bubblewrap,
-every dependency waiting for health or completion, every port on loopback.
+every dependency waiting for health or completion, every port on loopback; the image installs
+rlpipe and its dependencies (dataset packages included) into a venv no sandbox can see.
 
 The validator is Debian's `docker-compose` (1.29.2; `make system` installs it) or the docker
 compose v2 plugin, whichever is installed; without either that one test skips and says so.
@@ -129,3 +130,21 @@ def test_the_image_copies_only_files_of_this_repository() -> None:
     copied = re.findall(r"^COPY (.+) \S+$", (DEPLOY / "Dockerfile").read_text(), re.MULTILINE)
     sources = [source for line in copied for source in line.split()]
     assert sources and all((repository / source).exists() for source in sources), sources
+
+
+def test_rlpipe_and_its_dependencies_go_where_no_sandbox_looks() -> None:
+    """Every pip install of the image runs with the venv first on the PATH, and the venv and
+    rlpipe's source are outside every tree bubblewrap binds (issue 31, item 4)."""
+    from rlpipe.sandbox.bwrap_mounts import ETC_HOST_PATHS
+
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    venv = re.search(r"^ENV VIRTUAL_ENV=(\S+)$", dockerfile, re.MULTILINE).group(1)
+    path_line = re.search(r"^ENV PATH=(\S+)$", dockerfile, re.MULTILINE)
+    assert path_line.group(1).startswith(f"{venv}/bin:")
+    made = dockerfile.index('RUN python -m venv "${VIRTUAL_ENV}"')
+    installs = [m.start() for m in re.finditer(r"\bpip install\b", dockerfile)]
+    assert installs and all(at > max(made, path_line.start()) for at in installs)
+    source = re.search(r"^WORKDIR (\S+)$", dockerfile, re.MULTILINE).group(1)
+    bound = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", *(f"/etc/{n}" for n in ETC_HOST_PATHS)]
+    for private in (venv, source):
+        assert not any(Path(private).is_relative_to(tree) for tree in bound), private
