@@ -68,7 +68,10 @@ def up(
     mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
     prefect = _spawn(
         [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-        logs / "prefect.log", {"PREFECT_HOME": str(home / "prefect")},
+        # the UI asks /ui-settings where its API is: this server's port, not Prefect's default 4200
+        # (nor a PREFECT_API_URL of the user's that names another server)
+        logs / "prefect.log", {"PREFECT_HOME": str(home / "prefect"), "PREFECT_UI_API_URL": prefect_api,
+                               "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(prefect_port)},
     )
     mlflow = _spawn(
         [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",

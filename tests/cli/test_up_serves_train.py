@@ -30,10 +30,12 @@ starts inherits a marker variable, which is how "no process left" finds them.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,6 +105,18 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
         stopped = run_cli(["down"], env, folder)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert wait_for_no_process(marker) == []
+
+
+def test_the_ui_on_a_port_other_than_4200_talks_to_its_own_api(up: Up) -> None:
+    """The UI's settings name this server's API (the port `up` was given), and a UI page loads:
+    with Prefect's default the UI called 4200's API and showed empty pages."""
+    api = up.services.prefect_api_url
+    assert not api.endswith(":4200/api")
+    with urllib.request.urlopen(api.removesuffix("/api") + "/ui-settings", timeout=30) as response:
+        assert json.load(response)["api_url"] == api
+    with urllib.request.urlopen(up.services.prefect_ui_url, timeout=30) as response:
+        page = response.read().decode()
+    assert response.status == 200 and "<html" in page.lower()
 
 
 @pytest.mark.slow
