@@ -65,6 +65,8 @@ def up(
     logs.mkdir(parents=True, exist_ok=True)
     bin_dir = Path(sys.executable).parent
     prefect_api = f"http://127.0.0.1:{prefect_port}/api"
+    console.print(f"starting the Prefect server (port {prefect_port}) and the MLflow UI (port {mlflow_port}); "
+                  f"a first start makes their databases, a minute or two on 2 cores (logs in {logs})")
     mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
     prefect = _spawn(
         [str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
@@ -81,7 +83,9 @@ def up(
     started = [prefect, mlflow]
     try:
         _wait_for(f"{prefect_api}/health", "Prefect server", logs / "prefect.log", prefect)
+        console.print("Prefect server answers")
         _wait_for(f"{mlflow_uri}/health", "MLflow server", logs / "mlflow.log", mlflow)
+        console.print("MLflow UI answers; serving the deployments")
         for process, what, log in ((prefect, "Prefect server", "prefect.log"), (mlflow, "MLflow server", "mlflow.log")):
             _check_alive(process, what, logs / log)  # the one that answered was ours
         # The deployments' runner, once the server answers (flows/serve.py): it reports to
