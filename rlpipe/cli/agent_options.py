@@ -33,7 +33,7 @@ ENGINE = typer.Option(EngineName.hf, "--engine", help="Policy agent: the engine 
 OPENAI_BASE_URL = typer.Option(None, "--openai-base-url", help="Policy agent, --engine openai: the server's URL; "
                                "--policy/--gguf then give the tokenizer (chat template).")
 OPENAI_MODEL = typer.Option(None, "--openai-model", help="Policy agent, --engine openai: the served model's name.")
-RUN_CONFIG = typer.Option(None, "--config", help="Policy agent: a run config TOML whose [model] and [rollout] tables "
+RUN_CONFIG = typer.Option(None, "--config", help="Policy agent: a run config TOML whose \\[model] and \\[rollout] tables "
                           "the engine worker starts from (device, dtype, engine_python, ...).")
 DEVICE = typer.Option(None, "--device", help="Policy agent: cpu, cuda, cuda:N or auto (default: --config's "
                       "model.device, else auto: cuda when there is one).")
