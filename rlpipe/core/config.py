@@ -153,7 +153,8 @@ def check_attention_shape(hidden_size: int, num_heads: int, num_kv_heads: int, h
 
     if head_dim is None:
         if hidden_size % num_heads:
-            below, above = hidden_size - hidden_size % num_heads, hidden_size + num_heads - hidden_size % num_heads
+            step = 2 * num_heads  # whole heads of an even size: the next check wants both
+            below, above = hidden_size - hidden_size % step, hidden_size - hidden_size % step + step
             raise ConfigError(
                 f"{name('hidden_size')}={hidden_size} does not split into {name('num_heads')}={num_heads} attention heads "
                 f"({hidden_size} / {num_heads} is not a whole number)",

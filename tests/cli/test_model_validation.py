@@ -19,7 +19,7 @@ ARITHMETIC = ["--set", "envs.domains={arithmetic = 1.0}", "--set", "warmstart.st
 TINY_CASES = {
     "hidden size not a multiple of heads": (
         ["--set", "model.hidden_size=130", "--set", "model.num_heads=4"],
-        ["model.hidden_size=130", "model.num_heads=4", "128 or 132"],
+        ["model.hidden_size=130", "model.num_heads=4", "128 or 136"],  # 132 / 4 = 33: an odd head, refused next
     ),
     "odd head size": (
         ["--set", "model.hidden_size=12", "--set", "model.num_heads=4"],  # 12 / 4 = 3
@@ -88,3 +88,20 @@ def test_a_model_folder_that_cannot_serve_the_run_is_refused(tmp_path: Path, cas
                          "--set", f'storage.lake_uri="{lake}"'], tmp_path)
     assert_refused_before_anything(result, lake, must_mention)
     assert str(folder / "config.json") in result.stderr  # the file to fix, named whole
+
+
+@pytest.mark.parametrize("hidden_size, num_heads", [(130, 4), (128, 3), (100, 7), (5, 4), (250, 6)])
+def test_the_hint_for_a_shape_that_does_not_split_proposes_sizes_the_checks_accept(hidden_size: int, num_heads: int) -> None:
+    """The hidden sizes the hint proposes pass every attention check (a hint that proposes a
+    size the next check refuses sends the user round twice)."""
+    import re
+
+    from rlpipe.core.config import check_attention_shape
+    from rlpipe.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        check_attention_shape(hidden_size, num_heads, num_heads, None, {})
+    proposed = [int(size) for size in re.findall(r"e\.g\. (\d+)(?: or (\d+))?", refused.value.hint)[0] if size]
+    assert proposed
+    for size in proposed:
+        check_attention_shape(size, num_heads, num_heads, None, {})
