@@ -310,6 +310,8 @@ def check_engine_options(config: RunConfig) -> None:
     if rollout.engine == "openai" and rollout.openai_base_url is None:
         raise ConfigError("rollout.engine=\"openai\" needs rollout.openai_base_url",
                           "set it to the server's base URL, e.g. --set rollout.openai_base_url=http://127.0.0.1:8000/v1")
+    if not cluster.engine_on_ray:
+        engine_python(config)  # a ConfigError for a missing interpreter (vllm without .venv-vllm): before any flow run
 
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

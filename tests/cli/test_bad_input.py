@@ -37,6 +37,8 @@ CASES = {
     "bad override": ("", ["--set", "train.steps=many"], ["train.steps", "many"]),
     "missing model folder": ("[model]\npath = \"/nonexistent/model\"\n", [], ["/nonexistent/model"]),
     "unknown domain": ("[envs]\ndomains = {arithmetc = 1.0}\n", [], ["arithmetc", "arithmetic"]),
+    "missing engine interpreter": ("[rollout]\nengine = \"vllm\"\nengine_python = \"/nonexistent/python\"\n", [],
+                                   ["rollout.engine_python", "/nonexistent/python"]),
 }
 
 
@@ -51,7 +53,7 @@ def test_bad_config_exits_2_without_traceback_and_writes_nothing(tmp_path: Path,
     for word in must_mention:
         assert word in result.stderr, (word, result.stderr)
     assert "hint" in result.stderr
-    assert lake_files(lake) == []
+    assert lake_files(lake) == [] and not lake.exists()  # refused before the lake (or a flow run) was made
 
 
 def test_unreachable_s3_endpoint_exits_2_quickly(tmp_path: Path) -> None:
