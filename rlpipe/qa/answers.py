@@ -19,8 +19,8 @@ What it does:
   padded to a megabyte and more), the reference repeated or with junk around it; code
   tasks: envs/code_probes.py's ANY_TASK_PROBES on every task (exit 0 at import, at the
   first call, at exit; values equal to everything; frame and gc walks for the tests), and
-  its HumanEval attacks on the tasks they target (`code_probe_attempts`); multi-turn envs:
-  their own probes plus qa/agent_probes.py's hostile-agent commands, each a scripted
+  its HumanEval attacks on the tasks they target (`code_probe_attempts`); multi-turn envs
+  and terminal-task suites (`qa_terminal_tasks`, agents/suite_env.py): their own probes plus qa/agent_probes.py's hostile-agent commands, each a scripted
   episode (`hostile_episodes`). Each probe should score 0: any reward > 0 is a finding.
 - An env may give its own variants and probes (`qa_variant_answers(task)`,
   `qa_probe_answers(task)`: (name, answer) pairs) and wrong answers (`qa_wrong_answers`):
@@ -131,9 +131,10 @@ def wrong_attempts(env: object, task: Task) -> list[Attempt]:
 def probe_attempts(env: object, task: Task) -> list[Attempt]:
     """Reward-hack probes on one task (the HumanEval attacks are per env: `code_probe_attempts`)."""
     own = getattr(env, "qa_probe_answers", None)  # (name, answer) pairs of the env's own (multi-turn envs)
-    if callable(own) or getattr(env, "multi_turn", False):
+    hostile = getattr(env, "multi_turn", False) or getattr(env, "qa_terminal_tasks", False)
+    if callable(own) or hostile:
         pairs = list(own(task)) if callable(own) else []
-        if getattr(env, "multi_turn", False):
+        if hostile:
             pairs += hostile_episodes()
         return [Attempt(task.task_id, f"probe:{name}", text) for name, text in pairs]
     reference = task.reference_answer or ""

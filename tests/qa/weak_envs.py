@@ -12,8 +12,13 @@ NAME` build them.
   import (or at exit, or returns a value equal to everything, or reads the tests from its
   caller's frames) passes.
 
+- `write_trusting_task(folder)`: a Harbor-format terminal task (for `rlpipe qa suite --tasks
+  DIR`) whose test.sh imports the agent's module in a python3 started in /work and trusts
+  its exit status, so a module that exits 0 at import or at exit, or whose functions return
+  a value equal to everything, passes.
+
 What it does not: ship with rlpipe (tests only), or fake the sandbox: qa_weak_in_process
-runs in the sandbox the gate lends it.
+runs in the sandbox the gate lends it, the terminal task in real trials.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from rlpipe.core.records import Task, Verdict, VerdictReason, VerifierSpec
 from rlpipe.envs.arithmetic import ArithmeticEnv
@@ -122,3 +128,25 @@ WEAK_ENVS = {"qa_weak_contains": ContainsTheAnswerEnv, "qa_weak_partial": Partia
              "qa_weak_in_process": InProcessCodeEnv}
 for _name, _factory in WEAK_ENVS.items():
     register_env(_name, _factory)
+
+
+TRUSTING_TASK = {
+    "task.toml": 'version = "1.0"\n\n[agent]\ntimeout_sec = 60.0\nmax_steps = 5\n\n[verifier]\ntimeout_sec = 30.0\n\n'
+                 '[environment]\nmemory_mb = 512\nstorage_mb = 64\n',
+    "instruction.md": "Make greet(name) in /work/greet.py return 'hello ' followed by the name.\n",
+    "environment/greet.py": "def greet(name):\n    return 'hi ' + name\n",
+    "solution/solve.sh": "#!/bin/sh\nprintf 'def greet(name):\\n    return \"hello \" + name\\n' > /work/greet.py\n",
+    "tests/test.sh": ("#!/bin/sh\n# WEAK ON PURPOSE: the agent's module runs in the checking process, cwd /work, and its exit\n"
+                      "# status is trusted\ncd /work\n"
+                      "if python3 -c 'import greet; assert greet.greet(\"ada\") == \"hello ada\"'; then r=1; else r=0; fi\n"
+                      "echo $r > /logs/verifier/reward.txt\n"),
+}
+
+
+def write_trusting_task(folder: Path) -> Path:
+    """The trusting terminal task (see the module docstring) at folder/trusting-greet."""
+    task = folder / "trusting-greet"
+    for relative, text in TRUSTING_TASK.items():
+        (task / relative).parent.mkdir(parents=True, exist_ok=True)
+        (task / relative).write_text(text)
+    return task
