@@ -82,6 +82,8 @@ def test_a_task_whose_tests_trust_the_agents_exit_status_fails_naming_the_probes
     assert "probe:hostile_exit_zero_at_import" in (tmp_path / "report" / "report.md").read_text()
 
 
-def test_tasks_without_the_suite_env_is_bad_input(tmp_path):
-    result = runner.invoke(app, ["qa", "arithmetic", "--tasks", str(tmp_path), "--out", str(tmp_path / "report")])
-    assert result.exit_code == 2 and "--tasks goes with ENV suite" in result.output
+@pytest.mark.parametrize(("env", "folder", "expected"), [("arithmetic", ".", "--tasks goes with ENV suite"),
+                                                       ("suite", "missing", "does not exist or is not a directory")])
+def test_bad_tasks_input_is_exit_2(tmp_path, env, folder, expected):
+    result = runner.invoke(app, ["qa", env, "--tasks", str(tmp_path / folder), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 2 and expected in result.output, result.output
