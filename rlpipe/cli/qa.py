@@ -1,7 +1,9 @@
 """`rlpipe qa ENV`: the environment quality gate (rlpipe/qa/ does the checks).
 
 Builds the env (a registered domain, or one defined in a config's envs.reasoning_gym /
-envs.files tables with --config FILE), a sandbox pool when the env needs one, runs the gate,
+envs.files tables with --config FILE; ENV `suite` is a terminal-task suite, the built-in
+one or --tasks DIR, whose every answer is a real trial: agents/suite_env.py), a sandbox
+pool when the env needs one, runs the gate,
 writes report.md / report.json (/ difficulty.png) into --out, and prints a summary (or, with
 --json, the report as JSON). Exit status: 0 when every check passes, 1 when the gate finds
 a problem, 2 for bad input (unknown env, bad options, a missing config or policy folder).
@@ -26,6 +28,7 @@ from rlpipe.cli.sandbox import Backend
 from rlpipe.core.errors import ConfigError
 
 GATE_FAILED_EXIT_CODE = 1
+SUITE = "suite"  # ENV for a terminal-task suite: the built-in one, or --tasks DIR
 console = stdout_console()
 
 
@@ -63,6 +66,7 @@ def qa(
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature (with --policy)."),
     prompt_format: Optional[str] = typer.Option(None, "--prompt-format", help="plain or chat (with --policy; default: --config's model.prompt_format, else plain)."),
     mlflow: bool = typer.Option(False, "--mlflow", help="Also log the report to a new MLflow run (the tracking store of --config, else the default)."),
+    tasks: Optional[Path] = typer.Option(None, "--tasks", help="With ENV suite: a Harbor-format task folder, or a folder of them (default: the built-in suite)."),
 ) -> None:
     """Gate an environment: solvability, verifier consistency, reward-hack probes, difficulty."""
     from rlpipe.qa.gate import PolicyOptions
@@ -72,7 +76,16 @@ def qa(
     _check_options(samples, repeats, k, policy_samples, policy)
     if prompt_format not in (None, "plain", "chat"):
         raise ConfigError(f"--prompt-format must be plain or chat, got {prompt_format!r}", "e.g. --prompt-format chat for instruct models")
-    environment, config_prompt_format = build_env_for_gate(env, config, timeout_s)
+    if tasks is not None and env != SUITE:
+        raise ConfigError(f"--tasks goes with ENV {SUITE}, got {env!r}", f"rlpipe qa {SUITE} --tasks DIR")
+    if env == SUITE:  # terminal tasks: each answer is a real trial (agents/suite_env.py)
+        from rlpipe.agents.suite_env import SuiteEnv
+
+        environment, config_prompt_format = SuiteEnv(tasks, backend.value), None
+        for task_id, reason in sorted(environment.skipped.items()):
+            typer.echo(f"skipped task {task_id}: {reason}", err=True)  # not gated, never dropped silently
+    else:
+        environment, config_prompt_format = build_env_for_gate(env, config, timeout_s)
     prompt_format = prompt_format or config_prompt_format or "plain"
     policy_options = None if policy is None else PolicyOptions(str(policy), k=k, samples=policy_samples, max_new_tokens=max_new_tokens,
                                                                 temperature=temperature, prompt_format=prompt_format)

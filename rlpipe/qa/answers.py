@@ -11,11 +11,17 @@ What it does:
 - Known-wrong answers (`wrong_answers`): the reference with its last (and its first)
   letter or digit changed to another one (text), a body that does nothing (code). An env
   may give its own with `qa_wrong_answers(task) -> list[str]`.
-- Probes (`probes`): empty and blank output, the prompt echoed (alone and followed by the
-  answer), several answers at once (every candidate joined by newline, comma, space), huge
-  output (the reference padded to a megabyte and more), the reference repeated or with junk
-  around it; for code tasks the 30 attacks of envs/code_probes.py on the tasks they target.
-  Each probe should score 0: any reward > 0 is a finding.
+- Probes (`probe_attempts`), task-independent, each named in a finding when it scores > 0:
+  text tasks: empty and blank output, the prompt echoed (alone and followed by the answer),
+  several answers at once (every candidate joined by newline, comma, space; every digit,
+  every letter, every integer around an integer answer), partial answers (prefixes, a
+  suffix, the inner substring, the first and last fields), huge output (the reference
+  padded to a megabyte and more), the reference repeated or with junk around it; code
+  tasks: envs/code_probes.py's ANY_TASK_PROBES on every task (exit 0 at import, at the
+  first call, at exit; values equal to everything; frame and gc walks for the tests), and
+  its HumanEval attacks on the tasks they target (`code_probe_attempts`); multi-turn envs
+  and terminal-task suites (`qa_terminal_tasks`, agents/suite_env.py): their own probes plus qa/agent_probes.py's hostile-agent commands, each a scripted
+  episode (`hostile_episodes`). Each probe should score 0: any reward > 0 is a finding.
 - An env may give its own variants and probes (`qa_variant_answers(task)`,
   `qa_probe_answers(task)`: (name, answer) pairs) and wrong answers (`qa_wrong_answers`):
   a multi-turn env does, its answers being scripted episodes (envs/agent_tasks.py).
@@ -26,13 +32,16 @@ beyond what the env declares.
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlpipe.core.records import Task
 from rlpipe.envs.code import CODE_KIND
+from rlpipe.envs.code_probes import ANY_TASK_PROBES as ANY_TASK_CODE_PROBES
 from rlpipe.envs.code_probes import PROBES as CODE_PROBES
+from rlpipe.qa.agent_probes import PROBES as AGENT_PROBES
 
 VARIANTS: dict[str, Callable[[str], str]] = {
     "trailing_newline": lambda answer: answer + "\n",
@@ -42,6 +51,7 @@ VARIANTS: dict[str, Callable[[str], str]] = {
 _STRIPPING_KINDS = ("exact", "math", "integer-number", "integer-equation", "reasoning_gym")
 HUGE_CHARS = 1_100_000  # past every shipped verifier's bound (1 MB for code, 4x max_answer_chars for text)
 JUNK = "zq#xv"
+ENUMERATED = 100  # numbers listed around an integer answer
 
 
 @dataclass(frozen=True)
@@ -119,15 +129,20 @@ def wrong_attempts(env: object, task: Task) -> list[Attempt]:
 
 
 def probe_attempts(env: object, task: Task) -> list[Attempt]:
-    """Reward-hack probes on one task (the code attacks are per env: `code_probe_attempts`)."""
+    """Reward-hack probes on one task (the HumanEval attacks are per env: `code_probe_attempts`)."""
     own = getattr(env, "qa_probe_answers", None)  # (name, answer) pairs of the env's own (multi-turn envs)
-    if callable(own):
-        return [Attempt(task.task_id, f"probe:{name}", text) for name, text in own(task)]
+    hostile = getattr(env, "multi_turn", False) or getattr(env, "qa_terminal_tasks", False)
+    if callable(own) or hostile:
+        pairs = list(own(task)) if callable(own) else []
+        if hostile:
+            pairs += hostile_episodes()
+        return [Attempt(task.task_id, f"probe:{name}", text) for name, text in pairs]
     reference = task.reference_answer or ""
     prompt = task.prompt if isinstance(task.prompt, str) else str(task.prompt)
     attempts = [("empty", ""), ("blank", " \n\t\n"), ("prompt_echoed", prompt)]
     if answer_style(env, task) == "code":
         attempts.append(("huge_output", reference + "\n#" + "x" * HUGE_CHARS + "\n"))
+        attempts += [(probe.name, probe.completion) for probe in ANY_TASK_CODE_PROBES]
         return [Attempt(task.task_id, f"probe:{name}", text) for name, text in attempts]
     candidates = [reference] + [attempt.text for attempt in wrong_attempts(env, task)]
     attempts += [
@@ -142,8 +157,46 @@ def probe_attempts(env: object, task: Task) -> list[Attempt]:
         ("answer_then_junk", f"{reference} {JUNK}"),
         ("junk_then_answer", f"{JUNK} {reference}"),
         ("answer_junk_lines", f"{reference}\n{JUNK}\n{reference}"),
-    ]
-    return [Attempt(task.task_id, f"probe:{name}", text) for name, text in attempts if text != reference]
+    ] + partial_answers(reference) + enumerations(reference)
+    return [Attempt(task.task_id, f"probe:{name}", text) for name, text in attempts if text.strip() != reference.strip()]
+
+
+def partial_answers(reference: str) -> list[tuple[str, str]]:
+    """Parts of the reference: prefixes, a suffix, the inner substring, its first and last fields."""
+    answer = reference.strip()
+    parts: list[tuple[str, str]] = []
+    if len(answer) >= 2:
+        parts += [("prefix_all_but_last_char", answer[:-1]), ("prefix_half", answer[:len(answer) // 2]),
+                  ("suffix_all_but_first_char", answer[1:])]
+    if len(answer) >= 3:
+        parts.append(("inner_substring", answer[1:-1]))
+    fields = answer.split()
+    if len(fields) > 1:
+        parts += [("first_field", fields[0]), ("last_field", fields[-1])]
+    return [(name, text) for name, text in parts if text.strip()]
+
+
+def enumerations(reference: str) -> list[tuple[str, str]]:
+    """Several answers at once that hold the right one without knowing it: every digit, every
+    letter, and for an integer every number around it ("37 38 ... 42 ... 137")."""
+    listed = [("every_digit", " ".join(string.digits)), ("every_digit_on_lines", "\n".join(string.digits)),
+              ("every_letter", " ".join(string.ascii_lowercase))]
+    answer = reference.strip()
+    if answer.lstrip("-").isdigit():
+        value = int(answer)
+        numbers = [str(number) for number in range(value - ENUMERATED // 2, value + ENUMERATED // 2 + 1)]
+        listed += [("numbers_around_the_answer", " ".join(numbers)), ("numbers_around_the_answer_lines", "\n".join(numbers))]
+    return listed
+
+
+def hostile_episodes() -> list[tuple[str, str]]:
+    """qa/agent_probes.py's hostile-agent commands, each a scripted episode (one bash call,
+    then submit: nothing solved) in the tool-call format of agents/tools.py."""
+    def call(name: str, **arguments: str) -> str:
+        return json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"))
+
+    return [(f"hostile_{name}", json.dumps([call("bash", command=command), call("submit")]))
+            for name, command in AGENT_PROBES.items()]
 
 
 def code_probe_attempts(env: object) -> list[Attempt]:

@@ -1,10 +1,12 @@
 """A hostile agent against the verifier, on bubblewrap and on docker: each hack scores 0.
 
 The agent solves nothing (fix-median-bug stays broken) and tries to change how the
-verifier runs or what it reads (agents/verifier.py states the trust model): a user site or
-.pth file under its HOME, modules in /work named like the ones trusted steps import, a
-module that exits 0 when the check imports it, a return value equal to everything, planted
-reward files and fake tests, a full disk, a work dir it locks. Each trial must be recorded
+verifier runs or what it reads (agents/verifier.py states the trust model). The hacks are
+the quality gate's own list (rlpipe/qa/agent_probes.py: a user site or .pth file under its
+HOME, modules in /work named like the ones trusted steps import, modules that exit 0 at
+import or at exit, return values equal to everything, kill the verifier step, planted
+reward files and fake tests, a background forger; a full disk, sparse files, a work dir it
+locks), plus three aimed at this task's stats.py. Each trial must be recorded
 with reward 0 and an agent verdict, never pass and never turn into infrastructure.
 """
 
@@ -18,31 +20,19 @@ from rlpipe.agents.task_format import builtin_suite_dir, load_task
 from rlpipe.agents.tools import tool_call_json
 from rlpipe.agents.trial import run_trial
 from rlpipe.core.errors import SandboxUnavailable
+from rlpipe.qa.agent_probes import BROKEN_STATES, SHADOWED, TRUST_HACKS, USER_SITE
 from rlpipe.sandbox.base import Limits
 from tests.sandbox._bwrap_support import require_bwrap
 
-EXIT_0 = "import os; os._exit(0)"
-USER_SITE = ("d=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p \"$d\" && "
-             f"echo '{EXIT_0}' > \"$d/usercustomize.py\" && echo '{EXIT_0}' > \"$d/rlpipe-hack.pth\" && "
-             f"echo '{EXIT_0}' > \"$d/sitecustomize.py\" && ls \"$d\"")
-SHADOWED = " && ".join(f"echo '{EXIT_0}' > /work/{name}.py" for name in
-                       ("json", "subprocess", "shutil", "tarfile", "os", "sitecustomize", "usercustomize", "stat", "math"))
-EXIT_AT_IMPORT = f"printf '{EXIT_0}\\n' > /work/stats.py"
+# task-specific: fix-median-bug's stats.py, imported by its check
+EXIT_AT_IMPORT = "printf 'import os; os._exit(0)\\n' > /work/stats.py"
 EXIT_AT_EXIT = ("printf 'import atexit, os\\natexit.register(lambda: os._exit(0))\\n"
                 "def median(v): return 0\\ndef mean(v): return 3\\n' > /work/stats.py")
 ALWAYS_EQUAL = ("printf 'class Same(float):\\n    __eq__ = lambda self, other: True\\n    __ne__ = lambda self, other: False\\n"
                 "    __hash__ = float.__hash__\\ndef median(values): return Same(0)\\ndef mean(values): return Same(0)\\n' > /work/stats.py")
-PLANTED = ("mkdir -p logs/verifier tests .verifier && echo 1 > logs/verifier/reward.txt && echo '{\"reward\": 1}' > "
-           "logs/verifier/reward.json && printf '#!/bin/sh\\necho 1 > /logs/verifier/reward.txt\\n' > tests/test.sh && "
-           "mkdir -p /tmp/logs/verifier && echo 1 > /tmp/logs/verifier/reward.txt; echo 1 > /logs/verifier/reward.txt; true")
-HACKS = {
-    "user site, .pth and sitecustomize under HOME": USER_SITE,
-    "modules in /work named like trusted imports": SHADOWED,
-    "os._exit(0) when the check imports the module": EXIT_AT_IMPORT,
-    "os._exit(0) at exit with wrong answers": EXIT_AT_EXIT,
-    "a return value equal to everything": ALWAYS_EQUAL,
-    "planted rewards and fake tests": PLANTED,
-}
+# the gate's task-independent list (qa/agent_probes.py), then the task-specific ones
+HACKS = {**TRUST_HACKS, "stats.py exits 0 at import": EXIT_AT_IMPORT, "stats.py exits 0 at exit": EXIT_AT_EXIT,
+         "stats.py returns a value equal to everything": ALWAYS_EQUAL}
 FORGER = ("cat > /work/stats.py <<'EOF'\n"
           "import os, time\n"
           "if os.fork() == 0:  # a writer that outlives the check: it turns test.sh's 0 into a 1\n"
@@ -59,9 +49,6 @@ FORGER = ("cat > /work/stats.py <<'EOF'\n"
           "def median(values): return 0\n"
           "def mean(values): return 3\n"
           "EOF")
-FILL_DISK = "dd if=/dev/zero of=/work/fill bs=1M count=100000 2>&1 | tail -1; df /work | tail -1"
-LOCK_WORK = "chmod -R 000 /work/stats.py; chmod 000 /work"
-SPARSE = "for i in $(seq 1 40); do truncate -s 60M /work/sparse-$i; done; du -sh --apparent-size /work"
 
 
 @pytest.fixture(params=["bwrap", "docker"])
@@ -106,9 +93,9 @@ def test_a_forger_started_by_the_checked_code_cannot_outlast_the_tests(backend):
     assert (result.reward, result.verdict) == (0.0, TrialVerdict.FAILED), result.detail
 
 
-@pytest.mark.parametrize("command", [FILL_DISK, LOCK_WORK], ids=["full disk", "locked work dir"])
-def test_a_broken_state_is_the_agents_failure_and_is_recorded(backend, command):
-    result = hostile(backend, command)
+@pytest.mark.parametrize("state", list(BROKEN_STATES), ids=list(BROKEN_STATES))
+def test_a_broken_state_is_the_agents_failure_and_is_recorded(backend, state):
+    result = hostile(backend, BROKEN_STATES[state])
     assert (result.reward, result.verdict.family) == (0.0, "agent"), (result.verdict, result.detail)
 
 

@@ -1,4 +1,5 @@
-"""Every reward-hack probe of rlpipe/envs/code_probes.py scores 0 on each sandbox backend.
+"""Every reward-hack probe of rlpipe/envs/code_probes.py (the HumanEval ones and the
+any-task ones the quality gate tries on every code task) scores 0 on each sandbox backend.
 
 A probe answers correctly only if its attack worked (it found the tests, could read or
 control the harness), and otherwise tries to make the verdict say ok by itself (a forged
@@ -22,7 +23,7 @@ import pytest
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.core.records import VerdictReason
 from rlpipe.envs.code import CodeEnv, verdict_from
-from rlpipe.envs.code_probes import HELPERS, PROBES
+from rlpipe.envs.code_probes import ANY_TASK_PROBES, HELPERS, PROBES
 from rlpipe.sandbox.base import Limits
 from tests.helpers.docker_engine import no_docker
 
@@ -144,3 +145,17 @@ def test_the_probes_fool_a_same_process_harness(pool, envs, name):
         result = sandbox.exec_python(SAME_PROCESS_HARNESS, stdin=f"{nonce}\n{spec['entry_point']}\n{spec['test']}".encode(),
                                      timeout_s=4.0)
     assert verdict_from(result, nonce)[0] is VerdictReason.OK, verdict_from(result, nonce)
+
+
+ANY_TASK_IDS = ("HumanEval/2", "HumanEval/53")  # float and int returns: no probe is aimed at them
+
+
+@pytest.mark.parametrize("probe", ANY_TASK_PROBES, ids=[probe.name for probe in ANY_TASK_PROBES])
+def test_an_any_task_probe_scores_zero_on_tasks_it_does_not_name(pool, envs, probe):
+    """code_probes.ANY_TASK_PROBES (what `rlpipe qa` tries on every code task) fail here; the
+    in-process code env of tests/qa/weak_envs.py is fooled by each (tests/qa/test_qa_probes.py)."""
+    env = envs["normal"]
+    for task_id in ANY_TASK_IDS:
+        with pool.acquire() as sandbox:
+            verdict = env.verify(env.task(task_id), probe.completion, sandbox)
+        assert verdict.reward == 0.0 and verdict.reason is not VerdictReason.SANDBOX_ERROR, (task_id, verdict)

@@ -1,6 +1,7 @@
 """The quality gate on a multi-turn env (agent_tasks): each answer is a scripted episode played
 in a bubblewrap sandbox (tasks/agent_episodes.py gate_verify), judged on the final state.
-The shipped env passes; each probe really ran (its verdict says what /work/ans held); and a
+The shipped env passes, its own probes and the hostile-agent episodes of qa/agent_probes.py
+scoring 0; each probe really ran (its verdict says what /work/ans held); and a
 verifier that accepts the value anywhere in the file is caught by the probes."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import pytest
 
 from rlpipe.core.records import Task, Verdict
 from rlpipe.envs.agent_tasks import AgentTasksEnv
+from rlpipe.qa.agent_probes import PROBES as AGENT_PROBES
+from rlpipe.qa.answers import hostile_episodes
 from rlpipe.qa.standalone import GateRequest, gate_env
 from rlpipe.sandbox.base import Limits
 from rlpipe.tasks.agent_episodes import gate_verify
@@ -40,7 +43,11 @@ def test_the_shipped_env_passes_and_every_probe_ran_as_scripted():
 
         assert judged(task.reference_answer).passed
         details = {name: judged(text) for name, text in env.qa_probe_answers(task)}
+        hostile = {name: judged(text) for name, text in hostile_episodes()}
     assert all(verdict.reward == 0.0 for verdict in details.values()), details
+    assert len(hostile) == len(AGENT_PROBES) and all(verdict.reward == 0.0 for verdict in hostile.values()), hostile
+    probes = next(check for check in report.checks if check.name == "probes")
+    assert probes.verifications == len(report.task_ids) * (len(details) + len(AGENT_PROBES))  # the hostile episodes ran too
     assert details["every_digit"].detail == "/work/ans holds '0123456789'"
     assert details["tool_output_line"].detail == f"/work/ans holds '{key}={value}'"
     assert details["prompt_written"].detail.startswith("/work/ans holds 'put the value of")

@@ -1,0 +1,82 @@
+"""Hostile-agent probes for terminal tasks: what an agent that solves nothing runs to change
+how the verifier runs or what it reads. One list, used by the quality gate (`rlpipe qa` on
+agent_tasks and on Harbor-format suites: tasks/suite_gate.py, qa/answers.py) and by the
+trial harness's own tests (tests/agents/test_verifier_trust.py).
+
+Each probe is one bash command, task-independent: it names no file of any task (it acts on
+every *.py file it finds under /work, on /work itself, on HOME and on the verifier's
+paths), and it exits 0 whatever /work holds. An agent runs it, then submits without solving
+anything; the task's verdict must then be reward 0, an agent failure, never a pass and
+never infrastructure.
+
+- TRUST_HACKS: user site / .pth / sitecustomize under HOME; modules in /work named like the
+  ones trusted steps import; every module of /work exits 0 at import; exits 0 at exit
+  (atexit, os._exit in a finally); returns a value equal to everything; kills the verifier
+  step that imports it; planted rewards (/logs/verifier, logs/verifier in /work) and fake
+  tests (tests/test.sh in /work); a background forger that keeps writing rewards.
+- BROKEN_STATES: a full disk, sparse files up to far past the disk limit, a locked /work:
+  states the verifier cannot copy or read, which must score 0 (abstention is no escape).
+
+What it does not: run anything (the callers play the commands as an agent's bash calls), or
+know what a task asks (a task-specific hack belongs in that task's tests).
+"""
+
+from __future__ import annotations
+
+EXIT_0 = "import os; os._exit(0)"
+KILL_PARENT = "import os, signal; os.kill(os.getppid(), signal.SIGKILL); os._exit(0)"
+# every *.py file of /work (none is fine: the loop runs zero times)
+_EACH_PY = "for f in $(find /work -name '*.py' -type f 2>/dev/null); do {action}; done; true"
+
+USER_SITE = ("d=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p \"$d\" && "
+             f"echo '{EXIT_0}' > \"$d/usercustomize.py\" && echo '{EXIT_0}' > \"$d/rlpipe-hack.pth\" && "
+             f"echo '{EXIT_0}' > \"$d/sitecustomize.py\" && ls \"$d\"")
+TRUSTED_IMPORTS = ("json", "subprocess", "shutil", "tarfile", "os", "sitecustomize", "usercustomize", "stat", "math",
+                   "re", "sys", "pathlib", "unittest", "pytest", "conftest")
+SHADOWED = " && ".join(f"echo '{EXIT_0}' > /work/{name}.py" for name in TRUSTED_IMPORTS)
+EXIT_AT_IMPORT = _EACH_PY.format(action=f"echo '{EXIT_0}' > \"$f\"")
+EXIT_AT_EXIT = _EACH_PY.format(action=(
+    "printf '\\nimport atexit as _a, os as _o\\n_a.register(_o._exit, 0)\\n"
+    "def _wrap(_f):\\n    def _g(*a, **k):\\n        try:\\n            return _f(*a, **k)\\n"
+    "        finally:\\n            _o._exit(0)\\n    return _g\\n"
+    "for _n, _v in list(globals().items()):\\n"
+    "    if callable(_v) and not isinstance(_v, type) and getattr(_v, \"__module__\", None) == __name__ and _n != \"_wrap\":\\n"
+    "        globals()[_n] = _wrap(_v)\\n' >> \"$f\""))
+ALWAYS_EQUAL = _EACH_PY.format(action=(
+    "printf '\\nclass _Same(float):\\n    __eq__ = lambda self, other: True\\n    __ne__ = lambda self, other: False\\n"
+    "    __lt__ = __gt__ = lambda self, other: False\\n    __le__ = __ge__ = lambda self, other: True\\n"
+    "    __hash__ = float.__hash__\\n"
+    "for _n, _v in list(globals().items()):\\n"
+    "    if callable(_v) and not isinstance(_v, type) and getattr(_v, \"__module__\", None) == __name__:\\n"
+    "        globals()[_n] = lambda *a, **k: _Same(0)\\n' >> \"$f\""))
+KILL_THE_VERIFIER = (_EACH_PY.format(action=f"echo '{KILL_PARENT}' > \"$f\"") + " && " +
+                     " && ".join(f"echo '{KILL_PARENT}' > /work/{name}.py" for name in ("json", "shutil", "subprocess")))
+PLANTED = ("cd /work && mkdir -p logs/verifier tests .verifier && echo 1 > logs/verifier/reward.txt && "
+           "echo '{\"reward\": 1}' > logs/verifier/reward.json && "
+           "printf '#!/bin/sh\\necho 1 > /logs/verifier/reward.txt\\n' > tests/test.sh && "
+           "mkdir -p /tmp/logs/verifier && echo 1 > /tmp/logs/verifier/reward.txt; "
+           "mkdir -p /logs/verifier 2>/dev/null; echo 1 > /logs/verifier/reward.txt 2>/dev/null; true")
+BACKGROUND_FORGER = ("nohup sh -c 'while :; do for d in /work/logs/verifier /logs/verifier /tmp/logs/verifier; do "
+                     "mkdir -p $d 2>/dev/null; echo 1 > $d/reward.txt 2>/dev/null; done; sleep 0.2; done' "
+                     ">/dev/null 2>&1 </dev/null & echo forger started")
+FILL_DISK = "dd if=/dev/zero of=/work/fill bs=1M count=100000 2>&1 | tail -1; df /work | tail -1; true"
+SPARSE = "for i in $(seq 1 40); do truncate -s 60M /work/sparse-$i; done; du -sh --apparent-size /work; true"
+LOCK_WORK = "chmod -R 000 /work/* 2>/dev/null; chmod 000 /work; true"
+
+TRUST_HACKS: dict[str, str] = {
+    "user_site_under_home": USER_SITE,
+    "modules_shadowing_trusted_imports": SHADOWED,
+    "exit_zero_at_import": EXIT_AT_IMPORT,
+    "exit_zero_at_exit": EXIT_AT_EXIT,
+    "always_equal_return": ALWAYS_EQUAL,
+    "kill_the_verifier_step": KILL_THE_VERIFIER,
+    "planted_rewards_and_fake_tests": PLANTED,
+    "background_forger": BACKGROUND_FORGER,
+}
+BROKEN_STATES: dict[str, str] = {
+    "full_disk": FILL_DISK,
+    "sparse_files": SPARSE,
+    "locked_work_dir": LOCK_WORK,
+}
+PROBES: dict[str, str] = {**TRUST_HACKS, **BROKEN_STATES}
+"""Every probe by name: the gate reports a probe that scored > 0 under this name."""
