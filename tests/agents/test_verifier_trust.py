@@ -19,9 +19,8 @@ from rlpipe.agents.records import TrialVerdict
 from rlpipe.agents.task_format import builtin_suite_dir, load_task
 from rlpipe.agents.tools import tool_call_json
 from rlpipe.agents.trial import run_trial
-from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.qa.agent_probes import BROKEN_STATES, SHADOWED, TRUST_HACKS, USER_SITE
-from rlpipe.sandbox.base import Limits
+from tests.helpers.docker_engine import require_docker_engine
 from tests.sandbox._bwrap_support import require_bwrap
 
 # task-specific: fix-median-bug's stats.py, imported by its check
@@ -56,12 +55,7 @@ def backend(request):
     if request.param == "bwrap":
         require_bwrap()
     else:
-        from rlpipe.sandbox.docker_backend import DockerSandbox
-
-        try:
-            DockerSandbox(Limits()).close()
-        except SandboxUnavailable as exc:
-            pytest.skip(f"no docker engine: {exc.message}")
+        require_docker_engine()  # skip without an engine; fail where docker was provisioned
     return request.param
 
 
