@@ -29,7 +29,7 @@ from typing import Protocol
 
 from rlpipe.agents.task_format import TaskLimits
 from rlpipe.core.errors import ConfigError
-from rlpipe.sandbox.base import Limits, Sandbox, Snapshot
+from rlpipe.sandbox.base import Limits, Sandbox, Snapshot, Workspace
 
 BACKENDS = ("bwrap", "docker")
 PROBE_TIMEOUT_S = 30.0
@@ -42,24 +42,26 @@ def sandbox_limits(limits: TaskLimits, timeout_s: float) -> Limits:
                   max_processes=256, disk_mb=limits.storage_mb, network=False)
 
 
-def open_sandbox(backend: str, limits: Limits, cpus: float = 1.0) -> Sandbox:
-    """A new sandbox; SandboxUnavailable (an InfraError) when the backend cannot start one."""
+def open_sandbox(backend: str, limits: Limits, cpus: float = 1.0, workspace: Workspace = Workspace()) -> Sandbox:
+    """A new sandbox (its work dir at `workspace.path` too, its image `workspace.image` on
+    docker); SandboxUnavailable (an InfraError) when the backend cannot start one."""
     if backend == "docker":
         from rlpipe.sandbox.docker_backend import DockerSandbox
 
-        return DockerSandbox(limits, cpus=cpus)
+        return DockerSandbox(limits, cpus=cpus, workspace=workspace)
     if backend == "bwrap":
         from rlpipe.sandbox.bwrap import BwrapSandbox
 
-        return BwrapSandbox(limits)  # CPU share is not limited per sandbox in bwrap (see docs/SANDBOX.md)
+        return BwrapSandbox(limits, workspace=workspace)  # CPU share is not limited per sandbox in bwrap (see docs/SANDBOX.md)
     raise ConfigError(f"unknown sandbox backend {backend!r}", hint=f"use one of {', '.join(BACKENDS)}")
 
 
-def verifier_sandbox(backend: str, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float) -> tuple[Sandbox, bool]:
+def verifier_sandbox(backend: str, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float,
+                     workspace: Workspace = Workspace()) -> tuple[Sandbox, bool]:
     """The sandbox the tests run in, holding the agent's final state; True when it is a new one
     (the caller closes it)."""
     if backend == "bwrap":
-        fresh = open_sandbox(backend, limits, cpus)
+        fresh = open_sandbox(backend, limits, cpus, workspace)
         try:
             fresh.restore(final)
         except BaseException:
@@ -71,8 +73,8 @@ def verifier_sandbox(backend: str, agent_sandbox: Sandbox, final: Snapshot, limi
 
 
 @functools.cache
-def _probe(backend: str, names: tuple[str, ...]) -> frozenset[str]:
-    sandbox = open_sandbox(backend, Limits(timeout_s=PROBE_TIMEOUT_S))
+def _probe(backend: str, names: tuple[str, ...], workspace: Workspace) -> frozenset[str]:
+    sandbox = open_sandbox(backend, Limits(timeout_s=PROBE_TIMEOUT_S), workspace=workspace)
     try:
         script = 'for name in "$@"; do command -v "$name" >/dev/null 2>&1 && echo "$name"; done; true'
         result = sandbox.exec(["sh", "-c", script, "probe", *names])
@@ -81,9 +83,10 @@ def _probe(backend: str, names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(result.stdout.split())
 
 
-def available_commands(backend: str, names: Iterable[str]) -> frozenset[str]:
-    """Which of `names` a sandbox of this backend can run (one probe per set of names)."""
-    return _probe(backend, tuple(sorted(set(names))))
+def available_commands(backend: str, names: Iterable[str], workspace: Workspace = Workspace()) -> frozenset[str]:
+    """Which of `names` a sandbox of this backend (and workspace: a task's image, its PATH) can
+    run (one probe per set of names and workspace)."""
+    return _probe(backend, tuple(sorted(set(names))), workspace)
 
 
 class TrialBackend(Protocol):
@@ -91,11 +94,12 @@ class TrialBackend(Protocol):
 
     name: str
 
-    def open(self, limits: Limits, cpus: float) -> Sandbox: ...
+    def open(self, limits: Limits, cpus: float, workspace: Workspace = Workspace()) -> Sandbox: ...
 
-    def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float) -> tuple[Sandbox, bool]: ...
+    def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float,
+                 workspace: Workspace = Workspace()) -> tuple[Sandbox, bool]: ...
 
-    def available_commands(self, names: Iterable[str]) -> frozenset[str]: ...
+    def available_commands(self, names: Iterable[str], workspace: Workspace = Workspace()) -> frozenset[str]: ...
 
 
 @dataclass(frozen=True)
@@ -104,14 +108,15 @@ class NamedBackend:
 
     name: str
 
-    def open(self, limits: Limits, cpus: float) -> Sandbox:
-        return open_sandbox(self.name, limits, cpus)
+    def open(self, limits: Limits, cpus: float, workspace: Workspace = Workspace()) -> Sandbox:
+        return open_sandbox(self.name, limits, cpus, workspace)
 
-    def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float) -> tuple[Sandbox, bool]:
-        return verifier_sandbox(self.name, agent_sandbox, final, limits, cpus)
+    def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float,
+                 workspace: Workspace = Workspace()) -> tuple[Sandbox, bool]:
+        return verifier_sandbox(self.name, agent_sandbox, final, limits, cpus, workspace)
 
-    def available_commands(self, names: Iterable[str]) -> frozenset[str]:
-        return available_commands(self.name, names)
+    def available_commands(self, names: Iterable[str], workspace: Workspace = Workspace()) -> frozenset[str]:
+        return available_commands(self.name, names, workspace)
 
 
 def trial_backend(backend: str | TrialBackend) -> TrialBackend:

@@ -1,0 +1,132 @@
+"""Harbor tasks as published: environment/Dockerfile, files under /app, ENV, RUN, on both backends.
+
+One task folder (written here, Harbor's layout): a Dockerfile `FROM local-base:1` with
+WORKDIR /app, ENV, COPY and RUN; a solve.sh and a test.sh that use /app paths and the ENV
+variable. On docker the Dockerfile is built (the base is rlpipe's own sandbox image tagged
+`local-base:1` with USER root, as a published base would be: nothing is pulled); on
+bubblewrap its steps are honoured on the host's /usr. The oracle passes and noop fails on
+both, through run_trial; steps the sandbox cannot honour, and a base that is not present,
+are skips that say why.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from rlpipe.agents.agents import noop_agent, oracle_agent
+from rlpipe.agents.records import TrialVerdict
+from rlpipe.agents.task_format import AgentTask, load_task
+from rlpipe.agents.trial import run_trial, system_prompt
+from tests.sandbox._bwrap_support import require_bwrap
+from tests.helpers.docker_engine import require_docker_engine
+
+LOCAL_BASE = "local-base:1"
+DOCKERFILE = f"""FROM {LOCAL_BASE}
+WORKDIR /app
+ENV GREETING=hello \\
+    PLACE=world
+COPY data.txt /app/
+COPY scripts/ ./scripts/
+RUN echo hi > /app/made.txt
+EXPOSE 8080
+CMD ["sh"]
+"""
+SOLVE = """#!/bin/bash
+cd /app
+sh scripts/total.sh data.txt > sum.txt
+"""
+TEST_SH = """#!/bin/bash
+ok=1
+[ "$(pwd)" = /app ] || { echo "cwd is $(pwd), not /app"; ok=0; }
+[ "$GREETING $PLACE" = "hello world" ] || { echo "ENV lost: $GREETING $PLACE"; ok=0; }
+[ "$(cat /app/made.txt)" = hi ] || { echo "RUN's file missing"; ok=0; }
+[ "$(cat /app/sum.txt 2>/dev/null)" = 7 ] || { echo "no /app/sum.txt = 7"; ok=0; }
+echo $ok > /logs/verifier/reward.txt
+"""
+
+
+def harbor_task(root: Path, dockerfile: str = DOCKERFILE) -> Path:
+    folder = root / "sum-in-app"
+    files = {
+        "task.toml": 'version = "1.0"\n[metadata]\ndifficulty = "easy"\n[verifier]\ntimeout_sec = 60.0\n'
+                     '[agent]\ntimeout_sec = 120.0\n',
+        "instruction.md": "Write the sum of the numbers in /app/data.txt to /app/sum.txt.\n",
+        "environment/Dockerfile": dockerfile,
+        "environment/data.txt": "3\n4\n",
+        "environment/scripts/total.sh": "awk '{ s += $1 } END { print s }' \"$1\"\n",
+        "solution/solve.sh": SOLVE,
+        "tests/test.sh": TEST_SH,
+    }
+    for relative, text in files.items():
+        path = folder / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (folder / "environment/scripts/total.sh").chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local_base():
+    """rlpipe's sandbox image, as root, tagged local-base:1 (a locally present base image)."""
+    require_docker_engine()
+    from rlpipe.sandbox.docker_engine import docker_client
+    from rlpipe.sandbox.image import ensure_image
+
+    client = docker_client(None)
+    dockerfile = f"FROM {ensure_image(client)}\nUSER root\n".encode()
+    client.images.build(fileobj=io.BytesIO(dockerfile), tag=LOCAL_BASE, pull=False, network_mode="none", rm=True)
+    return LOCAL_BASE
+
+
+@pytest.mark.docker
+def test_a_dockerfile_task_is_built_and_the_oracle_passes_noop_fails_on_docker(tmp_path, local_base):
+    task = load_task(harbor_task(tmp_path))
+    assert isinstance(task, AgentTask) and task.workdir == "/app"
+    oracle = run_trial(task, "oracle", oracle_agent, "docker")
+    assert (oracle.verdict, oracle.reward) == (TrialVerdict.PASSED, 1.0), oracle.detail
+    noop = run_trial(task, "noop", noop_agent, "docker")
+    assert (noop.verdict, noop.reward) == (TrialVerdict.FAILED, 0.0), noop.detail
+    assert "no /app/sum.txt = 7" in noop.detail and "ENV lost" not in noop.detail and "RUN's" not in noop.detail
+
+
+@pytest.mark.docker
+def test_a_base_image_that_is_not_here_is_a_skip_naming_it(tmp_path, local_base):
+    task = load_task(harbor_task(tmp_path, DOCKERFILE.replace(LOCAL_BASE, "registry.invalid/nowhere:9")))
+    skipped = run_trial(task, "oracle", oracle_agent, "docker")
+    assert skipped.verdict is TrialVerdict.SKIPPED
+    assert "registry.invalid/nowhere:9" in skipped.detail and "cannot be pulled" in skipped.detail
+
+
+def test_a_dockerfile_task_runs_on_bubblewrap_with_from_ignored(tmp_path):
+    require_bwrap()
+    task = load_task(harbor_task(tmp_path))
+    oracle = run_trial(task, "oracle", oracle_agent, "bwrap")
+    assert (oracle.verdict, oracle.reward) == (TrialVerdict.PASSED, 1.0), oracle.detail
+    assert f"FROM {LOCAL_BASE} ignored" in oracle.detail
+    noop = run_trial(task, "noop", noop_agent, "bwrap")
+    assert (noop.verdict, noop.reward) == (TrialVerdict.FAILED, 0.0), noop.detail
+    assert "no /app/sum.txt = 7" in noop.detail and "ENV lost" not in noop.detail
+
+
+@pytest.mark.parametrize(("line", "reason"), [
+    ("USER nobody", "USER is not honoured"),
+    ("RUN apt-get install -y jq", "`apt-get` installs or downloads"),
+    ("COPY data.txt /usr/local/share/", "outside the work dir /app"),
+    ("ADD https://example.com/x.tar.gz /app/", "ADD of a URL"),
+    ("FROM scratch AS second", "multi-stage"),
+    ("ONBUILD RUN true", "ONBUILD is not honoured"),
+])
+def test_a_step_bubblewrap_cannot_honour_is_a_skip_naming_it(tmp_path, line, reason):
+    require_bwrap()
+    task = load_task(harbor_task(tmp_path, DOCKERFILE + line + "\n"))
+    skipped = run_trial(task, "oracle", oracle_agent, "bwrap")
+    assert skipped.verdict is TrialVerdict.SKIPPED and reason in skipped.detail, skipped.detail
+    assert "environment/Dockerfile line" in skipped.detail
+
+
+def test_the_system_prompt_names_the_task_work_dir():
+    assert "working directory is /app" in system_prompt("/app") and "/work" not in system_prompt("/app")
+    assert "working directory is /work" in system_prompt()
