@@ -4,7 +4,9 @@
 
     1. a fresh host folder (mkdtemp, in the sandbox's own host folder) holds `tests/`, written
        by this process, and `logs/verifier`, `logs/agent`, owned by the sandbox's uid;
-    2. one exec with those bound at /tests (read-only) and /logs (read-write), HOME=/tmp (a
+    2. one exec with those bound at /tests (read-only) and /logs (read-write), the tests
+       runtime (tests_runtime.py: pytest, uvx and uv shims; a host copy made once per runtime
+       root) read-only at /.rlpipe-tests and first on PATH and PYTHONPATH, HOME=/tmp (a
        tmpfs that is new each exec) and PYTHONNOUSERSITE=1: no file of the agent's /work is a
        user site, .pth or dotfile of the tests' processes;
     3. when the exec has returned, its pid namespace is gone and everything in it dead (the
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlpipe.sandbox.base import VERIFIER_LOG_BYTES, VerifierRun
+from rlpipe.sandbox.tests_runtime import RUNTIME_PATH, host_runtime, verifier_argv
 from rlpipe.sandbox.workdir import write_beneath
 
 if TYPE_CHECKING:
@@ -49,9 +52,10 @@ def run_verifier(sandbox: BwrapSandbox, argv: list[str], tests: dict[str, bytes]
         for name in ("verifier", "agent"):
             (logs_dir / name).mkdir(mode=0o755)
             os.chown(logs_dir / name, sandbox.host_uid, sandbox.host_uid)
-        extra = ["--ro-bind", str(tests_dir), "/tests", "--bind", str(logs_dir), "/logs",
+        runtime = host_runtime(sandbox.runtime_root)
+        extra = ["--ro-bind", str(tests_dir), "/tests", "--bind", str(logs_dir), "/logs", "--ro-bind", str(runtime), RUNTIME_PATH,
                  "--setenv", "HOME", "/tmp", "--setenv", "PYTHONNOUSERSITE", "1"]
-        result = sandbox.exec_with_mounts(argv, timeout_s, extra)
+        result = sandbox.exec_with_mounts(verifier_argv(argv), timeout_s, extra)
         return VerifierRun(result, read_logs(logs_dir / "verifier"))
     finally:
         shutil.rmtree(root, ignore_errors=True)

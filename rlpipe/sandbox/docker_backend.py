@@ -73,6 +73,7 @@ from rlpipe.sandbox.docker_owners import LABEL, owner_labels, reap_once, remove_
 from rlpipe.sandbox.docker_snapshots import SnapshotStore, work_inodes
 from rlpipe.sandbox.docker_stream import AGENT, Capture, Identity, RawRun, read_until, send_stdin
 from rlpipe.sandbox.docker_task_image import workspace_image
+from rlpipe.sandbox.tests_runtime import RUNTIME_PATH
 from rlpipe.sandbox.docker_warm import ExecStreamProcess
 from rlpipe.sandbox.image import SANDBOX_UID, ensure_image
 from rlpipe.sandbox.programs import program_source
@@ -144,7 +145,8 @@ class DockerSandbox(DockerFiles):
                 tmpfs={self.workspace.path: f"{tmpfs_options},nr_inodes={work_inodes(limits.disk_mb)},exec,uid={SANDBOX_UID},"
                                 f"gid={SANDBOX_UID},mode=0700",
                        "/tmp": f"{tmpfs_options},mode=1777",  # /tests, /logs: root's, for run_verifier
-                       "/tests": f"{tmpfs_options},mode=0755", "/logs": f"{tmpfs_options},mode=0755"},
+                       "/tests": f"{tmpfs_options},mode=0755", "/logs": f"{tmpfs_options},mode=0755",
+                       RUNTIME_PATH: "size=64m,exec,nosuid,nodev,mode=0755"},
                 shm_size=f"{limits.disk_mb}m", working_dir=WORK, environment=dict(self.workspace.env), hostname="sandbox",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], log_config=LogConfig(type="none"),
                 ulimits=[Ulimit(name="cpu", soft=limits.cpu_time_s, hard=limits.cpu_time_s)],

@@ -2,7 +2,8 @@
 
 One task folder (written here, Harbor's layout): a Dockerfile `FROM local-base:1` with
 WORKDIR /app, ENV, COPY and RUN; a solve.sh and a test.sh that use /app paths and the ENV
-variable. On docker the Dockerfile is built (the base is rlpipe's own sandbox image tagged
+variable, and a test.sh as Harbor publishes it (`uvx ... pytest --ctrf ...`, served offline by
+the tests runtime). On docker the Dockerfile is built (the base is rlpipe's own sandbox image tagged
 `local-base:1` with USER root, as a published base would be: nothing is pulled); on
 bubblewrap its steps are honoured on the host's /usr. The oracle passes and noop fails on
 both, through run_trial; steps the sandbox cannot honour, and a base that is not present,
@@ -12,6 +13,7 @@ are skips that say why.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -39,12 +41,27 @@ cd /app
 sh scripts/total.sh data.txt > sum.txt
 """
 TEST_SH = """#!/bin/bash
-ok=1
-[ "$(pwd)" = /app ] || { echo "cwd is $(pwd), not /app"; ok=0; }
-[ "$GREETING $PLACE" = "hello world" ] || { echo "ENV lost: $GREETING $PLACE"; ok=0; }
-[ "$(cat /app/made.txt)" = hi ] || { echo "RUN's file missing"; ok=0; }
-[ "$(cat /app/sum.txt 2>/dev/null)" = 7 ] || { echo "no /app/sum.txt = 7"; ok=0; }
-echo $ok > /logs/verifier/reward.txt
+uvx -p 3.13 -w pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+TEST_OUTPUTS = """import os
+from pathlib import Path
+
+
+def test_cwd_is_app():
+    assert os.getcwd() == "/app"
+
+
+def test_env_lines():
+    assert (os.environ["GREETING"], os.environ["PLACE"]) == ("hello", "world")
+
+
+def test_run_made_its_file():
+    assert Path("/app/made.txt").read_text().strip() == "hi"
+
+
+def test_sum():
+    assert Path("/app/sum.txt").read_text().strip() == "7"
 """
 
 
@@ -59,6 +76,7 @@ def harbor_task(root: Path, dockerfile: str = DOCKERFILE) -> Path:
         "environment/scripts/total.sh": "awk '{ s += $1 } END { print s }' \"$1\"\n",
         "solution/solve.sh": SOLVE,
         "tests/test.sh": TEST_SH,
+        "tests/test_outputs.py": TEST_OUTPUTS,
     }
     for relative, text in files.items():
         path = folder / relative
@@ -66,6 +84,13 @@ def harbor_task(root: Path, dockerfile: str = DOCKERFILE) -> Path:
         path.write_text(text)
     (folder / "environment/scripts/total.sh").chmod(0o755)
     return folder
+
+
+def assert_only_the_sum_failed(detail: str) -> None:
+    """pytest's -rA summary: the agent's file is missing; the work dir, ENV and RUN were right."""
+    assert re.search(r"FAILED \S*::test_sum", detail), detail
+    for name in ("test_cwd_is_app", "test_env_lines", "test_run_made_its_file"):
+        assert re.search(rf"PASSED \S*::{name}", detail), detail
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +114,7 @@ def test_a_dockerfile_task_is_built_and_the_oracle_passes_noop_fails_on_docker(t
     assert (oracle.verdict, oracle.reward) == (TrialVerdict.PASSED, 1.0), oracle.detail
     noop = run_trial(task, "noop", noop_agent, "docker")
     assert (noop.verdict, noop.reward) == (TrialVerdict.FAILED, 0.0), noop.detail
-    assert "no /app/sum.txt = 7" in noop.detail and "ENV lost" not in noop.detail and "RUN's" not in noop.detail
+    assert_only_the_sum_failed(noop.detail)
 
 
 @pytest.mark.docker
@@ -108,7 +133,7 @@ def test_a_dockerfile_task_runs_on_bubblewrap_with_from_ignored(tmp_path):
     assert f"FROM {LOCAL_BASE} ignored" in oracle.detail
     noop = run_trial(task, "noop", noop_agent, "bwrap")
     assert (noop.verdict, noop.reward) == (TrialVerdict.FAILED, 0.0), noop.detail
-    assert "no /app/sum.txt = 7" in noop.detail and "ENV lost" not in noop.detail
+    assert_only_the_sum_failed(noop.detail)
 
 
 @pytest.mark.parametrize(("line", "reason"), [
