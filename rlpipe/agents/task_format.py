@@ -110,7 +110,8 @@ def builtin_suite_dir() -> Path:
 
 
 def is_task_folder(path: Path) -> bool:
-    return (path / "task.toml").is_file() or (path / "instruction.md").is_file()
+    """A Harbor task (task.toml or instruction.md) or a Terminal-Bench 1 task (task.yaml)."""
+    return (path / "task.toml").is_file() or (path / "instruction.md").is_file() or (path / "task.yaml").is_file()
 
 
 def load_tasks(directory: Path) -> list[AgentTask | SkippedTask]:
@@ -121,21 +122,31 @@ def load_tasks(directory: Path) -> list[AgentTask | SkippedTask]:
     if not directory.is_dir():
         raise DatasetError(f"task folder {directory} does not exist or is not a directory",
                            hint="pass a Harbor-format task folder, or a folder of them: --tasks DIR")
-    folders = [directory] if is_task_folder(directory) else sorted(p for p in directory.iterdir() if p.is_dir() and is_task_folder(p))
+    if is_task_folder(directory):
+        folders, others = [directory], []
+    else:
+        children = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
+        folders, others = [p for p in children if is_task_folder(p)], [p for p in children if not is_task_folder(p)]
     if not folders:
-        raise DatasetError(f"{directory} holds no task folder (none has a task.toml or an instruction.md)",
+        raise DatasetError(f"{directory} holds no task folder (none has a task.toml, an instruction.md or a task.yaml)",
                            hint="each task is a folder with task.toml, instruction.md, environment/, solution/solve.sh, tests/test.sh")
-    loaded: list[AgentTask | SkippedTask] = []
+    loaded: list[AgentTask | SkippedTask] = [
+        SkippedTask(other.name, other, "invalid task: neither a Harbor task (no task.toml or instruction.md) nor a "
+                    "Terminal-Bench 1 task (no task.yaml)", invalid=True) for other in others]
     for folder in folders:
         try:
             loaded.append(load_task(folder))
         except DatasetError as exc:
             loaded.append(SkippedTask(folder.name, folder, f"invalid task: {exc.message}", invalid=True))
-    return loaded
+    return sorted(loaded, key=lambda task: task.task_id)
 
 
 def load_task(folder: Path) -> AgentTask | SkippedTask:
     """One task folder -> AgentTask, or SkippedTask with the reason; DatasetError if malformed."""
+    if (folder / "task.yaml").is_file() and not (folder / "instruction.md").is_file():
+        from rlpipe.agents.task_tb1 import load_tb1_task
+
+        return load_tb1_task(folder)
     task_id = folder.name
     config = _read_config(folder)
     instruction_path = folder / "instruction.md"

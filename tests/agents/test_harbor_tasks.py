@@ -20,7 +20,7 @@ import pytest
 
 from rlpipe.agents.agents import noop_agent, oracle_agent
 from rlpipe.agents.records import TrialVerdict
-from rlpipe.agents.task_format import AgentTask, load_task
+from rlpipe.agents.task_format import AgentTask, load_task, load_tasks
 from rlpipe.agents.trial import run_trial, system_prompt
 from tests.sandbox._bwrap_support import require_bwrap
 from tests.helpers.docker_engine import require_docker_engine
@@ -155,3 +155,63 @@ def test_a_step_bubblewrap_cannot_honour_is_a_skip_naming_it(tmp_path, line, rea
 def test_the_system_prompt_names_the_task_work_dir():
     assert "working directory is /app" in system_prompt("/app") and "/work" not in system_prompt("/app")
     assert "working directory is /work" in system_prompt()
+
+
+TB1_FILES = {
+    "task.yaml": "instruction: |\n  Write the sum of the numbers in /app/data.txt to /app/sum.txt.\n"
+                 "difficulty: easy\ncategory: file-operations\ntags: [sum]\nparser_name: pytest\n"
+                 "max_agent_timeout_sec: 120\nmax_test_timeout_sec: 60\n",
+    "Dockerfile": f"FROM {LOCAL_BASE}\nWORKDIR /app\nCOPY data.txt /app/\n",
+    "docker-compose.yaml": "services:\n  client:\n    build: .\n",
+    "data.txt": "3\n4\n",
+    "solution.sh": "#!/bin/bash\nawk '{ s += $1 } END { print s }' /app/data.txt > /app/sum.txt\n",
+    "run-tests.sh": "#!/bin/bash\nsource $TEST_DIR/setup-uv-pytest.sh\nbash $TEST_DIR/run-uv-pytest.sh\n",
+    "tests/test_outputs.py": "from pathlib import Path\n\n\ndef test_sum():\n"
+                             "    assert Path('/app/sum.txt').read_text().strip() == '7'\n",
+}
+
+
+def write_folder(folder: Path, files: dict[str, str]) -> Path:
+    for relative, text in files.items():
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_text(text)
+    return folder
+
+
+def test_a_terminal_bench_1_folder_loads_and_the_oracle_passes_noop_fails_on_bubblewrap(tmp_path):
+    require_bwrap()
+    task = load_task(write_folder(tmp_path / "tb1-sum", TB1_FILES))
+    assert isinstance(task, AgentTask) and task.workdir == "/app" and task.instruction.startswith("Write the sum")
+    assert (task.limits.agent_timeout_s, task.limits.verifier_timeout_s, task.difficulty) == (120, 60, "easy")
+    assert set(task.initial_files) == {"Dockerfile", "data.txt"} and "run-tests.sh" in task.test_files
+    oracle = run_trial(task, "oracle", oracle_agent, "bwrap")
+    assert (oracle.verdict, oracle.reward) == (TrialVerdict.PASSED, 1.0), oracle.detail
+    noop = run_trial(task, "noop", noop_agent, "bwrap")
+    assert (noop.verdict, noop.reward) == (TrialVerdict.FAILED, 0.0), noop.detail
+    assert re.search(r"FAILED \S*::test_sum", noop.detail), noop.detail
+
+
+@pytest.mark.docker
+def test_a_terminal_bench_1_folder_runs_on_docker(tmp_path, local_base):
+    task = load_task(write_folder(tmp_path / "tb1-sum", TB1_FILES))
+    oracle = run_trial(task, "oracle", oracle_agent, "docker")
+    assert (oracle.verdict, oracle.reward) == (TrialVerdict.PASSED, 1.0), oracle.detail
+    noop = run_trial(task, "noop", noop_agent, "docker")
+    assert (noop.verdict, noop.reward) == (TrialVerdict.FAILED, 0.0), noop.detail
+
+
+def test_every_folder_is_loaded_or_reported_one_line_each(tmp_path):
+    harbor_task(tmp_path)
+    write_folder(tmp_path / "tb1-sum", TB1_FILES)
+    write_folder(tmp_path / "tb1-two-containers", {**TB1_FILES, "docker-compose.yaml":
+                                                   "services:\n  client: {build: .}\n  db: {image: postgres}\n"})
+    write_folder(tmp_path / "tb1-no-instruction", {**TB1_FILES, "task.yaml": "difficulty: easy\n"})
+    write_folder(tmp_path / "notes", {"README.md": "not a task\n"})
+    loaded = {task.task_id: task for task in load_tasks(tmp_path)}
+    assert sorted(loaded) == ["notes", "sum-in-app", "tb1-no-instruction", "tb1-sum", "tb1-two-containers"]
+    assert isinstance(loaded["sum-in-app"], AgentTask) and isinstance(loaded["tb1-sum"], AgentTask)
+    assert loaded["tb1-two-containers"].reason.startswith("docker-compose.yaml has 2 services")
+    assert loaded["tb1-no-instruction"].invalid and "has no instruction" in loaded["tb1-no-instruction"].reason
+    assert loaded["notes"].invalid and "neither a Harbor task" in loaded["notes"].reason
+    for skipped in (loaded["tb1-two-containers"], loaded["tb1-no-instruction"], loaded["notes"]):
+        assert "\n" not in skipped.reason
