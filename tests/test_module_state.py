@@ -37,6 +37,7 @@ KNOWN = {
     "sandbox/bwrap.py:_probed": "memo of whether bwrap can build namespaces here: probing costs a process",
     "sandbox/docker_engine.py:_clients": "one docker client per engine URL per process (connection reuse)",
     "sandbox/docker_owners.py:_reaped": "engines this process has swept for orphaned containers: once per process",
+    "sandbox/docker_task_image.py:_built": "memo of the task images built or checked in this process (one build per context)",
     "sandbox/image.py:_ensured": "memo of the sandbox image already checked or built in this process",
     "sandbox/limits.py:_removal_thread": "the one background thread that removes closed cgroups",
     "tasks/runtime.py:_RUNTIMES": "run id -> Runtime: Prefect tasks find the controller's state by run id (issue 32 item 1)",

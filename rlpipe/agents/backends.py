@@ -31,7 +31,7 @@ from typing import Protocol
 
 from rlpipe.agents.task_format import TaskLimits
 from rlpipe.core.errors import ConfigError
-from rlpipe.sandbox.base import Limits, Sandbox, Snapshot
+from rlpipe.sandbox.base import Limits, Sandbox, Snapshot, Workspace
 
 BACKENDS = ("bwrap", "docker")
 PROBE_TIMEOUT_S = 30.0
@@ -44,26 +44,28 @@ def sandbox_limits(limits: TaskLimits, timeout_s: float) -> Limits:
                   max_processes=256, disk_mb=limits.storage_mb, network=False)
 
 
-def open_sandbox(backend: str, limits: Limits, cpus: float = 1.0, run_id: str | None = None) -> Sandbox:
-    """A new sandbox (a docker one labelled with `run_id`); SandboxUnavailable (an InfraError)
-    when the backend cannot start one."""
+def open_sandbox(backend: str, limits: Limits, cpus: float = 1.0, workspace: Workspace = Workspace(),
+                 run_id: str | None = None) -> Sandbox:
+    """A new sandbox (its work dir at `workspace.path` too, its image `workspace.image` on
+    docker, a docker one labelled with `run_id`); SandboxUnavailable (an InfraError) when the
+    backend cannot start one."""
     if backend == "docker":
         from rlpipe.sandbox.docker_backend import DockerSandbox
 
-        return DockerSandbox(limits, cpus=cpus, run_id=run_id)
+        return DockerSandbox(limits, cpus=cpus, workspace=workspace, run_id=run_id)
     if backend == "bwrap":
         from rlpipe.sandbox.bwrap import BwrapSandbox
 
-        return BwrapSandbox(limits)  # CPU share is not limited per sandbox in bwrap (see docs/SANDBOX.md)
+        return BwrapSandbox(limits, workspace=workspace)  # CPU share is not limited per sandbox in bwrap (see docs/SANDBOX.md)
     raise ConfigError(f"unknown sandbox backend {backend!r}", hint=f"use one of {', '.join(BACKENDS)}")
 
 
 def verifier_sandbox(backend: str, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float,
-                     run_id: str | None = None) -> tuple[Sandbox, bool]:
+                     workspace: Workspace = Workspace(), run_id: str | None = None) -> tuple[Sandbox, bool]:
     """The sandbox the tests run in, holding the agent's final state; True when it is a new one
     (the caller closes it)."""
     if backend == "bwrap":
-        fresh = open_sandbox(backend, limits, cpus, run_id)
+        fresh = open_sandbox(backend, limits, cpus, workspace, run_id)
         try:
             fresh.restore(final)
         except BaseException:
@@ -75,8 +77,8 @@ def verifier_sandbox(backend: str, agent_sandbox: Sandbox, final: Snapshot, limi
 
 
 @functools.cache
-def _probe(backend: str, names: tuple[str, ...]) -> frozenset[str]:
-    sandbox = open_sandbox(backend, Limits(timeout_s=PROBE_TIMEOUT_S))
+def _probe(backend: str, names: tuple[str, ...], workspace: Workspace) -> frozenset[str]:
+    sandbox = open_sandbox(backend, Limits(timeout_s=PROBE_TIMEOUT_S), workspace=workspace)
     try:
         script = 'for name in "$@"; do command -v "$name" >/dev/null 2>&1 && echo "$name"; done; true'
         result = sandbox.exec(["sh", "-c", script, "probe", *names])
@@ -85,9 +87,10 @@ def _probe(backend: str, names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(result.stdout.split())
 
 
-def available_commands(backend: str, names: Iterable[str]) -> frozenset[str]:
-    """Which of `names` a sandbox of this backend can run (one probe per set of names)."""
-    return _probe(backend, tuple(sorted(set(names))))
+def available_commands(backend: str, names: Iterable[str], workspace: Workspace = Workspace()) -> frozenset[str]:
+    """Which of `names` a sandbox of this backend (and workspace: a task's image, its PATH) can
+    run (one probe per set of names and workspace)."""
+    return _probe(backend, tuple(sorted(set(names))), workspace)
 
 
 class TrialBackend(Protocol):
@@ -95,11 +98,12 @@ class TrialBackend(Protocol):
 
     name: str
 
-    def open(self, limits: Limits, cpus: float) -> Sandbox: ...
+    def open(self, limits: Limits, cpus: float, workspace: Workspace = Workspace()) -> Sandbox: ...
 
-    def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float) -> tuple[Sandbox, bool]: ...
+    def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float,
+                 workspace: Workspace = Workspace()) -> tuple[Sandbox, bool]: ...
 
-    def available_commands(self, names: Iterable[str]) -> frozenset[str]: ...
+    def available_commands(self, names: Iterable[str], workspace: Workspace = Workspace()) -> frozenset[str]: ...
 
 
 @dataclass(frozen=True)
@@ -110,14 +114,15 @@ class NamedBackend:
     name: str
     run_id: str | None = None
 
-    def open(self, limits: Limits, cpus: float) -> Sandbox:
-        return open_sandbox(self.name, limits, cpus, self.run_id)
+    def open(self, limits: Limits, cpus: float, workspace: Workspace = Workspace()) -> Sandbox:
+        return open_sandbox(self.name, limits, cpus, workspace, self.run_id)
 
-    def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float) -> tuple[Sandbox, bool]:
-        return verifier_sandbox(self.name, agent_sandbox, final, limits, cpus, self.run_id)
+    def verifier(self, agent_sandbox: Sandbox, final: Snapshot, limits: Limits, cpus: float,
+                 workspace: Workspace = Workspace()) -> tuple[Sandbox, bool]:
+        return verifier_sandbox(self.name, agent_sandbox, final, limits, cpus, workspace, self.run_id)
 
-    def available_commands(self, names: Iterable[str]) -> frozenset[str]:
-        return available_commands(self.name, names)
+    def available_commands(self, names: Iterable[str], workspace: Workspace = Workspace()) -> frozenset[str]:
+        return available_commands(self.name, names, workspace)
 
 
 def trial_backend(backend: str | TrialBackend, run_id: str | None = None) -> TrialBackend:

@@ -1,10 +1,11 @@
 """Load Harbor-format task folders into typed records.
 
-A task folder (Harbor / Terminal-Bench layout):
+A task folder (Harbor layout; Terminal-Bench 1 folders are task_tb1.py's):
 
     task.toml            limits and metadata (every key optional)
     instruction.md       what the agent is asked to do
-    environment/         initial files, copied into the sandbox's /work
+    environment/         initial files, copied into the work dir; or, with a Dockerfile,
+                         the build context of the task's image (agents/task_env.py)
     solution/solve.sh    the reference solution (run by the `oracle` agent)
     tests/test.sh        the verifier; writes a reward to /logs/verifier/reward.txt (or .json)
 
@@ -15,15 +16,23 @@ What `task.toml` may set (Harbor's keys, plus rlpipe's marked +):
     [environment] cpus, memory / memory_mb, storage / storage_mb, gpus, allow_internet,
                   requires_commands (+): commands the task needs in the sandbox,
                   setup_script (+): a script in environment/ run once before the agent
-                  starts, then deleted (what a Dockerfile's RUN would do)
+                  starts, then deleted (what a Dockerfile's RUN would do),
+                  workdir (+): where the task's files are (the agent's cwd)
     [metadata]    category, difficulty, tags (free-form; kept for reports)
+
+The work dir (`AgentTask.workdir`): task.toml's workdir, else the Dockerfile's last WORKDIR
+(/app when it names none), else /app when the instruction, tests or solution name /app,
+else /work (the built-in suite's). The sandbox's work dir is seen at that path.
 
 `load_task` raises DatasetError for a folder that is not a task (no instruction.md, no
 tests/test.sh, bad TOML, a value of the wrong type), naming the file and the key; it
 returns a SkippedTask with the reason for a task this harness cannot run as written:
-an `environment/Dockerfile` (images are never built or pulled: the sandbox image is fixed,
-and there is no network), `allow_internet = true`, or `gpus > 0`. `load_tasks` never
-raises for one bad folder among many: it turns it into a SkippedTask marked invalid.
+an `environment/docker-compose.yaml` (several containers), `allow_internet = true`,
+`gpus > 0`, or a work dir no sandbox can host (/usr/..., /tmp/...). Whether a Dockerfile can
+be honoured is decided per backend when the trial starts (agents/task_env.py).
+`load_tasks` never raises for one bad folder among many: it turns it into a SkippedTask
+marked invalid; a folder that is neither a Harbor nor a Terminal-Bench 1 task is reported
+as an invalid SkippedTask too, never dropped.
 
 What it does not do: check that the required commands exist in a sandbox (the trial does
 that, per backend: agents/backends.py), or run anything.
@@ -35,9 +44,10 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from rlpipe.core.errors import DatasetError
+from rlpipe.sandbox.base import WORK, workspace_problem
 
 MAX_TASK_BYTES = 16 * 1024 * 1024  # all files of one task folder together
 DEFAULT_AGENT_TIMEOUT_S = 600.0
@@ -47,6 +57,8 @@ DEFAULT_MEMORY_MB = 1024  # Harbor's default is 2 GB; trials here are many and s
 DEFAULT_STORAGE_MB = 256  # Harbor's default is 10 GB (the work dir is a tmpfs here)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 _SHEBANG_COMMANDS = ("bash", "sh", "python3")
+_MENTIONS_APP = re.compile(rb"(?<![\w./-])/app(?=/|\b)")
+_WORKDIR_LINE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,8 @@ class AgentTask:
     category: str = ""
     difficulty: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+    workdir: str = WORK  # where the task's files are: the agent's cwd (the work dir is at /work too)
+    dockerfile: str | None = None  # environment/Dockerfile's text: initial_files are then its build context
 
 
 @dataclass(frozen=True)
@@ -96,7 +110,8 @@ def builtin_suite_dir() -> Path:
 
 
 def is_task_folder(path: Path) -> bool:
-    return (path / "task.toml").is_file() or (path / "instruction.md").is_file()
+    """A Harbor task (task.toml or instruction.md) or a Terminal-Bench 1 task (task.yaml)."""
+    return (path / "task.toml").is_file() or (path / "instruction.md").is_file() or (path / "task.yaml").is_file()
 
 
 def load_tasks(directory: Path) -> list[AgentTask | SkippedTask]:
@@ -107,21 +122,31 @@ def load_tasks(directory: Path) -> list[AgentTask | SkippedTask]:
     if not directory.is_dir():
         raise DatasetError(f"task folder {directory} does not exist or is not a directory",
                            hint="pass a Harbor-format task folder, or a folder of them: --tasks DIR")
-    folders = [directory] if is_task_folder(directory) else sorted(p for p in directory.iterdir() if p.is_dir() and is_task_folder(p))
+    if is_task_folder(directory):
+        folders, others = [directory], []
+    else:
+        children = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
+        folders, others = [p for p in children if is_task_folder(p)], [p for p in children if not is_task_folder(p)]
     if not folders:
-        raise DatasetError(f"{directory} holds no task folder (none has a task.toml or an instruction.md)",
+        raise DatasetError(f"{directory} holds no task folder (none has a task.toml, an instruction.md or a task.yaml)",
                            hint="each task is a folder with task.toml, instruction.md, environment/, solution/solve.sh, tests/test.sh")
-    loaded: list[AgentTask | SkippedTask] = []
+    loaded: list[AgentTask | SkippedTask] = [
+        SkippedTask(other.name, other, "invalid task: neither a Harbor task (no task.toml or instruction.md) nor a "
+                    "Terminal-Bench 1 task (no task.yaml)", invalid=True) for other in others]
     for folder in folders:
         try:
             loaded.append(load_task(folder))
         except DatasetError as exc:
             loaded.append(SkippedTask(folder.name, folder, f"invalid task: {exc.message}", invalid=True))
-    return loaded
+    return sorted(loaded, key=lambda task: task.task_id)
 
 
 def load_task(folder: Path) -> AgentTask | SkippedTask:
     """One task folder -> AgentTask, or SkippedTask with the reason; DatasetError if malformed."""
+    if (folder / "task.yaml").is_file() and not (folder / "instruction.md").is_file():
+        from rlpipe.agents.task_tb1 import load_tb1_task
+
+        return load_tb1_task(folder)
     task_id = folder.name
     config = _read_config(folder)
     instruction_path = folder / "instruction.md"
@@ -159,6 +184,12 @@ def load_task(folder: Path) -> AgentTask | SkippedTask:
     if setup_script is not None and (not isinstance(setup_script, str) or setup_script not in initial_files):
         raise DatasetError(f"{folder / 'task.toml'}: [environment] setup_script = {setup_script!r} is not a file in environment/",
                            hint="name a script under environment/, e.g. setup_script = \"setup.sh\"")
+    dockerfile = initial_files.get("Dockerfile")
+    dockerfile_text = dockerfile.decode("utf-8", errors="replace") if dockerfile is not None else None
+    workdir = _workdir(environment, dockerfile_text, [instruction.encode(), *test_files.values(), *solution_files.values()], folder)
+    problem = workspace_problem(workdir)
+    if problem:
+        return SkippedTask(task_id, folder, f"{problem}: set [environment] workdir in task.toml, e.g. \"/app\"")
     return AgentTask(
         task_id=task_id, folder=folder, instruction=instruction, initial_files=initial_files,
         executable_files=executable, setup_script=setup_script, solution_files=solution_files,
@@ -166,7 +197,24 @@ def load_task(folder: Path) -> AgentTask | SkippedTask:
         requires_commands=_required_commands(environment, test_files, solution_files, folder),
         category=str(metadata.get("category", "")), difficulty=str(metadata.get("difficulty", "")),
         tags=tuple(str(tag) for tag in metadata.get("tags", []) or []),
+        workdir=workdir, dockerfile=dockerfile_text,
     )
+
+
+def _workdir(environment: dict, dockerfile: str | None, texts: list[bytes], folder: Path) -> str:
+    """The task's work dir (see the module docstring)."""
+    declared = environment.get("workdir")
+    if declared is not None:
+        if not isinstance(declared, str):
+            raise DatasetError(f"{folder / 'task.toml'}: workdir = {declared!r} must be a path",
+                               hint='e.g. workdir = "/app"')
+        return declared.rstrip("/") or "/"
+    if dockerfile is not None:
+        current = "/"
+        for target in _WORKDIR_LINE.findall(dockerfile):
+            current = str(PurePosixPath(current) / target.strip('"'))
+        return current if current != "/" else "/app"
+    return "/app" if any(_MENTIONS_APP.search(text) for text in texts) else WORK
 
 
 def _read_config(folder: Path) -> dict:
@@ -219,13 +267,10 @@ def _megabytes(section: dict, text_key: str, mb_key: str, default: int, folder: 
 
 def _unsupported_environment(folder: Path, environment: dict) -> str:
     """Why this task cannot run in rlpipe's sandboxes as written ('' when it can)."""
-    for name in ("Dockerfile", "docker-compose.yaml", "docker-compose.yml"):
-        path = folder / "environment" / name
-        if path.is_file():
-            base = next((line.split()[1] for line in path.read_text(errors="replace").splitlines()
-                         if line.strip().upper().startswith("FROM ") and len(line.split()) > 1), "?")
-            return (f"environment/{name} needs an image built by docker (base {base}); this harness never builds or "
-                    "pulls images (offline, fixed sandbox image): put the initial files in environment/ instead")
+    for name in ("docker-compose.yaml", "docker-compose.yml"):
+        if (folder / "environment" / name).is_file():
+            return (f"environment/{name}: a task of several containers (docker compose) is not run here; "
+                    "one environment/Dockerfile is")
     if environment.get("allow_internet") is True:
         return "allow_internet = true: the sandboxes have no network"
     gpus = environment.get("gpus", 0)

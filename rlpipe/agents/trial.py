@@ -2,9 +2,12 @@
 
     1. skip the task when the agent cannot attempt it, or the backend's sandboxes lack a
        command it needs (records.TrialVerdict.SKIPPED, with the reason);
-    2. a sandbox with the task's quotas (memory, storage, CPUs on docker, a command timeout,
-       no network); the initial files go to /work, execute bits restored, and the task's
-       setup script (if any) runs once, then is deleted;
+    2. the task's environment on this backend (agents/task_env.py): its work dir (/work, or
+       e.g. /app: the same folder seen there too, the agent's cwd, named in the system
+       prompt), variables and, on docker, image (a Dockerfile built); a sandbox with the
+       task's quotas (memory, storage, CPUs on docker, a command timeout, no network); the
+       initial files go to the work dir, execute bits restored, a Dockerfile's RUN steps
+       run on bubblewrap, and the task's setup script (if any) runs once, then is deleted;
     3. the episode: the agent sees the system prompt (tools and call format), the
        instruction, and after each reply the tool's result (or why its call was malformed);
        it ends on `submit`, after `max_steps` replies, when the agent time limit passes,
@@ -40,7 +43,9 @@ from rlpipe.agents.tools import TOOL_SCHEMAS, MalformedCall, ToolCall, parse_too
 from rlpipe.agents.tree_state import ReplayDiverged, ReplayPrefix, tree_digest
 from rlpipe.agents.verifier import run_tests, tail
 from rlpipe.core.errors import AgentStateError, EngineFailed, InfraError
-from rlpipe.sandbox.base import ExecResult, Sandbox
+from rlpipe.agents.dockerfile import Files
+from rlpipe.agents.task_env import PreparedEnvironment, prepare_environment
+from rlpipe.sandbox.base import WORK, ExecResult, Sandbox
 
 MAX_MALFORMED_IN_A_ROW = 3
 SYSTEM_PROMPT = """You are an agent working in a Linux sandbox. Your working directory is /work; there is no network.
@@ -49,6 +54,11 @@ Tools:
 """ + "\n".join(json.dumps(schema["function"]) for schema in TOOL_SCHEMAS) + """
 Example: {"name": "bash", "arguments": {"command": "ls -la"}}
 Call submit when the task is done; tests then check the files in /work."""
+
+
+def system_prompt(workdir: str = WORK) -> str:
+    """SYSTEM_PROMPT with the task's working directory (its files' folder) in place of /work."""
+    return SYSTEM_PROMPT if workdir == WORK else SYSTEM_PROMPT.replace("/work", workdir)
 
 
 @dataclass(frozen=True)
@@ -85,22 +95,29 @@ def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: Age
     except AgentUnavailable as exc:
         return result(TrialVerdict.SKIPPED, f"agent {agent_name}: {exc}")
     try:
-        present = sandboxes.available_commands([*task.requires_commands, "bash", "python3"])
+        prepared = prepare_environment(backend, task)
+        if isinstance(prepared, str):
+            return result(TrialVerdict.SKIPPED, prepared)
+        needed = {*task.requires_commands, *prepared.commands}
+        present = sandboxes.available_commands([*needed, "bash", "python3"], prepared.workspace)
     except InfraError as exc:
-        return result(TrialVerdict.SANDBOX_ERROR, f"cannot probe the {backend} sandbox: {exc.message}")
-    missing = sorted(set(task.requires_commands) - present)
+        return result(TrialVerdict.SANDBOX_ERROR, f"cannot prepare or probe the {backend} sandbox: {exc.message}")
+    except Exception as exc:  # noqa: BLE001 - rlpipe's own failure: recorded (and retried), never a lost trial
+        return result(TrialVerdict.SANDBOX_ERROR, f"rlpipe failed to prepare the task's environment: {type(exc).__name__}: {exc}")
+    missing = sorted(needed - present)
     if missing:
         return result(TrialVerdict.SKIPPED, f"needs {', '.join(missing)}, which the {backend} sandbox lacks")
+    notes = "; ".join(prepared.notes)
     shell = "bash" if "bash" in present else "sh"
     limits = sandbox_limits(task.limits, timeout_s=min(options.command_timeout_s, task.limits.agent_timeout_s))
     sandbox: Sandbox | None = None
     try:
-        sandbox = sandboxes.open(limits, task.limits.cpus)
-        setup_failure = _prepare(sandbox, task, shell)
+        sandbox = sandboxes.open(limits, task.limits.cpus, prepared.workspace)
+        setup_failure = _prepare(sandbox, task, prepared, shell)
         if setup_failure:
             return result(TrialVerdict.SETUP_ERROR, setup_failure)
         agent_started = time.monotonic()
-        ending, steps, malformed, detail = _run_episode(agent, sandbox, task, shell, options, replay)
+        ending, steps, malformed, detail = _run_episode(agent, sandbox, task, shell, options, replay, prepared.workspace.path)
         agent_duration_s = time.monotonic() - agent_started
         common = {"ending": ending, "steps": tuple(steps), "malformed_counts": malformed, "agent_duration_s": agent_duration_s}
         if ending in (Ending.ENGINE_ERROR, Ending.SANDBOX_ERROR):
@@ -108,12 +125,12 @@ def run_trial(task: AgentTask | SkippedTask, agent_name: str, agent_factory: Age
         verifier_started = time.monotonic()
         try:
             final = sandbox.snapshot()
-            tests = run_tests(sandboxes, sandbox, final, task, limits)
+            tests = run_tests(sandboxes, sandbox, final, task, limits, prepared.workspace)
         except AgentStateError as exc:  # a /work its own state made uncopyable: abstention scores zero
             return result(TrialVerdict.FAILED, f"the final state cannot be verified: {exc.message}", reward=0.0,
                           verifier_duration_s=time.monotonic() - verifier_started, **common)
         verdict = tests.verdict or _agent_verdict(tests.reward, ending)
-        return result(verdict, "; ".join(part for part in (detail, tests.detail) if part), reward=tests.reward,
+        return result(verdict, "; ".join(part for part in (detail, tests.detail, notes) if part), reward=tests.reward,
                       verifier_duration_s=time.monotonic() - verifier_started, **common)
     except InfraError as exc:
         return result(TrialVerdict.SANDBOX_ERROR, f"{type(exc).__name__}: {exc.message}")
@@ -134,14 +151,22 @@ def _agent_verdict(reward: float, ending: Ending) -> TrialVerdict:
     return TrialVerdict(ending.value)
 
 
-def _prepare(sandbox: Sandbox, task: AgentTask, shell: str) -> str:
-    """Initial files, execute bits, the setup script; '' or why the setup failed."""
-    sandbox.write_files(dict(task.initial_files))
-    if task.executable_files:
-        chmod = "import os, sys\nfor path in sys.argv[1:]: os.chmod(path, 0o755)"
-        done = sandbox.exec(["python3", "-I", "-c", chmod, *task.executable_files])
-        if done.exit_code != 0:
-            return f"could not restore execute bits: {tail(done.stderr)}"
+def _prepare(sandbox: Sandbox, task: AgentTask, prepared: PreparedEnvironment, shell: str) -> str:
+    """The environment's steps (initial files with their execute bits, a Dockerfile's RUN
+    lines on bubblewrap), then the setup script; '' or why the setup failed."""
+    for step in prepared.steps:
+        if isinstance(step, Files):
+            sandbox.write_files(dict(step.files))
+            if step.executable:
+                chmod = "import os, sys\nfor path in sys.argv[1:]: os.chmod(os.path.join('/work', path), 0o755)"
+                done = sandbox.exec(["python3", "-I", "-c", chmod, *step.executable])
+                if done.exit_code != 0:
+                    return f"could not restore execute bits: {tail(done.stderr)}"
+            continue
+        ran = sandbox.exec(["sh", "-c", step.command], timeout_s=task.limits.verifier_timeout_s)
+        if ran.exit_code != 0:
+            return (f"environment/Dockerfile's RUN {step.command[:200]!r} exited {ran.exit_code} (timed out: "
+                    f"{ran.timed_out}): {tail(ran.stdout + ran.stderr)}")
     if task.setup_script is None:
         return ""
     ran = sandbox.exec([shell, task.setup_script], timeout_s=task.limits.verifier_timeout_s)
@@ -152,16 +177,16 @@ def _prepare(sandbox: Sandbox, task: AgentTask, shell: str) -> str:
 
 
 def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str, options: TrialOptions,
-                 replay: ReplayPrefix | None = None) -> tuple[Ending, list[TrialStep], dict[str, int], str]:
+                 replay: ReplayPrefix | None = None, workdir: str = WORK) -> tuple[Ending, list[TrialStep], dict[str, int], str]:
     """The observe -> act -> execute loop; (ending, steps, malformed counts by kind, detail)."""
     episode_started = time.monotonic()
     deadline = episode_started + task.limits.agent_timeout_s
-    messages = [Message("system", SYSTEM_PROMPT), Message("user", task.instruction)]
+    messages = [Message("system", system_prompt(workdir)), Message("user", task.instruction)]
     steps: list[TrialStep] = []
     malformed: dict[str, int] = {}
     in_a_row = 0
     if replay is not None:
-        _replay_steps(replay, sandbox, shell, deadline, options, episode_started, messages, steps, malformed)
+        _replay_steps(replay, sandbox, shell, deadline, options, episode_started, messages, steps, malformed, workdir)
     for index in range(len(steps), int(task.limits.max_steps)):
         if time.monotonic() >= deadline:
             return Ending.AGENT_TIMEOUT, steps, malformed, ""
@@ -191,7 +216,7 @@ def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str, op
         if call.name == "submit":
             steps.append(TrialStep(index, reply, "submit", {}, None, "", None, False, **_timing(episode_started, step_started)))
             return Ending.SUBMITTED, steps, malformed, ""
-        observation, exit_code, tool_error = _execute(call, sandbox, shell, deadline, options)
+        observation, exit_code, tool_error = _execute(call, sandbox, shell, deadline, options, workdir)
         digest = tree_digest(sandbox) if options.tree_digests else None
         steps.append(TrialStep(index, reply, call.name, call.arguments, None, observation, exit_code, tool_error,
                                **_timing(episode_started, step_started), tree_sha256=digest))
@@ -200,7 +225,8 @@ def _run_episode(agent: Agent, sandbox: Sandbox, task: AgentTask, shell: str, op
 
 
 def _replay_steps(replay: ReplayPrefix, sandbox: Sandbox, shell: str, deadline: float, options: TrialOptions,
-                  episode_started: float, messages: list[Message], steps: list[TrialStep], malformed: dict[str, int]) -> None:
+                  episode_started: float, messages: list[Message], steps: list[TrialStep], malformed: dict[str, int],
+                  workdir: str = WORK) -> None:
     """Re-execute the recorded steps (agents/tree_state.py): the same calls, in order, each
     /work digest checked against the recorded one; the conversation as the agent would have
     seen it (the re-executed results)."""
@@ -216,7 +242,7 @@ def _replay_steps(replay: ReplayPrefix, sandbox: Sandbox, shell: str, deadline: 
             raise ReplayDiverged(f"step {index + 1} of trial {replay.source_trial_id} is its submit: there is nothing to "
                                  "continue after it", hint=f"replay from step {index} or earlier")
         call = ToolCall(recorded.tool, dict(recorded.arguments))
-        observation, exit_code, tool_error = _execute(call, sandbox, shell, deadline, options)
+        observation, exit_code, tool_error = _execute(call, sandbox, shell, deadline, options, workdir)
         digest = tree_digest(sandbox)
         if recorded.tree_sha256 is not None and digest != recorded.tree_sha256:
             raise ReplayDiverged(
@@ -233,28 +259,30 @@ def _timing(episode_started: float, step_started: float) -> dict[str, float]:
     return {"duration_s": time.monotonic() - step_started, "started_s": step_started - episode_started}
 
 
-def _execute(call: ToolCall, sandbox: Sandbox, shell: str, deadline: float, options: TrialOptions) -> tuple[str, int | None, bool]:
+def _execute(call: ToolCall, sandbox: Sandbox, shell: str, deadline: float, options: TrialOptions,
+             workdir: str = WORK) -> tuple[str, int | None, bool]:
     """Run one well-formed call: (observation, exit code for bash, whether the tool failed)."""
     if call.name == "bash":
         timeout_s = max(0.1, min(options.command_timeout_s, deadline - time.monotonic()))
         ran = sandbox.exec([shell, "-c", call.arguments["command"]], timeout_s=timeout_s)
         return _bash_observation(ran, options.max_observation_chars), ran.exit_code, ran.exit_code != 0
-    path = _work_relative(call.arguments["path"])
+    path = _work_relative(call.arguments["path"], workdir)
     try:
         if call.name == "read_file":
             content = sandbox.read_file(path).decode("utf-8", errors="replace")
             return _cut(content, options.max_observation_chars), None, False
         sandbox.write_files({path: call.arguments["content"].encode()})
-        return f"wrote {len(call.arguments['content'].encode())} bytes to /work/{path}", None, False
+        return f"wrote {len(call.arguments['content'].encode())} bytes to {workdir}/{path}", None, False
     except (OSError, ValueError, RuntimeError) as exc:  # a missing file, a path outside /work, a link
         return f"error: {call.name} {call.arguments['path']!r}: {exc}", None, True
 
 
-def _work_relative(path: str) -> str:
-    """`/work/a/b` or `./a/b` -> `a/b` (anything else is passed on and refused by the sandbox)."""
+def _work_relative(path: str, workdir: str = WORK) -> str:
+    """`/work/a/b`, `{workdir}/a/b` or `./a/b` -> `a/b` (anything else is passed on and refused by the sandbox)."""
     path = path.strip()
-    if path.startswith("/work/"):
-        return path[len("/work/"):]
+    for prefix in {WORK + "/", workdir.rstrip("/") + "/"}:
+        if path.startswith(prefix):
+            return path[len(prefix):]
     return path[2:] if path.startswith("./") else path
 
 

@@ -9,7 +9,7 @@ The trust model (docs/AGENTS.md, "What the verifier trusts"):
   after the episode (base.VerifierSandbox). No test file passes through /work, and no text
   in them is rewritten: Harbor's /tests and /logs/verifier are where test.sh expects them.
 - test.sh runs with HOME=/tmp and PYTHONNOUSERSITE=1 (no user site, .pth or dotfile of the
-  agent's), cwd /work. What test.sh itself runs is the task's business: a check that must
+  agent's), cwd the task's work dir (/work, or e.g. /app: the same folder, also at /work). What test.sh itself runs is the task's business: a check that must
   run the agent's code runs it in another process and compares plain data (the built-in
   suite's tests/probe.py + tests/check.py).
 - The reward is read by rlpipe, after the tests and all they started are gone, from
@@ -36,7 +36,7 @@ import math
 from rlpipe.agents.backends import TrialBackend
 from rlpipe.agents.records import TrialVerdict
 from rlpipe.agents.task_format import AgentTask, shebang_interpreter
-from rlpipe.sandbox.base import Limits, Sandbox, Snapshot
+from rlpipe.sandbox.base import Limits, Sandbox, Snapshot, Workspace
 
 DETAIL_CHARS = 600
 
@@ -51,10 +51,12 @@ class TestsVerdict:
     detail: str
 
 
-def run_tests(sandboxes: TrialBackend, sandbox: Sandbox, final: Snapshot, task: AgentTask, limits: Limits) -> TestsVerdict:
-    """Run the task's tests/test.sh on the final state `final` (see the module docstring)."""
+def run_tests(sandboxes: TrialBackend, sandbox: Sandbox, final: Snapshot, task: AgentTask, limits: Limits,
+              workspace: Workspace = Workspace()) -> TestsVerdict:
+    """Run the task's tests/test.sh on the final state `final` (see the module docstring), in a
+    sandbox of the trial's `workspace` (its work dir path, variables and image)."""
     verifier_limits = dataclasses.replace(limits, timeout_s=task.limits.verifier_timeout_s)
-    checker, fresh = sandboxes.verifier(sandbox, final, verifier_limits, task.limits.cpus)
+    checker, fresh = sandboxes.verifier(sandbox, final, verifier_limits, task.limits.cpus, workspace)
     try:
         interpreter = (shebang_interpreter(task.test_files["test.sh"]) or ("sh",))[0]
         run = checker.run_verifier([interpreter, "/tests/test.sh"], dict(task.test_files), task.limits.verifier_timeout_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Protocol
 
 
@@ -24,6 +25,41 @@ class Limits:
     disk_mb: int = 64
     output_bytes: int = 1_000_000
     network: bool = False
+
+
+WORK = "/work"
+"""The work dir's own path in every sandbox (rlpipe's programs use it)."""
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/dev", "/sys", "/etc",
+                "/tmp", "/tests", "/logs", "/run", "/var")
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where a task sees its work dir, what its commands' environment adds, which image runs it.
+
+    `path`: the work dir is at /work and, when `path` differs, at `path` too (bubblewrap binds
+    the same folder there; docker mounts the tmpfs there and the image's /work is a link to
+    it): commands start in `path`. `env`: variables every command gets (a task's ENV lines;
+    on docker the image's own ENV applies as well). `image`: docker only, the image to run
+    (None: rlpipe's sandbox image).
+    """
+
+    path: str = WORK
+    env: tuple[tuple[str, str], ...] = ()
+    image: str | None = None
+
+
+def workspace_problem(path: str) -> str:
+    """Why `path` cannot be a work dir ('' when it can): absolute, normalised, not / and not in
+    a system folder (those are the host's or the image's, read-only, or rlpipe's own)."""
+    pure = PurePosixPath(path)
+    if not pure.is_absolute() or ".." in pure.parts or str(pure) != path:
+        return f"work dir {path!r} is not an absolute, normalised path"
+    if path == WORK:
+        return ""
+    if path == "/" or path.startswith(WORK + "/") or any(path == top or path.startswith(top + "/") for top in _SYSTEM_DIRS):
+        return f"work dir {path} is / or inside a system folder ({', '.join(_SYSTEM_DIRS)}, {WORK}) a sandbox cannot host it in"
+    return ""
 
 
 @dataclass(frozen=True)

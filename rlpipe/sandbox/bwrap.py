@@ -6,7 +6,8 @@ host's /usr (and the /bin, /lib, /lib64 links into it) read-only with every site
 dist-packages dir in it (and in a bound interpreter prefix) covered by an empty read-only
 tmpfs (the standard library stays, installed packages do not), a minimal synthetic /etc,
 fresh /proc and /dev, `/`, /etc and /dev remounted read-only, size-limited tmpfs /tmp and
-/dev/shm (`disk_mb` each), and the sandbox's work dir at /work; uid and
+/dev/shm (`disk_mb` each), and the sandbox's work dir at /work (and at a Workspace's path,
+the cwd, when a task's files live elsewhere, e.g. /app: the same folder bound twice); uid and
 gid 1000, an environment of PATH, HOME=/work, LANG and TMPDIR only; no network interface but
 loopback unless `Limits.network`. Nothing else of the host is mounted (not /root, /home, /work,
 the project, the venv).
@@ -58,7 +59,7 @@ from pathlib import Path
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox import limits as limits_module
 from rlpipe.sandbox import bwrap_verifier
-from rlpipe.sandbox.base import ExecResult, Limits, Snapshot, VerifierRun
+from rlpipe.sandbox.base import ExecResult, Limits, Snapshot, VerifierRun, Workspace, workspace_problem
 from rlpipe.sandbox.bwrap_mounts import (
     default_python_prefix,
     default_runtime_root,
@@ -102,8 +103,14 @@ __all__ = ["BwrapSandbox", "bwrap_available", "default_runtime_root", "reap_leak
 class BwrapSandbox:
     """One bubblewrap sandbox: a work dir (`/work` inside) and the limits of every exec in it."""
 
-    def __init__(self, limits: Limits = Limits(), *, runtime_root: Path | None = None, python_prefix: str | None = None) -> None:
+    def __init__(self, limits: Limits = Limits(), *, runtime_root: Path | None = None, python_prefix: str | None = None,
+                 workspace: Workspace = Workspace()) -> None:
+        """`workspace`: the task's work dir path (the work dir is bound there too) and its variables."""
+        problem = workspace_problem(workspace.path)
+        if problem:
+            raise ValueError(problem)
         self.limits = limits
+        self.workspace = workspace
         self.runtime_root = runtime_root or default_runtime_root()
         self._as_root = os.geteuid() == 0
         require_tools()
@@ -124,7 +131,7 @@ class BwrapSandbox:
             tag = cgroup_name(self.runtime_root, self.name)
             self.cgroups = limits_module.create_cgroups(layout, tag, limits, pids_cgroup=False) if layout else None
             self._python_prefix = python_prefix if python_prefix is not None else default_python_prefix(self._as_root)
-            self._bwrap_args = mount_args(limits, self.runtime_root, self.work_dir, self._python_prefix)
+            self._bwrap_args = mount_args(limits, self.runtime_root, self.work_dir, self._python_prefix, workspace)
             self._prlimit_argv = limits_module.prlimit_argv(limits, memory_by_cgroup=self.cgroups is not None)
             self._probe()
         except BaseException:
@@ -138,7 +145,8 @@ class BwrapSandbox:
 
     def run_verifier(self, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
         """A task's tests on this sandbox's state (base.VerifierSandbox; bwrap_verifier.py)."""
-        return bwrap_verifier.run_verifier(self.exec_with_mounts, self.dir, self.host_uid, argv, tests, timeout_s)
+        return bwrap_verifier.run_verifier(self.exec_with_mounts, self.dir, self.host_uid, self.runtime_root, argv, tests,
+                                           timeout_s)
 
     def exec_with_mounts(self, argv: list[str], timeout_s: float, extra_args: Sequence[str], stdin: bytes = b"") -> ExecResult:
         """`exec` with more bwrap arguments (binds, --setenv) before the root is made read-only."""

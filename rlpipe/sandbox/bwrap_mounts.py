@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from rlpipe.core.errors import SandboxUnavailable
-from rlpipe.sandbox.base import Limits
+from rlpipe.sandbox.base import WORK, Limits, Workspace
 
 INSIDE_UID = 1000
 ETC_FILES = {
@@ -46,9 +46,11 @@ def default_runtime_root() -> Path:
     return Path("/tmp") / f"rlpipe-sandboxes-{os.getuid()}"
 
 
-def mount_args(limits: Limits, runtime_root: Path, work_dir: Path, python_prefix: str | None) -> list[str]:
+def mount_args(limits: Limits, runtime_root: Path, work_dir: Path, python_prefix: str | None,
+               workspace: Workspace = Workspace()) -> list[str]:
     """bwrap's arguments for one sandbox: namespaces, the read-only host dirs, /proc, /dev, tmpfs /tmp and
-    /dev/shm, the synthetic /etc, the work dir at /work, the environment; `/` remounted read-only."""
+    /dev/shm, the synthetic /etc, the work dir at /work (and at `workspace.path`, the cwd), the
+    environment (with `workspace.env`); `/` remounted read-only."""
     args = ["--unshare-all", "--unshare-user", "--as-pid-1", "--die-with-parent", "--new-session", "--disable-userns", "--hostname", "sandbox"]
     if limits.network:
         args += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
@@ -74,9 +76,14 @@ def mount_args(limits: Limits, runtime_root: Path, work_dir: Path, python_prefix
         path = f"{python_prefix}/bin:{path}"
     for hidden in package_dirs(["/usr", *([python_prefix] if python_prefix else [])]):
         args += ["--size", "4096", "--perms", "0555", "--tmpfs", hidden, "--remount-ro", hidden]
-    args += ["--bind", str(work_dir), "/work", "--chdir", "/work", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID)]
-    args += ["--clearenv", "--setenv", "PATH", path, "--setenv", "HOME", "/work", "--setenv", "LANG", "C.UTF-8",
+    args += ["--bind", str(work_dir), WORK]
+    if workspace.path != WORK:  # the same folder at the task's own path: one tree, two names
+        args += ["--bind", str(work_dir), workspace.path]
+    args += ["--chdir", workspace.path, "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID)]
+    args += ["--clearenv", "--setenv", "PATH", path, "--setenv", "HOME", WORK, "--setenv", "LANG", "C.UTF-8",
              "--setenv", "TMPDIR", "/tmp", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+    for name, value in workspace.env:
+        args += ["--setenv", name, value]
     return [*args, "--remount-ro", "/"]  # the root tmpfs bwrap builds: /, /etc
 
 

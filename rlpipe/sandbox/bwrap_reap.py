@@ -34,7 +34,7 @@ def reap_leaked_sandboxes(runtime_root: Path | None = None) -> int:
     layout = limits_module.detect_cgroups() if os.geteuid() == 0 else None
     reaped = 0
     for directory in root.iterdir():
-        if directory.name in ("etc", "snapshots") or owner_alive(directory / "owner"):
+        if directory.name in ("etc", "snapshots", "runtimes") or owner_alive(directory / "owner"):
             continue
         if os.geteuid() == 0:
             umount(directory / "work")

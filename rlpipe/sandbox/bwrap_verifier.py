@@ -4,7 +4,9 @@
 
     1. a fresh host folder (mkdtemp, in the sandbox's own host folder) holds `tests/`, written
        by this process, and `logs/verifier`, `logs/agent`, owned by the sandbox's uid;
-    2. one exec with those bound at /tests (read-only) and /logs (read-write), HOME=/tmp (a
+    2. one exec with those bound at /tests (read-only) and /logs (read-write), the tests
+       runtime (tests_runtime.py: pytest, uvx and uv shims; a host copy made once per runtime
+       root) read-only at /.rlpipe-tests and first on PATH and PYTHONPATH, HOME=/tmp (a
        tmpfs that is new each exec) and PYTHONNOUSERSITE=1: no file of the agent's /work is a
        user site, .pth or dotfile of the tests' processes;
     3. when the exec has returned, its pid namespace is gone and everything in it dead (the
@@ -27,6 +29,7 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 
 from rlpipe.sandbox.base import VERIFIER_LOG_BYTES, ExecResult, VerifierRun
+from rlpipe.sandbox.tests_runtime import RUNTIME_PATH, host_runtime, verifier_argv
 from rlpipe.sandbox.workdir import write_beneath
 
 ExecWithMounts = Callable[[list[str], float, Sequence[str]], ExecResult]
@@ -36,10 +39,10 @@ MAX_LOG_FILES = 32
 """/logs/verifier files read at most (a reward file or two; the rest is the tests' own logs)."""
 
 
-def run_verifier(exec_with_mounts: ExecWithMounts, sandbox_dir: Path, sandbox_uid: int, argv: list[str],
-                 tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
-    """Run argv as the module docstring says, in the sandbox whose host folder is `sandbox_dir`
-    and whose processes run as host uid `sandbox_uid`."""
+def run_verifier(exec_with_mounts: ExecWithMounts, sandbox_dir: Path, sandbox_uid: int, runtime_root: Path,
+                 argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
+    """Run argv as the module docstring says, in the sandbox whose host folder is `sandbox_dir`,
+    whose processes run as host uid `sandbox_uid`, with the tests runtime kept under `runtime_root`."""
     root = Path(tempfile.mkdtemp(prefix="verifier-", dir=sandbox_dir))
     try:
         os.chmod(root, 0o711)
@@ -52,9 +55,10 @@ def run_verifier(exec_with_mounts: ExecWithMounts, sandbox_dir: Path, sandbox_ui
         for name in ("verifier", "agent"):
             (logs_dir / name).mkdir(mode=0o755)
             os.chown(logs_dir / name, sandbox_uid, sandbox_uid)
-        extra = ["--ro-bind", str(tests_dir), "/tests", "--bind", str(logs_dir), "/logs",
+        runtime = host_runtime(runtime_root)
+        extra = ["--ro-bind", str(tests_dir), "/tests", "--bind", str(logs_dir), "/logs", "--ro-bind", str(runtime), RUNTIME_PATH,
                  "--setenv", "HOME", "/tmp", "--setenv", "PYTHONNOUSERSITE", "1"]
-        result = exec_with_mounts(argv, timeout_s, extra)
+        result = exec_with_mounts(verifier_argv(argv), timeout_s, extra)
         return VerifierRun(result, read_logs(logs_dir / "verifier"))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -3,8 +3,9 @@
 Guaranteed (each has an adversarial test in tests/sandbox/test_docker_attacks.py):
 - no network: `network_mode=none` (only `lo` inside; the host's loopback is unreachable);
   `Limits.network=True` puts the container on the default bridge instead;
-- the root filesystem is the read-only image built by sandbox/image.py from host files
-  (no host path is mounted in, so host files, the project and /root are not visible);
+- the root filesystem is the read-only image built by sandbox/image.py from host files, or
+  a task's own image (docker_task_image.py) (no host path is mounted in, so host files, the
+  project and /root are not visible);
 - writable places are size-limited tmpfs mounts: /work (`Limits.disk_mb`), /tmp and
   /dev/shm (the same size; /tests and /logs are root's); tmpfs pages count as memory too;
 - memory: `mem_limit` = `memswap_limit` = `Limits.memory_mb` (no swap); the kernel's OOM
@@ -64,13 +65,15 @@ from typing import BinaryIO
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox import docker_verifier
-from rlpipe.sandbox.base import ExecResult, Limits, VerifierRun
+from rlpipe.sandbox.base import WORK, ExecResult, Limits, VerifierRun, Workspace, workspace_problem
 from rlpipe.sandbox.docker_files import WORK_PROGRAM as _WORK
 from rlpipe.sandbox.docker_engine import START_HINT, docker_client
 from rlpipe.sandbox.docker_files import DockerFiles
 from rlpipe.sandbox.docker_owners import LABEL, owner_labels, reap_once, remove_leaked_containers
 from rlpipe.sandbox.docker_snapshots import SnapshotStore, work_inodes
 from rlpipe.sandbox.docker_stream import AGENT, Capture, Identity, RawRun, read_until, send_stdin
+from rlpipe.sandbox.docker_task_image import workspace_image
+from rlpipe.sandbox.tests_runtime import RUNTIME_PATH
 from rlpipe.sandbox.docker_warm import ExecStreamProcess
 from rlpipe.sandbox.image import SANDBOX_UID, ensure_image
 from rlpipe.sandbox.programs import program_source
@@ -98,17 +101,25 @@ class DockerSandbox(DockerFiles):
     """A sandbox in one docker container; see the module docstring for what it guarantees."""
 
     def __init__(self, limits: Limits, image: str | None = None, cpus: float = 1.0,
-                 base_url: str | None = None, run_id: str | None = None) -> None:
+                 base_url: str | None = None, run_id: str | None = None, workspace: Workspace = Workspace()) -> None:
         """A started container; `image` defaults to the one ensure_image builds from host files,
         `cpus` is its CPU share (nano_cpus), `base_url` the engine (None: DOCKER_HOST or the local socket),
         `run_id` (an eval's or run's id) goes into the container's owner labels (docker_owners.py).
-        The first sandbox of a process on an engine first removes the containers of dead processes."""
+        The first sandbox of a process on an engine first removes the containers of dead processes.
+        `workspace`: the task's image (instead of `image`), work dir path (the /work tmpfs is
+        mounted there, the image's /work links to it: docker_task_image.py) and variables."""
+        problem = workspace_problem(workspace.path)
+        if problem:
+            raise ValueError(problem)
         self.limits = limits
+        self.workspace = workspace
         self.cpus = cpus
         self.run_id = run_id
         self._client = docker_client(base_url)
         reap_once(self._client, base_url)
-        self.image = image or ensure_image(self._client)
+        self.image = workspace.image or image or ensure_image(self._client)
+        if workspace.path != WORK:
+            self.image = workspace_image(self._client, self.image, workspace.path)
         self._snapshots = SnapshotStore()
         self._container_id: str | None = None
         self._oom_baseline = 0
@@ -127,15 +138,16 @@ class DockerSandbox(DockerFiles):
         try:
             container = self._client.containers.run(
                 # the init runs as nobody: commands (uid 1000) can neither signal nor ptrace it
-                self.image, command=["python3", "-S", "-c", _INIT], detach=True, user=_INIT_USER,
+                self.image, entrypoint=["python3", "-I", "-S", "-c", _INIT], detach=True, user=_INIT_USER,
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 nano_cpus=int(self.cpus * 1e9), pids_limit=limits.max_processes + 4,
                 network_mode="bridge" if limits.network else "none", read_only=True,
-                tmpfs={"/work": f"{tmpfs_options},nr_inodes={work_inodes(limits.disk_mb)},exec,uid={SANDBOX_UID},"
+                tmpfs={self.workspace.path: f"{tmpfs_options},nr_inodes={work_inodes(limits.disk_mb)},exec,uid={SANDBOX_UID},"
                                 f"gid={SANDBOX_UID},mode=0700",
                        "/tmp": f"{tmpfs_options},mode=1777",  # /tests, /logs: root's, for run_verifier
-                       "/tests": f"{tmpfs_options},mode=0755", "/logs": f"{tmpfs_options},mode=0755"},
-                shm_size=f"{limits.disk_mb}m", working_dir="/work", environment={}, hostname="sandbox",
+                       "/tests": f"{tmpfs_options},mode=0755", "/logs": f"{tmpfs_options},mode=0755",
+                       RUNTIME_PATH: "size=64m,exec,nosuid,nodev,mode=0755"},
+                shm_size=f"{limits.disk_mb}m", working_dir=WORK, environment=dict(self.workspace.env), hostname="sandbox",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], log_config=LogConfig(type="none"),
                 ulimits=[Ulimit(name="cpu", soft=limits.cpu_time_s, hard=limits.cpu_time_s)],
                 labels=owner_labels(self.run_id),

@@ -34,6 +34,6 @@ def docker_client(base_url: str | None = None):
                 client.ping()
             except Exception as exc:  # docker raises DockerException, requests errors, OSError
                 where = base_url or os.environ.get("DOCKER_HOST", "the local socket")
-                raise SandboxUnavailable(f"no docker engine answers at {where}: {exc}", hint=_START_HINT) from exc
+                raise SandboxUnavailable(f"no docker engine answers at {where}: {exc}", hint=START_HINT) from exc
             _clients[base_url] = client
         return _clients[base_url]

@@ -8,7 +8,9 @@
        the tests to /tests and makes /logs/verifier and /logs/agent: /tests and /logs are
        root's tmpfs mounts (mode 0755), so the sandbox user can read the tests but not
        change them, and cannot replace the logs folders;
-    3. argv runs as the sandbox user (docker_stream.TESTS: HOME=/tmp, PYTHONNOUSERSITE=1),
+    3. the tests runtime (tests_runtime.py: pytest, uvx and uv shims) is written by root into
+       /.rlpipe-tests, a root-owned tmpfs, once per container;
+       argv runs as the sandbox user, its PATH and PYTHONPATH led by the runtime (docker_stream.TESTS: HOME=/tmp, PYTHONNOUSERSITE=1),
        unwrapped: it is the exec's own process, so a test.sh may `kill -9 -1` what it
        started without ending its caller; then every process of the user is killed;
     4. root reads the regular files of /logs/verifier (no symlink followed, at most
@@ -25,6 +27,7 @@ from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox.base import ExecResult, VerifierRun
 from rlpipe.sandbox.docker_stream import ROOT, TESTS, RawRun
 from rlpipe.sandbox.programs import docker_work, program_source
+from rlpipe.sandbox.tests_runtime import runtime_files, verifier_argv
 
 PROGRAM = ["python3", "-I", "-S", "-c", program_source("programs/docker_verifier.py")]
 RunAs = Callable[..., RawRun]
@@ -35,8 +38,9 @@ def run_verifier(run: RunAs, kill_everything: Callable[[], None], argv: list[str
                  timeout_s: float, output_bytes: int) -> VerifierRun:
     """Steps 2-4 of the module docstring; the caller has done step 1 (no process of the user left)."""
     try:
+        _ours(run, "runtime", docker_work.frames(runtime_files()), "put the tests runtime in place")
         _ours(run, "setup", docker_work.frames(tests), "put the tests in place")
-        raw = run(list(argv), b"", timeout_s, output_bytes, identity=TESTS)
+        raw = run(verifier_argv(list(argv)), b"", timeout_s, output_bytes, identity=TESTS)
         kill_everything()
         result = ExecResult(
             exit_code=None if raw.timed_out else raw.exit_code,

@@ -17,13 +17,13 @@ def test_json_prints_the_metrics_of_a_folder_of_tasks(tmp_path, prefect_api_url)
     tasks = tmp_path / "tasks"
     copy_task(tasks)
     copy_task(tasks, name="order-totals")
-    copy_task(tasks, name="repair-json-config", **{"environment__Dockerfile": "FROM python:3.12\n"})
+    copy_task(tasks, name="repair-json-config", **{"environment__Dockerfile": "FROM python:3.12\nRUN pip install requests\n"})
     ran = run_rlpipe(["eval", "--tasks", str(tasks), "--agent", "oracle", "--json"], cwd=tmp_path, timeout_s=120,
                      PREFECT_API_URL=prefect_api_url)
     assert ran.returncode == 0, ran.stderr
     output = json.loads(ran.stdout)
     metrics = output["metrics"]
-    # 2 tasks scored and passed, 1 skipped (its Dockerfile): success_rate = 2 / 2
+    # 2 tasks scored and passed, 1 skipped (its Dockerfile installs with pip: no network on bwrap): success_rate = 2 / 2
     assert (metrics["success_rate"], metrics["scored"], metrics["not_run"]) == (1.0, 2, 1)
     assert metrics["verdicts"] == {"passed": 2, "skipped": 1}
     assert [trial["verdict"] for trial in output["trials"]] == ["passed", "passed", "skipped"]

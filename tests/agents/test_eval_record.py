@@ -18,7 +18,7 @@ from rlpipe.agents.recording import EvalRecorder
 from rlpipe.agents.task_format import load_tasks
 from rlpipe.agents.trial import TrialOptions
 from rlpipe.core.errors import SandboxUnavailable
-from rlpipe.sandbox.base import ExecResult, Limits, Sandbox, Snapshot
+from rlpipe.sandbox.base import ExecResult, Limits, Sandbox, Snapshot, Workspace
 from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
@@ -69,8 +69,8 @@ class FlakyBwrap(NamedBackend):
         super().__init__("bwrap")
         object.__setattr__(self, "deaths_left", deaths)
 
-    def open(self, limits: Limits, cpus: float) -> Sandbox:
-        sandbox = super().open(limits, cpus)
+    def open(self, limits: Limits, cpus: float, workspace: Workspace = Workspace()) -> Sandbox:
+        sandbox = super().open(limits, cpus, workspace)
         if self.deaths_left > 0:
             object.__setattr__(self, "deaths_left", self.deaths_left - 1)
             return DyingSandbox(sandbox)

@@ -56,7 +56,8 @@ def test_a_malformed_folder_is_a_dataset_error_naming_the_problem(tmp_path, toml
 
 
 @pytest.mark.parametrize(("toml", "files", "reason"), [
-    (None, {"environment__Dockerfile": "FROM ubuntu:24.04\nRUN apt-get install -y jq\n"}, "base ubuntu:24.04"),
+    (None, {"environment__docker-compose.yaml": "services: {}\n"}, "several containers"),
+    ("[environment]\nworkdir = \"/usr/src/app\"\n", {}, "inside a system folder"),
     ("[environment]\nallow_internet = true\n", {}, "no network"),
     ("[environment]\ngpus = 1\n", {}, "no GPU"),
 ])
@@ -78,3 +79,12 @@ def test_a_missing_or_empty_task_folder_is_a_dataset_error(tmp_path):
         load_tasks(tmp_path / "absent")
     with pytest.raises(DatasetError, match="holds no task folder"):
         load_tasks(tmp_path)
+
+
+def test_a_dockerfile_task_loads_with_its_workdir_and_its_context(tmp_path):
+    """A Dockerfile no longer skips a task at load time: the backend decides (agents/task_env.py)."""
+    task = load_task(copy_task(tmp_path / "a", **{"environment__Dockerfile": "FROM ubuntu:24.04\nWORKDIR /srv\nWORKDIR app\n"}))
+    assert isinstance(task, AgentTask)
+    assert task.workdir == "/srv/app" and task.dockerfile.startswith("FROM ubuntu") and "Dockerfile" in task.initial_files
+    assert load_task(copy_task(tmp_path / "b", **{"instruction.md": "Fix the script in /app/run.sh.\n"})).workdir == "/app"
+    assert load_task(copy_task(tmp_path / "c")).workdir == "/work"

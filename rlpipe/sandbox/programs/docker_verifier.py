@@ -12,6 +12,8 @@ an entry in them.
     logs    the regular files directly in /logs/verifier, framed on stdout: no symlink
             followed, FIFOs and devices skipped, at most LOG_BYTES each, MAX_FILES files
     clear   empty /tests and /logs
+    runtime write the framed files on stdin under /.rlpipe-tests (the tests runtime,
+            sandbox/tests_runtime.py), mode 0755, unless it is there already
 
 What it does not: run the tests (the backend's exec does, as the sandbox user, and kills
 every process of that user before `logs` runs).
@@ -21,7 +23,7 @@ import os
 import stat
 import sys
 
-TESTS, LOGS = "/tests", "/logs"
+TESTS, LOGS, RUNTIME = "/tests", "/logs", "/.rlpipe-tests"
 LOG_BYTES = 64 * 1024
 MAX_FILES = 32
 
@@ -43,22 +45,26 @@ def _remove(path):
 
 def setup(data):
     clear()
+    _unpack(data, TESTS)
+    for name in ("verifier", "agent"):
+        os.mkdir(os.path.join(LOGS, name))
+        os.chmod(os.path.join(LOGS, name), 0o777)
+
+
+def _unpack(data, top):
     at = 0
     while at < len(data):
         path_size, data_size = int.from_bytes(data[at:at + 4], "big"), int.from_bytes(data[at + 4:at + 12], "big")
         relative = data[at + 12:at + 12 + path_size].decode()
         at += 12 + path_size
         if relative.startswith("/") or ".." in relative.split("/"):
-            sys.exit(f"docker_verifier: a test file path leaves /tests: {relative!r}")
-        path = os.path.join(TESTS, relative)
+            sys.exit(f"docker_verifier: a file path leaves {top}: {relative!r}")
+        path = os.path.join(top, relative)
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         with open(path, "wb") as stream:
             stream.write(data[at:at + data_size])
         os.chmod(path, 0o755)
         at += data_size
-    for name in ("verifier", "agent"):
-        os.mkdir(os.path.join(LOGS, name))
-        os.chmod(os.path.join(LOGS, name), 0o777)
 
 
 def logs(out):
@@ -86,6 +92,10 @@ def main(argv):
         logs(sys.stdout.buffer)
     elif action == "clear":
         clear()
+    elif action == "runtime":
+        data = sys.stdin.buffer.read()
+        if not os.listdir(RUNTIME):
+            _unpack(data, RUNTIME)
     else:
         sys.exit(f"docker_verifier: unknown action {action!r}")
 
