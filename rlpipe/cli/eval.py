@@ -9,7 +9,8 @@ soon as it ends, and prints a table of the trials and the metrics (agents/metric
 trajectories. `--resume EVAL_ID` goes on with a stored eval: finished trials are not rerun;
 trials never committed and trials whose last attempt failed on infrastructure are.
 
-Exit codes: 0 when the eval ran, whatever the success rate; 2 for bad input (a missing or
+Exit codes: 0 when the eval ran, whatever the success rate; 1 when a trial could not be
+recorded in the lake (the report lacks it; the error names it and how to go on); 2 for bad input (a missing or
 empty task folder, an unknown agent or backend, a taken eval id, an unknown eval to resume,
 options that contradict the resumed eval). An unavailable sandbox backend is not bad input:
 its trials are recorded as sandbox_error (infrastructure) and the eval exits 0.
@@ -39,9 +40,10 @@ from rlpipe.agents.task_format import builtin_suite_dir, load_tasks
 from rlpipe.agents.trial import TrialOptions
 from rlpipe.cli import agent_options
 from rlpipe.cli.consoles import literal, stdout_console
+from rlpipe.cli.errors import print_error
 from rlpipe.cli.sandbox import Backend
 from rlpipe.core.config import StorageConfig
-from rlpipe.core.errors import ConfigError, LakeNotFoundError
+from rlpipe.core.errors import ConfigError, InfraError, LakeNotFoundError
 from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.filesystem import open_lake_location
 from rlpipe.storage.lake import Lake
@@ -115,6 +117,11 @@ def eval_command(
         lake_uri = opened.uri
     summary = _run_flow(eval_id, lake_uri, workers, max_attempts, mlflow_uri, experiment, verbose)
     _print_report(summary.report, lake_uri, json_out, summary.tracking, summary.prefect_flow_run_id)
+    if summary.unrecorded:  # every trial is in the report, or the command says which are not, and fails
+        print_error(InfraError(f"{len(summary.unrecorded)} trial(s) could not be recorded in the lake: "
+                               f"{', '.join(summary.unrecorded)}",
+                               hint=f"check the lake, then go on: rlpipe eval --resume {eval_id} --lake {lake_uri}"))
+        raise typer.Exit(1)
 
 
 def _run_flow(eval_id: str, lake_uri: str, workers: int, max_attempts: int, mlflow_uri: Optional[str], experiment: str,

@@ -86,6 +86,7 @@ class EvalSummary:
     tracking: EvalTracking | None
     prefect_flow_run_id: str
     report: EvalReport  # the final attempt of each task (kept in this process; not a Prefect result)
+    unrecorded: tuple[str, ...] = ()  # tasks of the eval with no attempt in the lake: a trial that could not be recorded
 
 
 _RUNTIMES: dict[str, EvalRuntime] = {}
@@ -180,7 +181,9 @@ def summarize_eval(eval_id: str, workers: int, mlflow_uri: str | None, experimen
         tracking = track_eval(build_eval_tracker(mlflow_uri, experiment), info, report, runtime.recorder.session, kinds,
                               runtime.lake_uri, workers, {"prefect.flow_run_id": flow_run_id})
     _artifacts(eval_id, report, kinds, tracking, runtime.recorder.session)
-    return EvalSummary(eval_id, runtime.lake_uri, runtime.recorder.session, report.metrics, tracking, flow_run_id, report)
+    unrecorded = tuple(task_id for task_id in runtime.tasks if not recorded.get(task_id))
+    return EvalSummary(eval_id, runtime.lake_uri, runtime.recorder.session, report.metrics, tracking, flow_run_id, report,
+                       unrecorded)
 
 
 def _artifacts(eval_id: str, report: EvalReport, kinds: dict[str, str], tracking: EvalTracking | None, session: int) -> None:

@@ -60,3 +60,28 @@ def test_the_flow_runs_one_task_run_per_trial_retries_a_dead_sandbox_and_leaves_
     assert "success rate **1.000** (2/2 scored)" in markdown and summary.tracking.mlflow_run_id in markdown
     rows = query_trajectories(lake, "select family, count(*) from eval_trials where eval_id = 'flow-e1' group by 1 order by 1").rows
     assert rows == [("agent", 2), ("infrastructure", 1)]
+
+
+def test_a_trial_the_lake_cannot_take_is_named_in_the_summary_not_dropped(prefect_api_url, tmp_path, monkeypatch):
+    """The recorder fails for one task (a lake that refuses the write): the flow goes on, and
+    the summary names the task as unrecorded (`rlpipe eval` then exits 1 naming it), instead of
+    a report that silently lacks it."""
+    require_bwrap()
+    from rlpipe.agents.recording import EvalRecorder
+
+    tasks_dir = tmp_path / "tasks"
+    copy_task(tasks_dir)
+    copy_task(tasks_dir, name="order-totals")
+    lake = Lake.open(str(tmp_path / "lake"))
+    start_eval(EvalStore(lake), "flow-e2", "oracle", "bwrap", tasks_dir, load_tasks(tasks_dir), TrialOptions(), 1)
+    record = EvalRecorder.record
+
+    def refuse_one(self, attempt, result, instruction):
+        if result.task_id == "order-totals":
+            raise OSError(28, "No space left on device")
+        return record(self, attempt, result, instruction)
+
+    monkeypatch.setattr(EvalRecorder, "record", refuse_one)
+    summary = run_eval_flow("flow-e2", lake.uri, workers=1, max_attempts=1, track=False)
+    assert summary.unrecorded == ("order-totals",)
+    assert [trial.task_id for trial in summary.report.trials] == ["fix-median-bug"]
