@@ -1,7 +1,8 @@
-"""`rlpipe export RUN [--step K] DIR [--lake URI]`: write the policy of a run at a checkpoint
+"""`rlpipe export RUN [--step K | --best] DIR [--lake URI]`: write the policy of a run at a checkpoint
 as a Hugging Face model folder (config, safetensors weights, tokenizer) that
 `AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)` load as
-is; a LoRA run's folder holds the merged weights. workers/policy_export.py does the work.
+is; a LoRA run's folder holds the merged weights. `--best`: the kept checkpoint with the
+highest held-out accuracy. workers/policy_export.py does the work.
 
 Exit status: 0 when the folder is written; 2 for bad input (no lake, unknown run, a step
 without a checkpoint, DIR existing and not empty, a checkpoint that lost or changed files).
@@ -27,6 +28,7 @@ def export(
     run_id: str = typer.Argument(..., help="The run whose policy is exported."),
     directory: Path = typer.Argument(..., help="The folder to write (new or empty)."),
     step: Optional[int] = typer.Option(None, "--step", min=0, help="Checkpoint step (default: the newest intact checkpoint)."),
+    best: bool = typer.Option(False, "--best", help="The checkpoint with the highest held-out accuracy (of those evaluated)."),
     config: Optional[Path] = typer.Option(None, "--config", help="Read the lake location from this config."),
     lake: Optional[str] = typer.Option(None, "--lake", help="Lake URI (folder or s3://bucket/prefix); default: from --config, else ./rlpipe-lake."),
 ) -> None:
@@ -34,7 +36,11 @@ def export(
     from rlpipe.cli.main import _config_for_lake, _open_lake
     from rlpipe.workers.policy_export import export_policy
 
-    exported = export_policy(_open_lake(_config_for_lake(config, lake)), run_id, directory, step)
+    if best and step is not None:
+        from rlpipe.core.errors import UserError
+
+        raise UserError("--best and --step both choose the checkpoint", "pass one of them")
+    exported = export_policy(_open_lake(_config_for_lake(config, lake)), run_id, directory, step, best)
     for line in exported.passed_over:
         warnings.print(f"[yellow]warning:[/] {literal(line)}", soft_wrap=True)
     console.print(f"exported run {literal(exported.run_id)} at step {exported.step} from {literal(exported.lake_uri)}", soft_wrap=True)

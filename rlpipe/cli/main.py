@@ -117,7 +117,7 @@ def _train(run_config: RunConfig, run_id: str, verbose: bool):
     from rlpipe.cli.signals import hold_signals
     from rlpipe.tasks.runtime import preflight
 
-    preflight(run_config)  # bad input fails here, before a flow run or a lake write
+    preflight(run_config, run_id)  # bad input fails here, before a flow run or a lake write
     _export_s3_keys(run_config)
     services_cli.export_service_env(verbose)
     if not verbose:

@@ -40,12 +40,13 @@ def _check_options(samples: int, repeats: int, k: int, policy_samples: int, poli
     if not 1 <= k <= policy_samples:
         raise ConfigError(f"--k must be between 1 and --policy-samples ({policy_samples}), got {k}", "e.g. --k 4 --policy-samples 8")
     if policy is not None:
-        from rlpipe.rl.checkpoint_layout import POLICY_DIR
+        from rlpipe.rl.checkpoint_layout import LEGACY_POLICY_DIR
 
         if not policy.is_dir():
-            raise ConfigError(f"--policy {policy} is not a folder", f"pass a policy folder saved by rlpipe (a checkpoint's {POLICY_DIR}/)")
-        if not (policy / "config.json").is_file() and (policy / POLICY_DIR / "config.json").is_file():
-            raise ConfigError(f"--policy {policy} is a checkpoint folder, not its policy", f"pass {policy / POLICY_DIR}")
+            raise ConfigError(f"--policy {policy} is not a folder", "pass a policy folder saved by rlpipe (a checkpoint's step=N folder)")
+        if not (policy / "config.json").is_file() and (policy / LEGACY_POLICY_DIR / "config.json").is_file():
+            raise ConfigError(f"--policy {policy} is a checkpoint folder of the older layout, not its policy",
+                              f"pass {policy / LEGACY_POLICY_DIR}")
 
 
 def qa(

@@ -2,8 +2,9 @@
 
 `runs show` prints where the run is recorded (the MLflow run and the Prefect flow run, from
 links.json, else the ids in run.json), its newest checkpoint with the command that exports it
-as an HF folder (`export_command`), and, for a failed or interrupted run, how to resume it
-(`resume_command`)."""
+as an HF folder (`export_command`), the checkpoints the run keeps (step, size, held-out
+accuracy, why retention keeps each: storage/checkpoint_retention.py), and, for a failed or
+interrupted run, how to resume it (`resume_command`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rlpipe.core.config import config_from_dict
 from rlpipe.core.errors import RunNotFoundError
+from rlpipe.storage.checkpoint_retention import kept_checkpoints, rule_of
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
 
@@ -64,6 +67,8 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
         "resume_command": resume_command(run_id, lake.uri) if status and status.state.value == "failed" else None,
         "links": lake.read_json(run_id, "links.json") or _links_of(info),
         "latest_checkpoint": lake.latest_checkpoint(run_id),
+        "checkpoints": [dict(step=kept.step, size_bytes=kept.size_bytes, accuracy=kept.accuracy, kept_as=list(kept.reasons))
+                        for kept in kept_checkpoints(lake, run_id, rule_of(config_from_dict(json.loads(info.config_json))))],
         "export_command": export_command(run_id, lake.uri),
         "warmstart": lake.read_json(run_id, "progress/warmstart.json"),
     }
@@ -121,6 +126,12 @@ def print_run(lake: Lake, run_id: str, json_out: bool, console: Console) -> None
     if report["latest_checkpoint"] is not None:
         console.print(f"policy at step {report['latest_checkpoint']} (newest checkpoint); export it: {report['export_command']}",
                       soft_wrap=True, markup=False)
+    if report["checkpoints"]:
+        kept = Table("checkpoint", "size", "held-out accuracy", "kept as", title="checkpoints kept")
+        for checkpoint in report["checkpoints"]:
+            kept.add_row(str(checkpoint["step"]), f"{checkpoint['size_bytes'] / 1e6:.1f} MB", _fmt(checkpoint["accuracy"]),
+                         ", ".join(checkpoint["kept_as"]) or "-")
+        console.print(kept)
     console.print(f"steps committed: {report['steps_committed']} of {report['config']['train']['steps']}")
     before, after = report["heldout_accuracy_before_rl"], report["heldout_accuracy_after_rl"]
     console.print(f"held-out accuracy: before RL {_fmt(before)}  after RL {_fmt(after)}")

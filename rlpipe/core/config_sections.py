@@ -304,6 +304,11 @@ class TrackingConfig(Section):
 class CheckpointConfig(Section):
     every_steps: int = Field(10, gt=0)
     """Save a checkpoint every N RL steps (and always after the last)."""
+    keep_last: int = Field(3, ge=0)
+    """Keep the N newest checkpoints (0: keep every one). Kept besides them: the best by
+    held-out accuracy when evaluations run, the one a resume restores from, and step 0 when
+    algo.kl_coef > 0 (the KL reference); older ones are deleted once a newer one is
+    committed (storage/checkpoint_retention.py)."""
 
 
 class SandboxConfig(Section):

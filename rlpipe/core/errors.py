@@ -8,6 +8,7 @@
     │   ├── RunNotFoundError         a run id that the lake does not hold
     │   └── LakeNotFoundError        no lake at the URI (read-only commands never create one)
     ├── LakeCorrupted                a committed file is missing or altered; never retried
+    ├── DiskFull                     the disk that holds the lake is full (ENOSPC); never retried
     ├── AgentStateError              what the sandboxed agent left cannot be copied (too big, unreadable):
     │                                the agent's failure (reward 0), never retried as infrastructure
     └── InfraError                   the machinery failed; Prefect retries these (with backoff)
@@ -68,6 +69,12 @@ class LakeCorrupted(RlpipeError):
     Not an InfraError: a retry reads the same bytes. The run stops with this error; the
     hint says what to restore or delete.
     """
+
+
+class DiskFull(RlpipeError):
+    """The disk that holds the lake (or a quota on it) has no room left for a write (ENOSPC,
+    EDQUOT). Not an InfraError: a retry meets the same full disk. The run stops with this
+    error (exit 2); what was committed stays, and `rlpipe resume` goes on once space is free."""
 
 
 class AgentStateError(RlpipeError):

@@ -17,12 +17,16 @@ the calling process: points `engine-generate` and `trainer-update` kill just tha
 (tests of a worker that dies mid-run). A restarted worker is started without
 RLPIPE_FAILPOINTS (its hit counts would start again from zero).
 
+`name@n:enospc` raises OSError(ENOSPC) there instead of killing (a disk that fills at that
+write; the storage layer turns it into DiskFull).
+
 This is how the kill tests hit the middle of a stage reliably; a crash of the real world
 (OOM killer, power cut, a pre-empted VM) lands anywhere, and the tests cover each region.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -36,12 +40,14 @@ def die_with(pid: int) -> None:
     _run_pids.append(pid)
 
 
-def _armed() -> dict[str, int]:
+def _armed() -> dict[str, tuple[int, str]]:
+    """name -> (the hit it acts on, "kill" or "enospc")."""
     spec = os.environ.get(ENV_VAR, "")
-    armed: dict[str, int] = {}
+    armed: dict[str, tuple[int, str]] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
+        item, _, action = item.partition(":")
         name, _, nth = item.partition("@")
-        armed[name] = int(nth) if nth else 1
+        armed[name] = (int(nth) if nth else 1, action or "kill")
     return armed
 
 
@@ -50,10 +56,13 @@ def failpoint(name: str, whole_run: bool = True) -> None:
     armed for this hit."""
     if ENV_VAR not in os.environ:
         return
-    nth = _armed().get(name)
-    if nth is None:
+    armed = _armed().get(name)
+    if armed is None:
         return
+    nth, action = armed
     _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] == nth and action == "enospc":
+        raise OSError(errno.ENOSPC, f"No space left on device (failpoint {name})")
     if _hits[name] == nth:
         for pid in _run_pids if whole_run else ():
             try:

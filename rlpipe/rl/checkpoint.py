@@ -1,19 +1,18 @@
-"""Save and load a policy checkpoint in a local folder, in two sub-folders:
+"""Save and load a policy checkpoint in a local folder, in Hugging Face Trainer's layout
+(rl/checkpoint_layout.py): the folder itself is a plain HF model folder (config.json,
+generation_config.json, model.safetensors, the tokenizer files) that `AutoModelForCausalLM` /
+`AutoTokenizer` / `pipeline` load as is, and beside the model files what only rlpipe needs to
+go on training: optimizer.pt (the AdamW state, and the fp32 master weights of a bf16 policy)
+and rlpipe_checkpoint.json (step, policy version, config hash). Folders of the older layout
+(policy/ + trainer/) load too.
 
-    policy/    a plain HF model folder: config.json, generation_config.json,
-               model.safetensors, tokenizer.json, tokenizer_config.json. Nothing else, so
-               `AutoModelForCausalLM` / `AutoTokenizer` / `pipeline` load it as is.
-    trainer/   what only rlpipe needs to go on training: optimizer.pt (the AdamW state, and
-               the fp32 master weights of a bf16 policy) and rlpipe_checkpoint.json (step,
-               policy version, config hash).
-
-A LoRA policy (a peft model, rl/lora.py) is saved as: policy/ = the MERGED model (base +
-adapter, a plain HF folder that loads without peft), and trainer/adapter/ = the adapter in
-peft's own layout (adapter_config.json, adapter_model.safetensors: `PeftModel.from_pretrained`
-or vLLM's LoRA loader read it). Loading a LoRA checkpoint puts the adapter back into the peft
-model and leaves its base as it is: the base comes from the run's model source (a seeded tiny
-model or model.path), the same on every restore; the merged weights are never loaded back
-(base + adapter cannot be split again exactly).
+A LoRA policy (a peft model, rl/lora.py) is saved as: the model files = the MERGED model
+(base + adapter, loads without peft), and adapter/ = the adapter in peft's own layout
+(adapter_config.json, adapter_model.safetensors: `PeftModel.from_pretrained` or vLLM's LoRA
+loader read it). Loading a LoRA checkpoint puts the adapter back into the peft model and
+leaves its base as it is: the base comes from the run's model source (a seeded tiny model or
+model.path), the same on every restore; the merged weights are never loaded back (base +
+adapter cannot be split again exactly).
 
 Loading executes nothing from the folder: weights come from safetensors, the optimizer
 state through `torch.load(weights_only=True)` (tensors and plain containers only), the meta
@@ -22,7 +21,9 @@ is refused with LakeCorrupted naming the file: a checkpoint written by rlpipe ne
 so someone altered it (digests do not help when the writer of the bucket rewrites
 CHECKPOINT.json too).
 
-Not here: where checkpoints live (storage/lake.py uploads and downloads folders).
+Not here: where checkpoints live (storage/checkpoint_store.py writes a lake's checkpoint
+folders, workers/checkpoint_writer.py in the background), the snapshot and the streamed
+files themselves (rl/checkpoint_snapshot.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import json
 import pickle
 import re
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -42,47 +42,41 @@ from rlpipe.core.errors import LakeCorrupted
 from rlpipe.rl.checkpoint_layout import (  # noqa: F401 - re-exported
     ADAPTER_DIR,
     ADAPTER_FILE,
+    LEGACY_LAYOUT,
     META_FILE,
     OPTIMIZER_FILE,
-    POLICY_DIR,
-    TRAINER_DIR,
     WEIGHTS_FILE,
+    CheckpointLayout,
+    layout_of,
 )
-from rlpipe.rl.lora import has_lora_layers, is_lora_model, merged_copy
-
-
-
-@dataclass(frozen=True)
-class CheckpointMeta:
-    step: int
-    policy_version: int
-    config_hash: str
+from rlpipe.rl.checkpoint_snapshot import CheckpointMeta, SnapshotTaker, write_snapshot  # noqa: F401 - re-exported
+from rlpipe.rl.lora import is_lora_model
 
 
 def save_checkpoint(folder: Path, model, tokenizer, trainer_state: dict, meta: CheckpointMeta) -> None:
-    """Write policy/ (HF layout) and trainer/ (optimizer state, meta) under `folder`; a LoRA
-    model writes its merged weights to policy/ and its adapter to trainer/adapter/."""
-    if has_lora_layers(model) and not is_lora_model(model):
-        raise ValueError("save_checkpoint got the base model of a LoRA policy; pass the peft model "
-                         "(Trainer.model) so that policy/ holds the merged weights and trainer/adapter/ the adapter")
-    (folder / TRAINER_DIR).mkdir(parents=True, exist_ok=True)
-    if is_lora_model(model):
-        model.save_pretrained(folder / ADAPTER_DIR, safe_serialization=True)
-        merged_copy(model).save_pretrained(folder / POLICY_DIR, safe_serialization=True)
-    else:
-        model.save_pretrained(folder / POLICY_DIR, safe_serialization=True)
-    tokenizer.save_pretrained(folder / POLICY_DIR)
-    torch.save(trainer_state, folder / OPTIMIZER_FILE)
-    (folder / META_FILE).write_text(json.dumps(asdict(meta)))
+    """Write the checkpoint folder (rl/checkpoint_layout.py) at `folder`, made if missing; a
+    LoRA model writes its merged weights as the model files and its adapter to adapter/."""
+    snapshot = SnapshotTaker().take(model, tokenizer, trainer_state, meta)
+    write_snapshot(snapshot, lambda relative: _local_file(folder / relative))
+
+
+def _local_file(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "wb")
+
+
+def folder_layout(folder: Path) -> CheckpointLayout:
+    """The layout of a local checkpoint folder (the older one has its model in policy/)."""
+    return LEGACY_LAYOUT if (folder / LEGACY_LAYOUT.weights_file).is_file() else layout_of(())
 
 
 def load_policy_weights(folder: Path, model) -> None:
-    """Load policy/model.safetensors of a checkpoint folder into `model` in place (a LoRA
-    model: trainer/adapter/ into its adapter, see the module docstring)."""
+    """Load the model.safetensors of a checkpoint folder into `model` in place (a LoRA
+    model: adapter/ into its adapter, see the module docstring)."""
     if is_lora_model(model):
         load_adapter(folder, model)
         return
-    state = load_file(str(folder / WEIGHTS_FILE))
+    state = load_file(str(folder / folder_layout(folder).weights_file))
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Tied embeddings are saved once; anything else missing is a broken checkpoint.
     missing = [name for name in missing if name != "lm_head.weight"]
@@ -93,9 +87,9 @@ def load_policy_weights(folder: Path, model) -> None:
 
 
 def load_adapter(folder: Path, model) -> None:
-    """Load trainer/adapter/adapter_model.safetensors into a peft model's adapter, exactly;
+    """Load adapter/adapter_model.safetensors into a peft model's adapter, exactly;
     ValueError when the checkpoint has no adapter or another one (rank, target modules)."""
-    path = folder / ADAPTER_FILE
+    path = folder / folder_layout(folder).adapter_file
     if not path.is_file():
         raise ValueError(f"checkpoint {folder} has no LoRA adapter ({ADAPTER_FILE}) but the policy is a LoRA model; "
                          "was it written with train.lora_rank = 0?")
@@ -120,8 +114,9 @@ def load_checkpoint(folder: Path, model, source: str = "") -> tuple[CheckpointMe
 
     The trainer state is read before the weights, so a refused checkpoint leaves `model`
     untouched (the caller may fall back to an older one)."""
-    trainer_state = load_trainer_state(folder / OPTIMIZER_FILE, f"{(source or str(folder)).rstrip('/')}/{OPTIMIZER_FILE}")
-    meta = CheckpointMeta(**json.loads((folder / META_FILE).read_text()))
+    layout = folder_layout(folder)
+    trainer_state = load_trainer_state(folder / layout.optimizer_file, f"{(source or str(folder)).rstrip('/')}/{layout.optimizer_file}")
+    meta = CheckpointMeta(**json.loads((folder / layout.meta_file).read_text()))
     load_policy_weights(folder, model)
     return meta, trainer_state
 

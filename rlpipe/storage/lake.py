@@ -8,8 +8,8 @@ Layout under the root (a folder or s3://bucket/prefix):
     runs/{run_id}/steps/{step:06d}/TRAIN.json      StepTrainMetrics, after the manifest (update, timings)
     trajectories/run_id={run_id}/step={step}/part-{name}.parquet   immutable, zstd; run_id and
                                                    step only in the path (schema.PART_SCHEMA)
-    checkpoints/{run_id}/step={step:06d}/...       the files of a local folder (rl/checkpoint.py:
-                                                   policy/ an HF model folder, trainer/ beside it)
+    checkpoints/{run_id}/step={step:06d}/...       an HF model folder with the trainer's state
+                                                   beside it (rl/checkpoint_layout.py)
     checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json   file list + digests, after the files
     checkpoints/{run_id}/LATEST                    the highest complete step, written last
     staging/run_id={run_id}/step={step}/{stage}-{digest}.parquet   rows passed between stages
@@ -32,7 +32,8 @@ retried: the same bytes would be read again); staged rows or a document that is 
 read as None.
 
 What it does not: lock against two writers committing the same step at once (one run has
-one controller), garbage-collect orphans, or know about MLflow or Prefect.
+one controller), garbage-collect orphans, or know about MLflow or Prefect. Checkpoint folders
+are written, read and deleted by storage/checkpoint_store.py (`Lake.checkpoints`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import io
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -49,11 +51,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rlpipe.core.errors import ConfigError, LakeCorrupted
-from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
+from rlpipe.storage.checkpoint_store import CheckpointStore
 from rlpipe.storage.filesystem import LakeLocation, open_lake_location
 from rlpipe.storage.lake_records import (
-    CheckpointFile,
     CheckpointInfo,
     PartRef,
     RunInfo,
@@ -83,16 +84,13 @@ def _check_name(kind: str, value: str) -> str:
     return value
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Lake:
     """Reads and writes one lake. Build with `Lake.open(uri, ...)` or `Lake(location)`."""
 
     def __init__(self, location: LakeLocation) -> None:
         self.location = location
         self.objects = ObjectStore(location)
+        self.checkpoints = CheckpointStore(location, self.objects, _check_name)
         self._fs = location.filesystem
 
     @staticmethod
@@ -283,92 +281,27 @@ class Lake:
     def _step_path(self, run_id: str, step: int, name: str) -> str:
         return f"runs/{_check_name('run id', run_id)}/steps/{step:06d}/{name}"
 
-    # -- checkpoints ----------------------------------------------------------------------------
+    # -- checkpoints (storage/checkpoint_store.py) ---------------------------------------------
 
     def save_checkpoint(self, run_id: str, step: int, local_dir: Path) -> CheckpointInfo:
-        """Upload every file under `local_dir`, then CHECKPOINT.json, then LATEST.
-        Saving a step that already has a complete checkpoint keeps the stored one."""
-        base = self._checkpoint_dir(run_id, step)
-        existing = self.objects.get(f"{base}/CHECKPOINT.json")
-        if existing is not None:  # a retried save: the complete checkpoint stays as it is
-            self._advance_latest(run_id, step)
-            return CheckpointInfo.from_json(existing.decode())
-        local_files = sorted(p for p in Path(local_dir).rglob("*") if p.is_file())
-        if not local_files:
-            raise ValueError(f"checkpoint folder {local_dir} holds no files")
-        files = []
-        for local_path in local_files:
-            relative = local_path.relative_to(local_dir).as_posix()
-            size_bytes, digest = self.objects.upload(local_path, f"{base}/{relative}")
-            files.append(CheckpointFile(path=relative, size_bytes=size_bytes, sha256=digest))
-            failpoint("checkpoint-write")
-        info = CheckpointInfo(run_id=run_id, step=step, files=tuple(files), saved_at_ms=_now_ms())
-        self.objects.put(f"{base}/CHECKPOINT.json", info.to_json().encode())
-        self._advance_latest(run_id, step)
-        return info
-
-    def _advance_latest(self, run_id: str, step: int) -> None:
-        """LATEST holds the highest complete step: never move it backwards."""
-        data = self.objects.get(f"checkpoints/{run_id}/LATEST")
-        if data is None or int(data.decode().strip()) <= step:
-            self.objects.put(f"checkpoints/{run_id}/LATEST", str(step).encode())
+        """Copy every file under `local_dir`, then CHECKPOINT.json, then LATEST. Saving a step
+        that already has a complete checkpoint keeps the stored one."""
+        return self.checkpoints.save_folder(run_id, step, local_dir)
 
     def latest_checkpoint(self, run_id: str, at_or_before: int | None = None) -> int | None:
         """The newest complete checkpoint step (at or before a step when given), or None."""
-        if at_or_before is None:
-            data = self.objects.get(f"checkpoints/{_check_name('run id', run_id)}/LATEST")
-            if data is not None and self._checkpoint_complete(run_id, latest := int(data.decode().strip())):
-                return latest
-        for step in reversed(self._listed_checkpoint_steps(run_id)):
-            if (at_or_before is None or step <= at_or_before) and self._checkpoint_complete(run_id, step):
-                return step
-        return None
+        return self.checkpoints.latest(run_id, at_or_before)
 
     def checkpoint_steps(self, run_id: str) -> list[int]:
         """The steps of `run_id` that have a complete checkpoint (CHECKPOINT.json), ascending."""
-        return [step for step in self._listed_checkpoint_steps(run_id) if self._checkpoint_complete(run_id, step)]
+        return self.checkpoints.steps(run_id)
 
-    def _listed_checkpoint_steps(self, run_id: str) -> list[int]:
-        """The steps with a checkpoint folder (complete or not), ascending."""
-        return sorted(int(info.base_name.removeprefix("step=")) for info in self.objects.list(f"checkpoints/{_check_name('run id', run_id)}")
-                      if info.type == pafs.FileType.Directory and info.base_name.removeprefix("step=").isdigit())
-
-    def _checkpoint_complete(self, run_id: str, step: int) -> bool:
-        return self.objects.get(f"{self._checkpoint_dir(run_id, step)}/CHECKPOINT.json") is not None
-
-    def load_checkpoint(self, run_id: str, step: int, local_dir: Path, under: str | None = None) -> CheckpointInfo | None:
+    def load_checkpoint(self, run_id: str, step: int, local_dir: Path, only: Callable[[str], bool] | None = None) -> CheckpointInfo | None:
         """Download a complete checkpoint into `local_dir` (digests checked), or None; with
-        `under` (a sub-folder, e.g. "policy") only its files, still at their paths below `local_dir`.
-        LakeCorrupted names a listed file that is missing or altered."""
-        base = self._checkpoint_dir(run_id, step)
-        data = self.objects.get(f"{base}/CHECKPOINT.json")
-        if data is None:
-            return None
-        info = CheckpointInfo.from_json(data.decode())
-        files = [file for file in info.files if under is None or file.path.startswith(f"{under.strip('/')}/")]
-        paths = [self.location.path(f"{base}/{file.path}") for file in files]
-        with storage_errors(f"checking the files of checkpoint {step}", self.location):
-            found = self._fs.get_file_info(paths) if paths else []
-        missing = [file.path for file, found_info in zip(files, found) if found_info.type != pafs.FileType.File]
-        if missing:  # lost, not unreachable: a retry would not find them either
-            raise LakeCorrupted(
-                f"lake {self.uri}: checkpoint {base} lacks {', '.join(missing)} (listed in its CHECKPOINT.json)",
-                hint="the lake lost checkpoint files; load an older one "
-                "(latest_checkpoint(run_id, at_or_before=step - 1))",
-            )
-        for file in files:
-            digest = self.objects.download(f"{base}/{file.path}", Path(local_dir) / file.path)
-            if digest != file.sha256:
-                raise LakeCorrupted(
-                    f"lake {self.uri}: checkpoint file {base}/{file.path} has sha256 {digest}, "
-                    f"expected {file.sha256}",
-                    hint="the checkpoint was altered; load an older one "
-                    "(latest_checkpoint(run_id, at_or_before=step - 1))",
-                )
-        return info
+        `only`, the files whose relative path it accepts. LakeCorrupted names a listed file
+        that is missing or altered."""
+        return self.checkpoints.load(run_id, step, local_dir, only)
 
-    def _checkpoint_dir(self, run_id: str, step: int) -> str:
-        return f"checkpoints/{_check_name('run id', run_id)}/step={step:06d}"
 
 def _parquet_bytes(table: pa.Table) -> bytes:
     buffer = io.BytesIO()

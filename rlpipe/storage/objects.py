@@ -10,6 +10,7 @@ What it does not: know the lake's layout or records (storage/lake.py does).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import uuid
@@ -20,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from rlpipe.core.errors import StorageUnavailable
+from rlpipe.core.errors import DiskFull, StorageUnavailable
 from rlpipe.core.failpoints import failpoint
 from rlpipe.storage.filesystem import LakeLocation
 
@@ -36,10 +37,25 @@ def storage_errors(action: str, location: LakeLocation) -> Iterator[None]:
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:
+        if is_disk_full(exc):
+            raise disk_full(action, location) from exc
         raise StorageUnavailable(
             f"lake {location.uri}: {action} failed: {exc}",
             hint="check that the lake's disk or S3 endpoint is reachable; the step is retried",
         ) from exc
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC or EDQUOT, as OSError or as pyarrow's error text."""
+    return getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(exc)
+
+
+def disk_full(action: str, location: LakeLocation) -> DiskFull:
+    """The one-line error of a full disk under the lake (what it was writing, what to do)."""
+    where = f"the disk that holds {location.uri}" if location.is_local else f"the S3 storage of {location.uri}"
+    return DiskFull(f"{where} is full: {action} failed (no space left on device)",
+                    hint="free space there (or lower checkpoint.keep_last), then `rlpipe resume RUN`: it goes on from "
+                    "the last committed step and removes the unfinished checkpoint folder")
 
 
 class ObjectStore:

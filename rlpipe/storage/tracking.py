@@ -149,9 +149,11 @@ class Tracker:
             if found is not None:
                 if found.lifecycle_stage == "deleted":
                     self._client.restore_experiment(found.experiment_id)
+                if EXPERIMENT_KIND_TAG not in found.tags:
+                    self._client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
                 return str(found.experiment_id)
             try:
-                return str(self._client.create_experiment(self.experiment, artifact_location))
+                return str(self._client.create_experiment(self.experiment, artifact_location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}))
             except MlflowException as exc:  # created by another process meanwhile
                 again = self._client.get_experiment_by_name(self.experiment)
                 if again is None:
@@ -323,10 +325,22 @@ class Tracker:
             self.log_artifact(mlflow_run_id, target, None if parent == "." else parent)
 
     def run_url(self, mlflow_run_id: str) -> str | None:
-        """The run's page in the MLflow UI for an http(s) server, else None."""
+        """The run's page in the MLflow UI for an http(s) server, else None; in the UI's
+        model-training view (see EXPERIMENT_KIND_TAG)."""
         if urlsplit(self.uri).scheme not in ("http", "https"):
             return None
-        return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}"
+        return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}?{TRAINING_VIEW_QUERY}"
+
+
+# Which view the MLflow UI opens an experiment in. MLflow 3's UI reads the experiment tag
+# mlflow.experimentKind ("custom_model_development": the classic training-runs view, not the
+# GenAI traces view) where its workflow switch is off; MLflow 3.17's UI instead follows its
+# own "workflowType" (kept per browser, GenAI by default), which a link sets with the query
+# ?workflowType=machine_learning. rlpipe sets both (found in mlflow/server/js: the
+# ExperimentKind enum and the workflowType context).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+TRAINING_VIEW_QUERY = "workflowType=machine_learning"
 
 
 def reward_curve_png(points: list[tuple[int, float]], title: str = "mean reward per step") -> bytes:

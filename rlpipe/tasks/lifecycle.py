@@ -24,7 +24,6 @@ from rlpipe.core.errors import ConfigError, StorageUnavailable
 from rlpipe.core.records import SCHEMA_VERSION, Task
 from rlpipe.core.seeds import derive_seed
 from rlpipe.engines.sampling import SamplingParams
-from rlpipe.rl.checkpoint_layout import POLICY_DIR
 from rlpipe.rl.heldout_regression import Evaluation, find_regressions
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.tasks.agent_episodes import is_multi_turn, oracle_examples, run_agent_episodes
@@ -298,7 +297,7 @@ def finish(run_id: str, before: float, after: float) -> dict[str, object]:
         f"MLflow run: [{runtime.mlflow_run_id}]({url})" if url
         else f"MLflow run `{runtime.mlflow_run_id}` in `{tracker.uri}` (view: `mlflow ui --backend-store-uri {tracker.uri}`)"
     )
-    checkpoint = f"{_checkpoint_uri(runtime, run_id, final_step)}/{POLICY_DIR}"  # the HF model folder
+    checkpoint = _checkpoint_uri(runtime, run_id, final_step)  # an HF model folder (rl/checkpoint_layout.py)
     create_markdown_artifact(
         key=f"rlpipe-summary-{artifact_key(run_id)}",
         markdown=(

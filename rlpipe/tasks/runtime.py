@@ -260,11 +260,14 @@ def _restore_fresh_trainer(runtime: Runtime) -> None:
         )
 
 
-def preflight(config: RunConfig) -> None:
-    """Check the inputs a run needs (domains, the model against them, lake reachable)
-    without building the model: bad input fails here, before any flow run. The lake is
-    opened last, and made if missing (only `train` creates a lake), once the input is good."""
+def preflight(config: RunConfig, run_id: str | None = None) -> None:
+    """Check the inputs a run needs (domains, the model against them, lake reachable, a
+    local lake's disk large enough: storage/disk_space.py) without building the model: bad
+    input fails here, before any flow run. The lake is opened last, and made if missing (only
+    `train` creates a lake), once the input is good."""
     from rlpipe.rl.char_tokenizer import char_tokenizer_backend, policy_alphabet
+    from rlpipe.rl.checkpoint_size import checkpoint_size
+    from rlpipe.storage.disk_space import check_lake_disk
     from rlpipe.tasks.model_checks import check_folder_model, check_gguf_model, check_positions
 
     check_engine_options(config)
@@ -281,6 +284,7 @@ def preflight(config: RunConfig) -> None:
         check_positions(config, mixture, char_tokenizer_backend(policy_alphabet(config.envs.domains)),
                         config.model.max_position_embeddings, "model.max_position_embeddings",
                         "raise model.max_position_embeddings")
+    check_lake_disk(config, checkpoint_size(config).total_bytes, run_id)
     build_lake(config, create=True)
 
 

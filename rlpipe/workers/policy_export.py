@@ -1,16 +1,18 @@
 """Export a run's policy from its lake as a Hugging Face model folder: what `rlpipe export`
 writes, and what the end of a train run logs to MLflow (tasks/track.py).
 
-A checkpoint's policy/ sub-folder already is that folder (rl/checkpoint.py: config.json,
+A checkpoint's step folder already is that folder (rl/checkpoint_layout.py: config.json,
 generation_config.json, the weights as safetensors, the tokenizer files; for a LoRA run the
-merged weights, base + adapter, so it loads without peft). Exporting is therefore a checked
-copy, and loads no model: the files CHECKPOINT.json lists under policy/ are downloaded with
-their digests checked into a fresh folder beside the destination, which is then renamed into
-place, so a failed export leaves no half-written folder. The optimizer state and the adapter
-(trainer/) are not copied.
+merged weights, base + adapter, so it loads without peft), with the trainer's state beside
+it; a checkpoint of the older layout has it in policy/. Exporting is therefore a checked
+copy, and loads no model: the model files CHECKPOINT.json lists are downloaded with their
+digests checked into a fresh folder beside the destination, which is then renamed into
+place, so a failed export leaves no half-written folder. The optimizer state, the meta and
+the adapter are not copied.
 
 Which checkpoint: the step asked for (an error naming the steps that have one when it has
-none); else the newest complete one whose files are intact (a newer one that lost or changed
+none); with `best`, the checkpoint with the highest held-out accuracy among those an
+evaluation scored (storage/checkpoint_retention.py `best_step`); else the newest complete one whose files are intact (a newer one that lost or changed
 files is passed over, and the result says so). Works on any lake (a folder or s3://).
 
 Not here: training or merging (the trainer merged the adapter when it saved), printing
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlpipe.core.errors import LakeCorrupted, RunNotFoundError, UserError
-from rlpipe.rl.checkpoint_layout import POLICY_DIR
+from rlpipe.rl.checkpoint_layout import layout_of
+from rlpipe.storage.checkpoint_retention import best_step, evaluated_accuracies
 from rlpipe.storage.lake import Lake
 
 
@@ -44,7 +47,7 @@ class ExportedPolicy:
     passed_over: tuple[str, ...]  # one line per newer checkpoint that was not intact
 
 
-def export_policy(lake: Lake, run_id: str, destination: Path, step: int | None = None) -> ExportedPolicy:
+def export_policy(lake: Lake, run_id: str, destination: Path, step: int | None = None, best: bool = False) -> ExportedPolicy:
     """Write the policy of `run_id` at checkpoint `step` (default: the newest intact one) as
     an HF folder at `destination` (made if missing; refused when it exists and is not an
     empty folder). UserError for an unknown run, a run without checkpoints, a step without
@@ -58,6 +61,12 @@ def export_policy(lake: Lake, run_id: str, destination: Path, step: int | None =
     if not steps:
         raise UserError(f"run {run_id!r} in {lake.uri} has no checkpoint yet",
                         "a run saves its first checkpoint after the warm start; export once it has one")
+    if best:
+        step = best_step(steps, evaluated_accuracies(lake, run_id))
+        if step is None:
+            raise UserError(f"no checkpoint of run {run_id!r} has a held-out evaluation",
+                            "evaluations score the steps a checkpoint is saved at (before and after RL, and every "
+                            "eval.every_steps); export the newest (leave --best out) or pass --step")
     if step is not None and step not in steps:
         raise UserError(f"run {run_id!r} has no checkpoint at step {step}",
                         f"checkpoints exist at steps {', '.join(map(str, steps))}; pass one of them to --step, "
@@ -70,14 +79,16 @@ def export_policy(lake: Lake, run_id: str, destination: Path, step: int | None =
         for candidate in candidates:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
+            info = lake.checkpoints.info(run_id, candidate)
+            layout = layout_of(file.path for file in info.files) if info else layout_of(())
             try:
-                lake.load_checkpoint(run_id, candidate, staging, under=POLICY_DIR)
+                lake.load_checkpoint(run_id, candidate, staging / "download", only=layout.is_policy_file)
             except LakeCorrupted as exc:
                 if candidate == candidates[-1]:
                     raise
                 passed_over.append(f"checkpoint at step {candidate} passed over: {exc.message}")
                 continue
-            exported = _place(staging / POLICY_DIR, destination, run_id, candidate, lake.uri)
+            exported = _place(staging / "download" / layout.policy_dir, destination, run_id, candidate, lake.uri)
             return dataclasses.replace(exported, passed_over=tuple(passed_over))
         raise AssertionError("unreachable: the last candidate returns or raises")
     finally:
@@ -96,7 +107,7 @@ def _place(policy: Path, destination: Path, run_id: str, step: int, lake_uri: st
     """Move the downloaded policy/ folder to `destination` (an empty one is replaced)."""
     files = sorted(path.relative_to(policy).as_posix() for path in policy.rglob("*") if path.is_file())
     if "config.json" not in files or not any(name.endswith(".safetensors") for name in files):
-        raise LakeCorrupted(f"checkpoint at step {step} of run {run_id!r} in {lake_uri} holds no HF model in {POLICY_DIR}/ "
+        raise LakeCorrupted(f"checkpoint at step {step} of run {run_id!r} in {lake_uri} holds no HF model "
                             f"(files: {', '.join(files) or 'none'})",
                             "it was not written by rlpipe's trainer; export another step (--step)")
     if destination.is_dir():

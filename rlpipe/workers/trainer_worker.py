@@ -1,7 +1,10 @@
 """The trainer worker's service: the policy, its Trainer (optimizer; reference model when
 algo.kl_coef > 0) and the lake. It warm-starts, updates from committed rows it reads from
-the lake itself, writes checkpoints into the lake itself, restores from the lake (newest
-intact checkpoint + replay of the committed steps after it) and publishes its weights.
+the lake itself, writes checkpoints into the lake itself in the background
+(workers/checkpoint_writer.py: a snapshot in host memory, then the next request goes on;
+checkpoint 0 and the run's last are waited for), restores from the lake (newest intact
+checkpoint + replay of the committed steps after it; partial checkpoint folders a kill left
+are deleted first) and publishes its weights.
 
 Every eval.grad_conflict_every_steps steps an update first measures the cosine similarity of
 the per-domain policy gradients of the step's rows (rl/grad_conflict.py; the update itself is
@@ -45,7 +48,9 @@ from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
 from rlpipe.rl.data_parallel import RankShare
-from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
+from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, load_policy_weights
+from rlpipe.storage.checkpoint_retention import rule_of
+from rlpipe.workers.checkpoint_writer import CheckpointWriter
 from rlpipe.rl.grad_conflict import gradient_conflict
 from rlpipe.rl.samples import train_samples
 from rlpipe.rl.staleness import split_stale, staleness_metrics
@@ -88,6 +93,7 @@ class TrainerService:
         policy, self.tokenizer = build_policy(config)
         self.trainer = build_trainer(config, policy, share)  # trainer.model: the policy (its peft wrapper with LoRA)
         self.lake = build_lake(config)
+        self.checkpoints = CheckpointWriter(self.lake, run_id, rule_of(config))
         self.policy_version = 0
         self.poisoned = False
         self._warm: _WarmStart | None = None
@@ -195,16 +201,19 @@ class TrainerService:
         return gradient_conflict(self.trainer.policy_gradient, {name: train_samples(domain_rows) for name, domain_rows in by_domain.items()})
 
     def save(self, step: int, config_hash: str) -> None:
-        """policy/ (an HF folder) and trainer/ (optimizer state, meta); the lake writes
-        CHECKPOINT.json and then LATEST last."""
+        """Snapshot the state and write checkpoint `step` in the background (the previous
+        write is waited for first; checkpoint 0 and the last step's are waited for too)."""
         meta = CheckpointMeta(step=step, policy_version=self.policy_version, config_hash=config_hash)
-        with tempfile.TemporaryDirectory() as folder:
-            save_checkpoint(Path(folder), self.trainer.model, self.tokenizer, self.trainer.state_dict(), meta)
-            self.lake.save_checkpoint(self.run_id, step, Path(folder))
+        wait = step == 0 or step >= self.config.train.steps
+        self.checkpoints.save(self.trainer.model, self.tokenizer, self.trainer.state_dict(), meta, wait=wait)
 
     def restore(self, target_version: int | None, seed: int) -> RestoreResult:
         """Load the newest intact checkpoint at or before `target_version` (None: the last
         committed step), replay the committed steps after it up to there."""
+        self.checkpoints.wait()
+        removed = self.lake.checkpoints.remove_partial(self.run_id)  # what a kill during a write left
+        if removed:
+            log.info("run %s: partial checkpoint folders of steps %s deleted", self.run_id, removed)
         committed = self.lake.committed_steps(self.run_id)
         last = max(committed, default=0) if target_version is None else target_version
         step = self.lake.latest_checkpoint(self.run_id, at_or_before=last)

@@ -73,7 +73,7 @@ def _write_lake(lake: Lake, work: Path) -> Lakes:
         _checkpoint(lake, "full", step, model, tokenizer, work / f"full-{step}")
         logits[("full", step)] = _logits(model, token_ids)
     # a kill during the save of step 5 left files but no CHECKPOINT.json: not a checkpoint
-    lake.objects.put("checkpoints/full/step=000005/policy/config.json", b"{}")
+    lake.objects.put("checkpoints/full/step=000005/config.json", b"{}")
     model, tokenizer = _tiny(2)
     peft_model = apply_lora(model, rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"))
     generator = torch.Generator().manual_seed(3)
@@ -155,7 +155,7 @@ def test_a_folder_that_is_not_empty_is_refused_and_left_alone(lakes: Lakes, tmp_
 
 def test_an_altered_newest_checkpoint_is_passed_over_unless_asked_for(tmp_path: Path) -> None:
     written = _write_lake(Lake.open(str(tmp_path / "lake")), tmp_path)
-    weights = tmp_path / "lake" / "checkpoints" / "full" / "step=000002" / "policy" / "model.safetensors"
+    weights = tmp_path / "lake" / "checkpoints" / "full" / "step=000002" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)  # the digest no longer matches
     result = _export(["full", str(tmp_path / "out"), "--lake", written.lake.uri])
     assert result.exit_code == 0, result.output
@@ -217,3 +217,25 @@ def test_runs_show_prints_both_links_and_the_export_command(lakes: Lakes) -> Non
     shown = runner.invoke(app, ["runs", "show", "full", "--lake", lakes.lake.uri, "--json"])
     links = json.loads(shown.stdout)["links"]
     assert (links["mlflow_run_id"], links["prefect_flow_run_id"]) == ("m-full", "p-full")
+
+
+def test_export_best_picks_the_best_evaluated_checkpoint_and_runs_show_lists_them(tmp_path: Path) -> None:
+    written = _write_lake(Lake.open(str(tmp_path / "lake")), tmp_path)
+    uri = written.lake.uri
+    unscored = _export(["full", "--best", str(tmp_path / "none"), "--lake", uri])
+    assert unscored.exit_code == 2 and "has a held-out evaluation" in unscored.stderr
+    written.lake.write_json("full", "evals/before_rl.json", {"policy_version": 0, "accuracy": 0.75})
+    written.lake.write_json("full", "evals/after_rl.json", {"policy_version": 2, "accuracy": 0.25})
+    result = _export(["full", "--best", str(tmp_path / "best"), "--lake", uri])
+    assert result.exit_code == 0, result.output
+    assert "at step 0" in result.output  # not the newest (2): the best evaluated
+    assert torch.equal(_loaded_logits(tmp_path / "best", written.token_ids), written.logits[("full", 0)])
+    both = _export(["full", "--best", "--step", "2", str(tmp_path / "both"), "--lake", uri])
+    assert both.exit_code == 2 and "--best and --step" in both.stderr
+    shown = runner.invoke(app, ["runs", "show", "full", "--lake", uri, "--json"])
+    assert shown.exit_code == 0, shown.output
+    kept = json.loads(shown.stdout)["checkpoints"]
+    assert [(c["step"], c["accuracy"], c["kept_as"]) for c in kept] == [(0, 0.75, ["last", "best"]), (2, 0.25, ["last"])]
+    assert all(c["size_bytes"] > 0 for c in kept)
+    table = runner.invoke(app, ["runs", "show", "full", "--lake", uri])
+    assert "checkpoints kept" in table.stdout and "0.75" in table.stdout

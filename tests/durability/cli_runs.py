@@ -119,7 +119,7 @@ def count_rows(lake: Lake, run_id: str) -> tuple[int, int]:
 
 
 def final_weights(lake: Lake, run_id: str, step: int, into: Path) -> dict[str, torch.Tensor]:
-    """The tensors of policy/model.safetensors of checkpoint `step`, downloaded from the lake."""
+    """The tensors of model.safetensors of checkpoint `step`, downloaded from the lake."""
     from rlpipe.rl.checkpoint import WEIGHTS_FILE
 
     info = lake.load_checkpoint(run_id, step, into)

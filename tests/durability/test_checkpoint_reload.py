@@ -1,4 +1,4 @@
-"""A checkpoint's policy/ folder is a plain HF model folder: the final checkpoint of a run,
+"""A checkpoint's step folder is a plain HF model folder: the final checkpoint of a run,
 downloaded from the lake into a fresh process and loaded with AutoModelForCausalLM /
 AutoTokenizer alone, gives the same held-out accuracy (overall and per domain) as the process
 that wrote it measured after RL (stored in the lake as evals/after_rl.json)."""
@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from rlpipe.flows.train import train
-from rlpipe.rl.checkpoint import POLICY_DIR
 from rlpipe.tasks.builders import build_lake
 from tests.durability.cli_runs import REPO_ROOT
 from tests.flows.runs import tiny_config
@@ -42,12 +41,12 @@ def test_final_checkpoint_reloads_in_a_fresh_process_with_the_same_heldout_accur
     assert written is not None and written["policy_version"] == 2
     folder = tmp_path / "checkpoint"
     step = lake.latest_checkpoint("reload")
-    assert step == 2 and summary.final_checkpoint.endswith("step=000002/policy")
+    assert step == 2 and summary.final_checkpoint.endswith("step=000002")
     assert lake.load_checkpoint("reload", step, folder) is not None
     config_file = tmp_path / "config.json"
     config_file.write_text(config.model_dump_json())
     result = subprocess.run(
-        [sys.executable, "-m", "tests.durability.eval_checkpoint", str(folder / POLICY_DIR), str(config_file)],
+        [sys.executable, "-m", "tests.durability.eval_checkpoint", str(folder), str(config_file)],
         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
         env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
     )

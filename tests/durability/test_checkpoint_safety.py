@@ -73,7 +73,7 @@ def test_a_checkpoint_whose_optimizer_file_would_run_code_is_refused(tmp_path: P
     marker = tmp_path / "marker"
     (folder / OPTIMIZER_FILE).write_bytes(_poison_bytes(marker))
     before = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
-    with pytest.raises(LakeCorrupted, match=r"s3://lake/checkpoints/r/step=000000/trainer/optimizer\.pt holds objects") as caught:
+    with pytest.raises(LakeCorrupted, match=r"s3://lake/checkpoints/r/step=000000/optimizer\.pt holds objects") as caught:
         load_checkpoint(folder, policy, source="s3://lake/checkpoints/r/step=000000")
     assert "Unsupported global" in caught.value.message  # what torch found, not its page of advice
     assert "altered" in caught.value.hint
@@ -96,6 +96,6 @@ def test_resume_falls_back_from_a_poisoned_checkpoint_or_fails_naming_the_file(t
     # every checkpoint poisoned: nothing to fall back to, the resume fails naming the file
     _poison_in_lake(lake, "poisoned", 2, marker)
     _poison_in_lake(lake, "poisoned", 0, marker)
-    with pytest.raises(LakeCorrupted, match=r"checkpoints/poisoned/step=000000/trainer/optimizer\.pt"):
+    with pytest.raises(LakeCorrupted, match=r"checkpoints/poisoned/step=000000/optimizer\.pt"):
         train(config, "poisoned")
     assert not marker.exists()

@@ -201,12 +201,17 @@ def test_killed_run_dies_by_sigkill_and_queries_see_only_committed_steps(runs: d
     outcome = runs[name]
     _, step, committed = SCENARIOS[name]
     assert outcome.killed.returncode == -9, outcome.killed.stderr[-3000:]
+    # checkpoint 4 is written in the background (workers/checkpoint_writer.py): step 5 may have
+    # begun, or even committed, before the kill landed in its 2nd file
+    steps = (step, step + 1) if name == "checkpoint-write" else (step,)
+    if name == "checkpoint-write" and outcome.committed_after_kill == committed + [5]:
+        committed = committed + [5]
     assert outcome.committed_after_kill == committed
     # 16 rows per committed step; a half-written or unlisted part is never counted
     assert outcome.rows_after_kill == (16 * len(committed), 16 * len(committed))
     status = outcome.status_after_kill
     assert status is not None and status.state.value == "running"  # SIGKILL leaves no chance to say more
-    assert status.step == step
+    assert status.step in steps
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -283,7 +288,7 @@ def test_lost_files_fall_back_to_an_intact_checkpoint_and_recompute_staged_rows(
     outcome = runs["lost-files"]
     assert outcome.resumed.returncode == 0, outcome.resumed.stderr[-3000:]
     warnings = asyncio.run(_flow_run_log_messages(outcome.run_id))
-    assert any("checkpoint 2 of run kr-lost-files is corrupted" in message and "lacks policy/model.safetensors" in message
+    assert any("checkpoint 2 of run kr-lost-files is corrupted" in message and "lacks model.safetensors" in message
                and message.endswith("falling back to checkpoint 0") for message in warnings), warnings
     killed, resumed = asyncio.run(_stage_states(outcome.run_id, 4))
     assert resumed["rollout"] == ["Completed"], resumed

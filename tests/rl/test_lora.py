@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.engines.hf import HFEngine
 from rlpipe.rl.batching import TrainSample, pad_samples, token_logprobs
-from rlpipe.rl.checkpoint import ADAPTER_FILE, POLICY_DIR, CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
+from rlpipe.rl.checkpoint import ADAPTER_FILE, CheckpointMeta, load_checkpoint, load_policy_weights, save_checkpoint
 from rlpipe.rl.lora import apply_lora, is_lora_model
 from rlpipe.rl.policy import build_tiny_model, load_local_model
 from rlpipe.rl.trainer import Trainer
@@ -91,13 +91,13 @@ def test_checkpoint_exports_the_merged_model_and_keeps_the_adapter(tokenizer, tm
     trainer = lora_trainer(model)
     trainer.update(engine_samples(model, tokenizer))
     save_checkpoint(tmp_path, trainer.model, tokenizer, trainer.state_dict(), CheckpointMeta(1, 1, "h"))
-    # policy/: a plain HF folder, no peft in it, that gives the adapter model's logits
-    names = sorted(path.name for path in (tmp_path / POLICY_DIR).iterdir())
+    # the step folder: a plain HF folder (no peft at its top) that gives the adapter model's logits
+    names = sorted(path.name for path in tmp_path.iterdir())
     assert "adapter_config.json" not in names and "model.safetensors" in names
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / POLICY_DIR, local_files_only=True)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True)
     assert not is_lora_model(merged) and not any("lora" in name for name, _ in merged.named_parameters())
     assert torch.allclose(logits(merged), logits(trainer.model), atol=1e-5)
-    loaded, _ = load_local_model(tmp_path / POLICY_DIR)
+    loaded, _ = load_local_model(tmp_path)
     assert torch.allclose(logits(loaded), logits(trainer.model), atol=1e-5)
     # the trainer's model is still base + adapter (the merge worked on a copy)
     assert is_lora_model(trainer.model) and (tmp_path / ADAPTER_FILE).is_file()
@@ -160,7 +160,7 @@ def test_lora_on_a_bf16_base_with_checkpointing(tokenizer, tmp_path):
         grads.append(stepped[0])
     assert grads[0].numel() > 0 and torch.allclose(grads[0], grads[1], atol=1e-6)
     save_checkpoint(tmp_path, trainer.model, tokenizer, trainer.state_dict(), CheckpointMeta(1, 1, "h"))
-    merged, _ = load_local_model(tmp_path / POLICY_DIR, dtype="bfloat16")
+    merged, _ = load_local_model(tmp_path, dtype="bfloat16")
     assert torch.allclose(logits(merged).float(), logits(trainer.model).float(), atol=0.05)
     with pytest.raises(ValueError, match="pass the peft model"):
         save_checkpoint(tmp_path / "base", trainer.model.get_base_model(), tokenizer, {}, CheckpointMeta(1, 1, "h"))

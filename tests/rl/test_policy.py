@@ -9,7 +9,7 @@ from rlpipe.core.errors import ModelNotFoundError
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.engines.hf import HFEngine
 from rlpipe.envs.reverse import ReverseEnv
-from rlpipe.rl.checkpoint import POLICY_DIR, CheckpointMeta, save_checkpoint
+from rlpipe.rl.checkpoint import CheckpointMeta, save_checkpoint
 from rlpipe.rl.policy import DEFAULT_ALPHABET, build_tiny_model, load_local_model
 from rlpipe.rl.warmstart import warm_start
 
@@ -46,10 +46,11 @@ def test_saved_policy_loads_the_same_through_auto_classes_and_pipeline(architect
     train_tasks = env.tasks("train", 200, seed=0)
     warm_start(model, tokenizer, [(t.prompt, t.reference_answer) for t in train_tasks], steps=30, batch_size=32, lr=3e-3, seed=0)
     save_checkpoint(tmp_path, model, tokenizer, {}, CheckpointMeta(step=0, policy_version=0, config_hash="test"))
-    folder = tmp_path / POLICY_DIR
+    folder = tmp_path
     assert sorted(path.name for path in folder.iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-    ]  # what an HF user expects, no trainer state
+        "config.json", "generation_config.json", "model.safetensors", "optimizer.pt", "rlpipe_checkpoint.json",
+        "tokenizer.json", "tokenizer_config.json",
+    ]  # what an HF user expects, with the trainer's state beside it (HF Trainer's layout)
     hf_tokenizer = AutoTokenizer.from_pretrained(folder)
     ids = tokenizer(PROMPT_WITH_SPACES, add_special_tokens=False)["input_ids"]
     assert len(ids) == 12

@@ -167,3 +167,16 @@ def test_two_processes_opening_a_new_sqlite_store_at_once_both_succeed(tmp_path:
     for returncode, _, stderr in results:
         assert returncode == 0, stderr[-3000:]
     assert len({stdout.strip() for _, stdout, _ in results}) == 1  # one experiment, found by both
+
+
+def test_the_experiment_opens_in_the_training_runs_view(tracker: Tracker) -> None:
+    """The experiment tag older MLflow UIs read, and the query MLflow 3.17's UI follows."""
+    from rlpipe.storage.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
+    experiment = tracker._client.get_experiment(tracker.experiment_id)
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
+    tracker._client.delete_experiment_tag(tracker.experiment_id, EXPERIMENT_KIND_TAG)
+    reopened = Tracker(tracker.uri, tracker.experiment)  # an experiment from before the tag gets it
+    assert reopened._client.get_experiment(tracker.experiment_id).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    reopened.uri = "http://127.0.0.1:5000"
+    assert reopened.run_url("abc") == f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs/abc?workflowType=machine_learning"
