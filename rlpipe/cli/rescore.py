@@ -38,10 +38,10 @@ def rescore(
     """Re-verify a run's stored trajectories with the current verifiers; print what flipped, by domain."""
     from pathlib import Path
 
-    from rlpipe.cli.main import _config_for_lake, _open_lake
+    from rlpipe.cli.lake import config_for_lake, open_lake
     from rlpipe.tasks.rescore import rescore_run
 
-    store = _open_lake(_config_for_lake(Path(config) if config else None, lake))
+    store = open_lake(config_for_lake(Path(config) if config else None, lake))
     with Progress(TextColumn("[bold]rescoring {task.fields[run]}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=progress_console, transient=True) as bar:
         task_id = bar.add_task("rescore", total=None, run=run_id, detail="")
