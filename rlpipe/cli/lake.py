@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def open_lake(run_config: RunConfig) -> Lake:
     """The lake of `run_config` as it is: never created here (exit 2 when missing)."""
-    from rlpipe.tasks.builders import build_lake
+    from rlpipe.controller.builders import build_lake
 
     try:
         return build_lake(run_config, create=False)

@@ -116,7 +116,7 @@ def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
 def _train(run_config: RunConfig, run_id: str, verbose: bool):
     from rlpipe.cli.progress import follow_run
     from rlpipe.cli.signals import hold_signals
-    from rlpipe.tasks.runtime import preflight
+    from rlpipe.controller.preflight import preflight
 
     preflight(run_config)  # bad input fails here, before a flow run or a lake write
     _export_s3_keys(run_config)
@@ -158,7 +158,7 @@ def _signal_of(exc: BaseException) -> str | None:
 def _interrupted_line(run_config: RunConfig, run_id: str, signal_name: str) -> str:
     """One line: where the run stopped and how to resume it (from the lake's status.json)."""
     from rlpipe.cli.runs import resume_command
-    from rlpipe.tasks.builders import build_lake
+    from rlpipe.controller.builders import build_lake
 
     try:
         lake = build_lake(run_config)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.flows.train import train
 from rlpipe.rl.checkpoint import POLICY_DIR
-from rlpipe.tasks.builders import build_lake
 from tests.durability.cli_runs import REPO_ROOT
 from tests.flows.runs import tiny_config
 
