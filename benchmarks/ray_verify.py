@@ -26,9 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlpipe.controller.launch import build_sandbox_pool  # noqa: E402
+from rlpipe.controller.sample import build_mixture
+from rlpipe.controller.verify_batch import verify_batch  # noqa: E402
 from rlpipe.core.config import load_config  # noqa: E402
-from rlpipe.tasks.runtime import build_mixture, build_sandbox_pool  # noqa: E402
-from rlpipe.tasks.verify_batch import verify_batch  # noqa: E402
 
 TIMEOUT_S = 3.0  # per verification, as benchmarks/code_verify.py
 

@@ -5,7 +5,7 @@ The model: Qwen2.5-0.5B's shape built from its config (hidden 896, 24 layers, 14
 heads, intermediate 4864, vocabulary 151936, tied embeddings, rope theta 1e6), randomly
 initialised, then `--prime-steps` (10) supervised steps (rl/warmstart.py) on the run's
 arithmetic tasks (a+b, a and b in 0..3), saved as a local HF folder with rlpipe's character
-tokenizer (its ~60 ids are all below the vocabulary size, so tasks/model_checks.py's pre-flight
+tokenizer (its ~60 ids are all below the vocabulary size, so controller/model_checks.py's pre-flight
 accepts it). Why the priming: a purely random model is never right, so every reward is 0, every
 GRPO advantage is 0 and the trainer skips the update (no gradient, no AdamW state): the step
 would measure nothing of the update. Primed, it answers a digit, right about 1 time in 5, so
@@ -88,12 +88,16 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # process_peaks, next to this file
+from process_peaks import ProcessPeak, Watch  # noqa: E402
+
 from rlpipe.workers.shm import folder_prefix, shm_base  # noqa: E402 - torch-free: where the run's /dev/shm folder appears
+
 GIB = 1024**3
 MAX_OPERAND = 3  # arithmetic a+b, a and b in 0..3: answers 0..6, guessable by a barely trained model
 
@@ -141,116 +145,6 @@ def parameter_count(folder: Path) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
     return sum(p.numel() for p in model.parameters())
-
-
-@dataclass
-class ProcessPeak:
-    pid: int
-    role: str
-    vmhwm_kib: int = 0
-    anon_kib: int = 0  # polled peak of RssAnon: private memory (no file pages, no mapped /dev/shm)
-
-
-@dataclass
-class Watch:
-    """VmHWM of a process tree, polled until stopped."""
-
-    root: int
-    shm_prefix: Path  # the run's weight-sync folder is the one named so plus a random suffix (workers/shm.py)
-    peaks: dict[int, ProcessPeak] = field(default_factory=dict)
-    shm_peak: int = 0
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for pid in _descendants(self.root):
-                status = _status_kib(pid)
-                if "VmHWM" not in status:
-                    continue
-                peak = self.peaks.get(pid)
-                if peak is None:
-                    peak = self.peaks[pid] = ProcessPeak(pid, _role(pid, self.root))
-                elif peak.role == "cli fork":  # forked by Popen, not yet exec'd when first seen
-                    peak.role = _role(pid, self.root)
-                peak.vmhwm_kib = max(peak.vmhwm_kib, status["VmHWM"])
-                peak.anon_kib = max(peak.anon_kib, status.get("RssAnon", 0))
-            self.shm_peak = max(self.shm_peak, sum(map(_folder_bytes, self.shm_prefix.parent.glob(self.shm_prefix.name + "*"))))
-            self.stop.wait(0.2)
-
-
-def _folder_bytes(folder: Path) -> int:
-    """Bytes of the files in `folder` (0 when it is gone)."""
-    total = 0
-    try:
-        for entry in os.scandir(folder):
-            try:
-                total += entry.stat().st_size
-            except OSError:
-                pass
-    except OSError:
-        pass
-    return total
-
-
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    return children
-
-
-def _descendants(root: int) -> list[int]:
-    children, found, todo = _children(), [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def _status_kib(pid: int) -> dict[str, int]:
-    """VmHWM, RssAnon of /proc/PID/status in KiB ({} when the process is gone)."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return {}
-    return {key: int(rest.split()[0]) for key, _, rest in (line.partition(":") for line in lines)
-            if key in ("VmHWM", "RssAnon")}
-
-
-def _role(pid: int, root: int) -> str:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return "?"
-    text = " ".join(argv)
-    if pid == root:
-        return "cli/controller"
-    try:
-        if Path(f"/proc/{root}/cmdline").read_bytes().decode(errors="replace").split("\0") == argv:
-            return "cli fork"
-    except OSError:
-        pass
-    try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        comm = ""
-    if comm in ("rlpipe-engine", "rlpipe-trainer"):  # forked by the zygote: its command line is the zygote's
-        return f"{comm.removeprefix('rlpipe-')} worker"
-    if "rlpipe.workers.zygote" in text:
-        return "zygote"
-    if "rlpipe.workers.main" in text:
-        return f"{argv[argv.index('--kind') + 1]} worker" if "--kind" in argv else "worker"
-    if "uvicorn" in text or "prefect" in text:
-        return "prefect server"
-    return " ".join(Path(argv[0]).name.split() + argv[1:3])[:40]
 
 
 def write_config(path: Path, model: Path, lake: Path) -> None:

@@ -47,8 +47,8 @@ def main() -> None:
     from rlpipe.flows.steps import rl_step
     from rlpipe.tasks import lifecycle, rollout, update
     from rlpipe.tasks.prefect_server import temporary_prefect_server
-    from rlpipe.tasks.runtime import build_runtime, get_runtime, release_runtime
-    from rlpipe.tasks.stage_clock import StageClock
+    from rlpipe.controller.launch import build_runtime
+    from rlpipe.controller.stage_clock import StageClock
 
     with tempfile.TemporaryDirectory() as lake:
         overrides = [f'storage.lake_uri="{lake}/lake"', f'tracking.mlflow_uri="sqlite:///{lake}/mlflow.db"']
@@ -59,18 +59,16 @@ def main() -> None:
         @flow(name="step-breakdown")
         def bench() -> dict[str, list[float]]:
             run_id = f"bench-{os.getpid()}"  # /dev/shm/rlpipe-<run id>: two benchmarks at once must not share it
-            build_runtime(run_id, config)
+            runtime = build_runtime(run_id, config)
             try:
-                return _steps(run_id)
+                return _steps(runtime)
             finally:
-                runtime = get_runtime(run_id)
                 peaks.update(engine_worker=_peak_rss_mb(runtime.engine.pid), trainer_worker=_peak_rss_mb(runtime.trainer.pid))
-                release_runtime(run_id)
+                runtime.close()
 
-        def _steps(run_id: str) -> dict[str, list[float]]:
-            lifecycle.open_run(run_id)
-            lifecycle.warm_start(run_id)
-            runtime = get_runtime(run_id)
+        def _steps(runtime) -> dict[str, list[float]]:
+            lifecycle.open_run(runtime)
+            lifecycle.warm_start(runtime)
             workers = {runtime.engine.pid, runtime.trainer.pid}
             stage_s: dict[str, list[float]] = defaultdict(list)
             step_s: dict[str, list[float]] = defaultdict(list)
@@ -79,19 +77,19 @@ def main() -> None:
                 cpu_before = _orchestration_cpu_s(workers)
                 started = time.perf_counter()
                 if mode == "tasks":
-                    rl_step(run_id, step, config)
+                    rl_step(runtime, step)
                 else:
-                    _plain_step(run_id, step, stage_s)
+                    _plain_step(runtime, step, stage_s)
                 step_s[mode].append(time.perf_counter() - started)
                 load_1m.append(os.getloadavg()[0])
                 for name, seconds in zip(("controller", "server"), _orchestration_cpu_s(workers)):
                     cpu_s[f"{mode}_{name}"].append(seconds - cpu_before[name == "server"])
             return {**stage_s, **{f"{mode}_step": values for mode, values in step_s.items()}}
 
-        def _plain_step(run_id: str, step: int, stage_s: dict[str, list[float]]) -> None:
+        def _plain_step(runtime, step: int, stage_s: dict[str, list[float]]) -> None:
             clock = StageClock()
-            rollout.rollout.fn(run_id, step, clock)
-            update.train.fn(run_id, step, clock)
+            rollout.rollout.fn(runtime, step, clock)
+            update.train.fn(runtime, step, clock)
             clock.enter("done")  # close track's interval (the step's own timings end where track starts)
             for stage, seconds in clock.seconds.items():
                 stage_s[stage].append(seconds)

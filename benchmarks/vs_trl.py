@@ -76,16 +76,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlpipe.controller.sample import build_mixture  # noqa: E402
 from rlpipe.core.config import load_config  # noqa: E402
 from rlpipe.core.seeds import derive_seed  # noqa: E402
-from rlpipe.engines.sampling import SamplingParams  # noqa: E402
 from rlpipe.engines.hf import HFEngine  # noqa: E402
+from rlpipe.engines.sampling import SamplingParams  # noqa: E402
 from rlpipe.rl.advantages import group_advantages  # noqa: E402
 from rlpipe.rl.batching import TrainSample  # noqa: E402
 from rlpipe.rl.dynamic_sampling import extra_round_size  # noqa: E402
 from rlpipe.rl.trainer import Trainer  # noqa: E402
 from rlpipe.rl.warmstart import warm_start  # noqa: E402
-from rlpipe.tasks.runtime import build_mixture  # noqa: E402
 from rlpipe.workers.builders import build_policy  # noqa: E402
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"

@@ -4,7 +4,7 @@
         [--eval-every 20] [--warm-cache /tmp/warm]
 
 What it does: the same computation as `rlpipe train configs/quickstart.toml --set seed=S`
-(the same config, parts and seeds, step by step: tasks/runtime.py's builders, the warm-start
+(the same config, parts and seeds, step by step: controller/runtime.py's builders, the warm-start
 of tasks/lifecycle.py stopped at the target accuracy, then per RL step the tasks of
 (seed, step), the engine's samples, the verifier, group advantages, Trainer.update with the
 step's shuffle seed, the weight sync), then greedy held-out accuracy before and after. It
@@ -60,16 +60,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlpipe.controller.sample import build_mixture, build_policy, build_trainer, step_tasks  # noqa: E402
 from rlpipe.core.config import RunConfig, load_config  # noqa: E402
 from rlpipe.core.records import Task  # noqa: E402
 from rlpipe.core.seeds import derive_seed  # noqa: E402
-from rlpipe.engines.sampling import SamplingParams  # noqa: E402
 from rlpipe.engines.hf import HFEngine  # noqa: E402
+from rlpipe.engines.sampling import SamplingParams  # noqa: E402
 from rlpipe.envs.mixture import Mixture  # noqa: E402
 from rlpipe.rl.advantages import group_advantages  # noqa: E402
 from rlpipe.rl.batching import TrainSample  # noqa: E402
 from rlpipe.rl.warmstart import warm_start  # noqa: E402
-from rlpipe.tasks.runtime import build_mixture, build_policy, build_trainer, step_tasks  # noqa: E402
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"
 
@@ -89,7 +89,7 @@ class AblationResult:
 
 
 def heldout_accuracy(engine: HFEngine, mixture: Mixture, config: RunConfig, tasks: list[Task]) -> tuple[float, dict[int, float]]:
-    """Greedy pass@1 as lifecycle.greedy_accuracy computes it, and per word length."""
+    """Greedy pass@1 as controller/evaluation.py greedy_accuracy computes it, and per word length."""
     params = SamplingParams(n=1, temperature=1.0, top_p=1.0, max_new_tokens=config.rollout.max_new_tokens,
                             stop=config.rollout.stop, seed=0, greedy=True)
     completions = engine.generate([(t.task_id, t.prompt) for t in tasks], params)

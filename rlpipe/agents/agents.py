@@ -14,7 +14,7 @@ Built in:
 - `ScriptedAgent`: replays a fixed list of replies (tests; malformed ones included).
 
 A model-backed agent (a language model through an engine, with context management) is
-agents/policy.py; its engine is built above this layer (tasks/eval_policy.py).
+agents/policy.py; its engine is built above this layer (controller/eval_policy.py).
 """
 
 from __future__ import annotations

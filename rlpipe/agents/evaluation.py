@@ -33,8 +33,8 @@ from rlpipe.agents.policy import POLICY_AGENT
 from rlpipe.agents.recording import EvalRecorder, RecordedAttempt, TrialStore, now_ms
 from rlpipe.agents.records import TrialResult
 from rlpipe.agents.task_format import AgentTask, SkippedTask, builtin_suite_dir, load_tasks
-from rlpipe.agents.trial import TrialOptions, run_trial
 from rlpipe.agents.tree_state import ReplayPrefix
+from rlpipe.agents.trial import TrialOptions, run_trial
 from rlpipe.core.errors import ConfigError, RunNotFoundError
 from rlpipe.storage.eval_records import EvalInfo, check_eval_id
 
@@ -63,7 +63,7 @@ def check_agent_name(name: str) -> str:
 
 def agent_factory(name: str) -> AgentFactory:
     """The factory of a built-in agent (the policy agent's is built with its engine:
-    agents/policy.policy_agent_factory, tasks/eval_policy.py)."""
+    agents/policy.policy_agent_factory, controller/eval_policy.py)."""
     check_agent_name(name)
     if name == POLICY_AGENT:
         raise ConfigError("the policy agent needs a model engine; it is built from the eval's agent options",

@@ -23,7 +23,7 @@ each reply and its tool result. The agent
 5. samples one reply (`ChatEngine.generate`) and returns its text. The loop parses the tool
    call with tools.parse_tool_call, answers and counts malformed ones.
 
-`ChatEngine` is our protocol; tasks/eval_policy.py implements it over the engine worker
+`ChatEngine` is our protocol; controller/eval_policy.py implements it over the engine worker
 (workers/client.EngineClient: hf, vllm or an OpenAI-compatible server), and unit tests fake
 it. `PolicyOptions` is what `rlpipe eval --agent policy` records in EVAL.json (so a resume
 builds the same agent). What it does not do: load a model, tokenize, or sample itself.
@@ -77,7 +77,7 @@ class Generation:
 
 
 class ChatEngine(Protocol):
-    """What the policy agent needs of a model (tasks/eval_policy.py: the engine worker)."""
+    """What the policy agent needs of a model (controller/eval_policy.py: the engine worker)."""
 
     @property
     def max_new_tokens(self) -> int: ...

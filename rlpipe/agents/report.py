@@ -13,7 +13,7 @@
 
 Task kinds come from each task's `[metadata] category` ("" -> "uncategorised").
 
-What it does not do: run trials, or log anywhere (rlpipe/tasks/eval_tracking.py sends
+What it does not do: run trials, or log anywhere (rlpipe/controller/eval_tracking.py sends
 these to MLflow).
 """
 

@@ -42,66 +42,29 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from rlpipe.core.errors import DatasetError
-from rlpipe.sandbox.base import WORK, workspace_problem
+from rlpipe.agents.task_records import (
+    DEFAULT_AGENT_TIMEOUT_S,
+    DEFAULT_MAX_STEPS,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_STORAGE_MB,
+    DEFAULT_VERIFIER_TIMEOUT_S,
+    MAX_TASK_BYTES,
+    AgentTask,
+    SkippedTask,
+    TaskLimits,
+    positive_number,
+    read_text,
+    read_tree,
+    required_commands,
+    task_workdir,
+)
+from rlpipe.sandbox.base import workspace_problem
 
-MAX_TASK_BYTES = 16 * 1024 * 1024  # all files of one task folder together
-DEFAULT_AGENT_TIMEOUT_S = 600.0
-DEFAULT_VERIFIER_TIMEOUT_S = 120.0
-DEFAULT_MAX_STEPS = 50
-DEFAULT_MEMORY_MB = 1024  # Harbor's default is 2 GB; trials here are many and small
-DEFAULT_STORAGE_MB = 256  # Harbor's default is 10 GB (the work dir is a tmpfs here)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
-_SHEBANG_COMMANDS = ("bash", "sh", "python3")
-_MENTIONS_APP = re.compile(rb"(?<![\w./-])/app(?=/|\b)")
-_WORKDIR_LINE = re.compile(r"^\s*WORKDIR\s+(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
-
-
-@dataclass(frozen=True)
-class TaskLimits:
-    """The quotas of one trial."""
-
-    cpus: float = 1.0
-    memory_mb: int = DEFAULT_MEMORY_MB
-    storage_mb: int = DEFAULT_STORAGE_MB
-    agent_timeout_s: float = DEFAULT_AGENT_TIMEOUT_S
-    verifier_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S
-    max_steps: int = DEFAULT_MAX_STEPS
-
-
-@dataclass(frozen=True)
-class AgentTask:
-    """One runnable task: everything a trial needs, read into memory (paths are relative)."""
-
-    task_id: str
-    folder: Path
-    instruction: str
-    initial_files: dict[str, bytes]
-    executable_files: tuple[str, ...]  # initial files whose mode had an execute bit
-    setup_script: str | None  # path under environment/ (also in initial_files), run then removed
-    solution_files: dict[str, bytes]  # solution/..., empty when the task has no reference
-    test_files: dict[str, bytes]  # tests/..., copied in only after the agent ends
-    limits: TaskLimits
-    requires_commands: tuple[str, ...]
-    category: str = ""
-    difficulty: str = ""
-    tags: tuple[str, ...] = field(default_factory=tuple)
-    workdir: str = WORK  # where the task's files are: the agent's cwd (the work dir is at /work too)
-    dockerfile: str | None = None  # environment/Dockerfile's text: initial_files are then its build context
-
-
-@dataclass(frozen=True)
-class SkippedTask:
-    """A folder that will not be run: why (`invalid` when it is not a well-formed task)."""
-
-    task_id: str
-    folder: Path
-    reason: str
-    invalid: bool = False
 
 
 def builtin_suite_dir() -> Path:
@@ -152,7 +115,7 @@ def load_task(folder: Path) -> AgentTask | SkippedTask:
     instruction_path = folder / "instruction.md"
     if not instruction_path.is_file():
         raise DatasetError(f"{instruction_path} is missing", hint="every task needs an instruction.md with what the agent must do")
-    instruction = _read_text(instruction_path).strip()
+    instruction = read_text(instruction_path).strip()
     if not instruction:
         raise DatasetError(f"{instruction_path} is empty", hint="write what the agent must do in instruction.md")
     if not (folder / "tests" / "test.sh").is_file():
@@ -166,16 +129,16 @@ def load_task(folder: Path) -> AgentTask | SkippedTask:
     if skip_reason:
         return SkippedTask(task_id, folder, skip_reason)
     limits = TaskLimits(
-        cpus=_number(environment, "cpus", 1.0, folder),
+        cpus=positive_number(environment, "cpus", 1.0, folder),
         memory_mb=_megabytes(environment, "memory", "memory_mb", DEFAULT_MEMORY_MB, folder),
         storage_mb=_megabytes(environment, "storage", "storage_mb", DEFAULT_STORAGE_MB, folder),
-        agent_timeout_s=_number(agent, "timeout_sec", DEFAULT_AGENT_TIMEOUT_S, folder),
-        verifier_timeout_s=_number(verifier, "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S, folder),
-        max_steps=int(_number(agent, "max_steps", DEFAULT_MAX_STEPS, folder)),
+        agent_timeout_s=positive_number(agent, "timeout_sec", DEFAULT_AGENT_TIMEOUT_S, folder),
+        verifier_timeout_s=positive_number(verifier, "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S, folder),
+        max_steps=int(positive_number(agent, "max_steps", DEFAULT_MAX_STEPS, folder)),
     )
-    initial_files, executable = _read_tree(folder / "environment")
-    test_files, _ = _read_tree(folder / "tests")
-    solution_files, _ = _read_tree(folder / "solution")
+    initial_files, executable = read_tree(folder / "environment")
+    test_files, _ = read_tree(folder / "tests")
+    solution_files, _ = read_tree(folder / "solution")
     total = sum(map(len, initial_files.values())) + sum(map(len, test_files.values())) + sum(map(len, solution_files.values()))
     if total > MAX_TASK_BYTES:
         raise DatasetError(f"{folder} holds {total} bytes of files; at most {MAX_TASK_BYTES} are loaded",
@@ -186,7 +149,7 @@ def load_task(folder: Path) -> AgentTask | SkippedTask:
                            hint="name a script under environment/, e.g. setup_script = \"setup.sh\"")
     dockerfile = initial_files.get("Dockerfile")
     dockerfile_text = dockerfile.decode("utf-8", errors="replace") if dockerfile is not None else None
-    workdir = _workdir(environment, dockerfile_text, [instruction.encode(), *test_files.values(), *solution_files.values()], folder)
+    workdir = task_workdir(environment, dockerfile_text, [instruction.encode(), *test_files.values(), *solution_files.values()], folder)
     problem = workspace_problem(workdir)
     if problem:
         return SkippedTask(task_id, folder, f"{problem}: set [environment] workdir in task.toml, e.g. \"/app\"")
@@ -194,27 +157,11 @@ def load_task(folder: Path) -> AgentTask | SkippedTask:
         task_id=task_id, folder=folder, instruction=instruction, initial_files=initial_files,
         executable_files=executable, setup_script=setup_script, solution_files=solution_files,
         test_files=test_files, limits=limits,
-        requires_commands=_required_commands(environment, test_files, solution_files, folder),
+        requires_commands=required_commands(environment, test_files, solution_files, folder),
         category=str(metadata.get("category", "")), difficulty=str(metadata.get("difficulty", "")),
         tags=tuple(str(tag) for tag in metadata.get("tags", []) or []),
         workdir=workdir, dockerfile=dockerfile_text,
     )
-
-
-def _workdir(environment: dict, dockerfile: str | None, texts: list[bytes], folder: Path) -> str:
-    """The task's work dir (see the module docstring)."""
-    declared = environment.get("workdir")
-    if declared is not None:
-        if not isinstance(declared, str):
-            raise DatasetError(f"{folder / 'task.toml'}: workdir = {declared!r} must be a path",
-                               hint='e.g. workdir = "/app"')
-        return declared.rstrip("/") or "/"
-    if dockerfile is not None:
-        current = "/"
-        for target in _WORKDIR_LINE.findall(dockerfile):
-            current = str(PurePosixPath(current) / target.strip('"'))
-        return current if current != "/" else "/app"
-    return "/app" if any(_MENTIONS_APP.search(text) for text in texts) else WORK
 
 
 def _read_config(folder: Path) -> dict:
@@ -222,16 +169,9 @@ def _read_config(folder: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        return tomllib.loads(_read_text(path))
+        return tomllib.loads(read_text(path))
     except tomllib.TOMLDecodeError as exc:
         raise DatasetError(f"{path} is not valid TOML: {exc}", hint="fix the syntax (see docs/AGENTS.md for the keys)") from exc
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise DatasetError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})", hint="save it as UTF-8") from exc
 
 
 def _section(config: dict, name: str, folder: Path) -> dict:
@@ -242,17 +182,9 @@ def _section(config: dict, name: str, folder: Path) -> dict:
     return value
 
 
-def _number(section: dict, key: str, default: float, folder: Path) -> float:
-    value = section.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise DatasetError(f"{folder / 'task.toml'}: {key} = {value!r} must be a positive number",
-                           hint=f"e.g. {key} = {default}")
-    return float(value)
-
-
 def _megabytes(section: dict, text_key: str, mb_key: str, default: int, folder: Path) -> int:
     if mb_key in section:
-        return int(_number(section, mb_key, default, folder))
+        return int(positive_number(section, mb_key, default, folder))
     value = section.get(text_key)
     if value is None:
         return default
@@ -279,42 +211,3 @@ def _unsupported_environment(folder: Path, environment: dict) -> str:
     return ""
 
 
-def _read_tree(root: Path) -> tuple[dict[str, bytes], tuple[str, ...]]:
-    """Every regular file under root (relative POSIX paths) and those with an execute bit."""
-    files: dict[str, bytes] = {}
-    executable = []
-    if not root.is_dir():
-        return files, ()
-    for path in sorted(root.rglob("*")):
-        if path.is_symlink():
-            raise DatasetError(f"{path} is a symbolic link; task folders hold regular files only",
-                               hint="replace the link by a copy of the file")
-        if path.is_file():
-            relative = path.relative_to(root).as_posix()
-            files[relative] = path.read_bytes()
-            if path.stat().st_mode & 0o111:
-                executable.append(relative)
-    return files, tuple(executable)
-
-
-def _required_commands(environment: dict, test_files: dict[str, bytes], solution_files: dict[str, bytes], folder: Path) -> tuple[str, ...]:
-    """Commands the task names in requires_commands, plus the interpreters of its scripts' #! lines."""
-    declared = environment.get("requires_commands", [])
-    if not isinstance(declared, list) or not all(isinstance(name, str) and re.fullmatch(r"[\w.+-]+", name) for name in declared):
-        raise DatasetError(f"{folder / 'task.toml'}: requires_commands = {declared!r} must be a list of command names",
-                           hint='e.g. requires_commands = ["git", "make"]')
-    needed = set(declared) | {"sh"}
-    for script in (test_files.get("test.sh"), solution_files.get("solve.sh")):
-        needed |= set(shebang_interpreter(script))
-    return tuple(sorted(needed))
-
-
-def shebang_interpreter(script: bytes | None) -> tuple[str, ...]:
-    """The interpreter a script's #! line names (`bash` for `#!/usr/bin/env bash`), or ()."""
-    if not script or not script.startswith(b"#!"):
-        return ()
-    words = script.split(b"\n", 1)[0][2:].decode(errors="replace").split()
-    if not words:
-        return ()
-    name = words[1] if words[0].endswith("/env") and len(words) > 1 else words[0].rsplit("/", 1)[-1]
-    return (name,) if name in _SHEBANG_COMMANDS else ()

@@ -31,18 +31,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlpipe.agents.task_format import (
+from rlpipe.agents.task_records import (
     DEFAULT_AGENT_TIMEOUT_S,
     DEFAULT_VERIFIER_TIMEOUT_S,
     MAX_TASK_BYTES,
     AgentTask,
     SkippedTask,
     TaskLimits,
-    _number,
-    _read_text,
-    _read_tree,
-    _required_commands,
-    _workdir,
+    positive_number,
+    read_text,
+    read_tree,
+    required_commands,
+    task_workdir,
 )
 from rlpipe.core.errors import DatasetError
 from rlpipe.sandbox.base import workspace_problem
@@ -71,7 +71,7 @@ def load_tb1_task(folder: Path) -> AgentTask | SkippedTask:
         if isinstance(services, dict) and len(services) > 1:
             return SkippedTask(folder.name, folder, f"{compose.name} has {len(services)} services ({', '.join(services)}): "
                                                     "a task of several containers is not run here")
-    tests, _ = _read_tree(folder / "tests")
+    tests, _ = read_tree(folder / "tests")
     run_tests = folder / "run-tests.sh"
     if not tests and not run_tests.is_file():
         raise DatasetError(f"{folder} has neither tests/ nor run-tests.sh",
@@ -87,16 +87,16 @@ def load_tb1_task(folder: Path) -> AgentTask | SkippedTask:
         raise DatasetError(f"{folder} holds {total} bytes of files; at most {MAX_TASK_BYTES} are loaded",
                            hint="keep task folders small")
     dockerfile = context["Dockerfile"].decode("utf-8", errors="replace") if "Dockerfile" in context else None
-    workdir = _workdir({}, dockerfile, [instruction.encode(), *tests.values(), *solution.values()], folder)
+    workdir = task_workdir({}, dockerfile, [instruction.encode(), *tests.values(), *solution.values()], folder)
     problem = workspace_problem(workdir)
     if problem:
         return SkippedTask(folder.name, folder, f"{problem} (the Dockerfile's WORKDIR)")
-    limits = TaskLimits(agent_timeout_s=_number(config, "max_agent_timeout_sec", DEFAULT_AGENT_TIMEOUT_S, folder),
-                        verifier_timeout_s=_number(config, "max_test_timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S, folder))
+    limits = TaskLimits(agent_timeout_s=positive_number(config, "max_agent_timeout_sec", DEFAULT_AGENT_TIMEOUT_S, folder),
+                        verifier_timeout_s=positive_number(config, "max_test_timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S, folder))
     return AgentTask(
         task_id=folder.name, folder=folder, instruction=instruction, initial_files=context if dockerfile else {},
         executable_files=executable if dockerfile else (), setup_script=None, solution_files=solution,
-        test_files=test_files, limits=limits, requires_commands=_required_commands({}, test_files, solution, folder),
+        test_files=test_files, limits=limits, requires_commands=required_commands({}, test_files, solution, folder),
         category=str(config.get("category", "")), difficulty=str(config.get("difficulty", "")),
         tags=tuple(str(tag) for tag in config.get("tags", []) or []), workdir=workdir, dockerfile=dockerfile,
     )
@@ -106,7 +106,7 @@ def _read_yaml(path: Path) -> dict:
     import yaml
 
     try:
-        loaded = yaml.safe_load(_read_text(path))
+        loaded = yaml.safe_load(read_text(path))
     except yaml.YAMLError as exc:
         raise DatasetError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}", hint="fix the YAML syntax") from exc
     if not isinstance(loaded, dict):
@@ -129,6 +129,6 @@ def _instruction(config: dict, folder: Path) -> str:
 
 def _context(folder: Path) -> tuple[dict[str, bytes], tuple[str, ...]]:
     """The Dockerfile's build context: the folder's files less task.yaml, the solution, the tests."""
-    files, executable = _read_tree(folder)
+    files, executable = read_tree(folder)
     keep = {path: data for path, data in files.items() if path not in NOT_CONTEXT and not path.startswith("tests/")}
     return keep, tuple(path for path in executable if path in keep)

@@ -20,39 +20,26 @@ What it does not do: run the replay (agents/trial.py re-executes, agents/replay.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 
 from rlpipe.agents.records import TrialStep
 from rlpipe.core.errors import UserError
 from rlpipe.sandbox.base import Sandbox
 
 TREE_DIGEST_TIMEOUT_S = 30.0
-_TREE_DIGEST = r"""
-import hashlib, os, stat
-digest = hashlib.sha256()
-for top, dirs, files in os.walk("/work"):
-    dirs.sort()
-    for name in sorted(dirs + files):
-        path = os.path.join(top, name)
-        info = os.lstat(path)
-        digest.update(f"{os.path.relpath(path, '/work')}\0{stat.S_IFMT(info.st_mode)}\0{stat.S_IMODE(info.st_mode)}\0".encode())
-        if stat.S_ISLNK(info.st_mode):
-            digest.update(os.readlink(path).encode())
-        elif stat.S_ISREG(info.st_mode):
-            try:
-                with open(path, "rb") as handle:
-                    for block in iter(lambda: handle.read(1 << 20), b""):
-                        digest.update(block)
-            except OSError as exc:
-                digest.update(f"unreadable {exc.errno}".encode())
-        digest.update(b"\n")
-    dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
-print(digest.hexdigest())
-"""
+TREE_DIGEST_PROGRAM = "tree_digest_program.py"
+
+
+@cache
+def _tree_digest_source() -> str:
+    """The text of agents/tree_digest_program.py (package data: works from a wheel too)."""
+    return resources.files("rlpipe.agents").joinpath(TREE_DIGEST_PROGRAM).read_text(encoding="utf-8")
 
 
 def tree_digest(sandbox: Sandbox) -> str | None:
     """sha256 of /work's paths, types, modes and contents; None when it could not be taken."""
-    ran = sandbox.exec_python(_TREE_DIGEST, timeout_s=TREE_DIGEST_TIMEOUT_S)
+    ran = sandbox.exec_python(_tree_digest_source(), timeout_s=TREE_DIGEST_TIMEOUT_S)
     text = ran.stdout.strip()
     return text if ran.exit_code == 0 and len(text) == 64 else None
 

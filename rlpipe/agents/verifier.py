@@ -35,7 +35,7 @@ import math
 
 from rlpipe.agents.backends import TrialBackend
 from rlpipe.agents.records import TrialVerdict
-from rlpipe.agents.task_format import AgentTask, shebang_interpreter
+from rlpipe.agents.task_records import AgentTask, shebang_interpreter
 from rlpipe.sandbox.base import Limits, Sandbox, Snapshot, Workspace
 
 DETAIL_CHARS = 600

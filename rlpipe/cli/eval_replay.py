@@ -80,7 +80,7 @@ def replay_command(
     new_id = eval_id or f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     engine_handle = None
     if chosen is not None:
-        from rlpipe.tasks.eval_policy import open_policy_engine
+        from rlpipe.controller.eval_policy import open_policy_engine
 
         engine_handle = open_policy_engine(chosen, new_id)
         factory = policy_agent_factory(engine_handle, chosen.context())

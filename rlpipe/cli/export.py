@@ -33,14 +33,14 @@ def export(
     lake: Optional[str] = typer.Option(None, "--lake", help="Lake URI (folder or s3://bucket/prefix); default: from --config, else ./rlpipe-lake."),
 ) -> None:
     """Write a run's policy at a checkpoint as a Hugging Face model folder (merged for a LoRA run)."""
-    from rlpipe.cli.main import _config_for_lake, _open_lake
+    from rlpipe.cli.lake import config_for_lake, open_lake
     from rlpipe.workers.policy_export import export_policy
 
     if best and step is not None:
         from rlpipe.core.errors import UserError
 
         raise UserError("--best and --step both choose the checkpoint", "pass one of them")
-    exported = export_policy(_open_lake(_config_for_lake(config, lake)), run_id, directory, step, best)
+    exported = export_policy(open_lake(config_for_lake(config, lake)), run_id, directory, step, best)
     for line in exported.passed_over:
         warnings.print(f"[yellow]warning:[/] {literal(line)}", soft_wrap=True)
     console.print(f"exported run {literal(exported.run_id)} at step {exported.step} from {literal(exported.lake_uri)}", soft_wrap=True)

@@ -25,6 +25,7 @@ from rlpipe.cli.errors import report_errors
 from rlpipe.cli.eval import eval_command
 from rlpipe.cli.eval_replay import replay_command
 from rlpipe.cli.export import export as export_command
+from rlpipe.cli.lake import config_for_lake, open_lake
 from rlpipe.cli.qa import qa as qa_command
 from rlpipe.cli.rescore import rescore as rescore_command
 from rlpipe.cli.verify import verify as verify_command
@@ -88,7 +89,7 @@ def resume(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
 ) -> None:
     """Resume a run: replay committed steps from the lake, then go on (to train.steps)."""
-    base = _config_for_lake(None, lake)
+    base = config_for_lake(None, lake)
     _run_train(_resumed_config(base, run_id, None, set_), run_id, verbose)
 
 
@@ -115,7 +116,7 @@ def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:
 def _train(run_config: RunConfig, run_id: str, verbose: bool):
     from rlpipe.cli.progress import follow_run
     from rlpipe.cli.signals import hold_signals
-    from rlpipe.tasks.runtime import preflight
+    from rlpipe.controller.preflight import preflight
 
     preflight(run_config, run_id)  # bad input fails here, before a flow run or a lake write
     _export_s3_keys(run_config)
@@ -157,7 +158,7 @@ def _signal_of(exc: BaseException) -> str | None:
 def _interrupted_line(run_config: RunConfig, run_id: str, signal_name: str) -> str:
     """One line: where the run stopped and how to resume it (from the lake's status.json)."""
     from rlpipe.cli.runs import resume_command
-    from rlpipe.tasks.builders import build_lake
+    from rlpipe.controller.builders import build_lake
 
     try:
         lake = build_lake(run_config)
@@ -188,16 +189,6 @@ def _no_prefect_ui(flow_run_id: str) -> str:
     return no_prefect_ui(flow_run_id)
 
 
-def _open_lake(run_config: RunConfig):
-    """The lake of `run_config` as it is: never created here (exit 2 when missing)."""
-    from rlpipe.tasks.builders import build_lake
-
-    try:
-        return build_lake(run_config, create=False)
-    except LakeNotFoundError as exc:
-        raise LakeNotFoundError(exc.message, "check --lake/--config (storage.lake_uri); `rlpipe train` creates a lake") from None
-
-
 def _export_s3_keys(run_config: RunConfig) -> None:
     """S3 keys from the config reach the flow through the environment only: the config the
     flow gets (a Prefect parameter, run.json, MLflow params) never holds them."""
@@ -225,7 +216,7 @@ def _quiet_libraries() -> None:
 
 def _refuse_existing(run_config: RunConfig, run_id: str) -> None:
     try:
-        lake = _open_lake(run_config)
+        lake = open_lake(run_config)
     except LakeNotFoundError:
         return  # a new lake: the run's pre-flight creates it
     if lake.read_run_info(run_id) is not None:
@@ -237,7 +228,7 @@ def _resumed_config(base: RunConfig, run_id: str, given: Optional[RunConfig], ov
     else the run's stored config with `overrides` applied (`resume RUN --set`); storage from
     `base`. Refused unless it computes what the run computes (same config hash) and keeps
     every committed step; a changed step count (or eval/checkpoint interval) is printed."""
-    lake = _open_lake(base)
+    lake = open_lake(base)
     info = lake.read_run_info(run_id)
     if info is None:
         raise RunNotFoundError(f"no run {run_id!r} in {base.storage.lake_uri}", "list runs with `rlpipe runs list`, or point --lake/--config at the lake that holds it")
@@ -273,13 +264,6 @@ def _resumed_config(base: RunConfig, run_id: str, given: Optional[RunConfig], ov
     return given
 
 
-def _config_for_lake(config: Optional[Path], lake: Optional[str]) -> RunConfig:
-    run_config = load_config(config, [])
-    if lake is not None:
-        run_config = run_config.model_copy(update={"storage": run_config.storage.model_copy(update={"lake_uri": lake})})
-    return run_config
-
-
 @runs_app.command("list")
 @report_errors
 def runs_list(
@@ -290,7 +274,7 @@ def runs_list(
     """List the runs in the lake, newest first."""
     from rlpipe.cli.runs import print_runs
 
-    print_runs(_open_lake(_config_for_lake(config, lake)), json_out, console)
+    print_runs(open_lake(config_for_lake(config, lake)), json_out, console)
 
 
 @runs_app.command("show")
@@ -304,7 +288,7 @@ def runs_show(
     """A run's state, config, steps committed, last metrics, held-out accuracy before/after RL."""
     from rlpipe.cli.runs import print_run
 
-    print_run(_open_lake(_config_for_lake(config, lake)), run_id, json_out, console)
+    print_run(open_lake(config_for_lake(config, lake)), run_id, json_out, console)
 
 
 @app.command()
@@ -318,7 +302,7 @@ def query(
     """Query the trajectories with DuckDB, e.g. "select domain, avg(reward) from trajectories group by 1"."""
     from rlpipe.cli.runs import print_query
 
-    print_query(_open_lake(_config_for_lake(config, lake)), sql, json_out, console)
+    print_query(open_lake(config_for_lake(config, lake)), sql, json_out, console)
 
 
 if __name__ == "__main__":

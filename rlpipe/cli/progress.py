@@ -76,7 +76,7 @@ class PlainLines:
 def follow_run(
     run_config: RunConfig, run_id: str, console: Console, plain_every_s: float = PLAIN_EVERY_S
 ) -> Iterator[None]:
-    from rlpipe.tasks.builders import build_lake
+    from rlpipe.controller.builders import build_lake
 
     lake = build_lake(run_config)
     stop = threading.Event()

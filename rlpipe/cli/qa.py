@@ -92,7 +92,7 @@ def qa(
                                                                 temperature=temperature, prompt_format=prompt_format)
     request = GateRequest(env=env, samples=samples, repeats=repeats, seed=seed, backend=backend.value, config_path=config,
                           timeout_s=timeout_s, workers=workers, policy=policy_options)
-    from rlpipe.tasks.agent_episodes import gate_verify
+    from rlpipe.controller.agent_episodes import gate_verify
 
     report = gate_env(request, environment, verify_one=gate_verify)
     written = write_report(report, out)
@@ -110,7 +110,7 @@ def _log_to_mlflow(report, written: list[Path], config: Optional[Path]) -> None:
     """A new MLflow run holding the report files under qa/; its id and artifacts on stderr."""
     from rlpipe.cli.consoles import stderr_console
     from rlpipe.core.config import load_config
-    from rlpipe.tasks.builders import build_tracker
+    from rlpipe.controller.builders import build_tracker
 
     tracker = build_tracker(load_config(config, []))
     run_id = tracker.start_run(run_name=f"qa-{report.env}", tags={"rlpipe.qa.env": report.env, "rlpipe.qa.passed": str(report.passed).lower()},

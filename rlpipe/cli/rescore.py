@@ -1,5 +1,5 @@
 """`rlpipe rescore RUN [--env E] [--json]`: re-verify a finished run's trajectories with the
-current verifiers (tasks/rescore.py does the work) and print what flipped, by domain.
+current verifiers (controller/rescore.py does the work) and print what flipped, by domain.
 
 Prints, per domain, the verifier versions then and now, the counts pass->fail and
 fail->pass, and a few examples; the new table is queryable at once (`rlpipe query "select
@@ -38,10 +38,10 @@ def rescore(
     """Re-verify a run's stored trajectories with the current verifiers; print what flipped, by domain."""
     from pathlib import Path
 
-    from rlpipe.cli.main import _config_for_lake, _open_lake
-    from rlpipe.tasks.rescore import rescore_run
+    from rlpipe.cli.lake import config_for_lake, open_lake
+    from rlpipe.controller.rescore import rescore_run
 
-    store = _open_lake(_config_for_lake(Path(config) if config else None, lake))
+    store = open_lake(config_for_lake(Path(config) if config else None, lake))
     with Progress(TextColumn("[bold]rescoring {task.fields[run]}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=progress_console, transient=True) as bar:
         task_id = bar.add_task("rescore", total=None, run=run_id, detail="")

@@ -3,7 +3,7 @@ loaded from a sparse TOML file plus `--set a.b=c` overrides; its hash (what a re
 change) and the checks that span tables.
 
 Unknown keys and bad values are rejected with a ConfigError that names the field path and
-says what to do. Library code never sees RunConfig: builders in tasks/runtime.py turn its
+says what to do. Library code never sees RunConfig: builders in controller/ (launch.py, sample.py) turn its
 sections into flat constructor arguments. Units are in field names (timeout_s, memory_mb).
 """
 
@@ -125,7 +125,7 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
                     f"envs.{table}.{name}.prompt_format = {spec.prompt_format!r}, but model.prompt_format = {config.model.prompt_format!r}",
                     "one run renders all prompts one way for now: make them equal (or drop the domain's prompt_format)")
     _check_curriculum(config)
-    if config.model.path is None:  # a model folder's own config.json: tasks/model_checks.py, before a run
+    if config.model.path is None:  # a model folder's own config.json: controller/model_checks.py, before a run
         model = config.model
         check_attention_shape(model.hidden_size, model.num_heads, model.num_heads, None,
                               {"hidden_size": "model.hidden_size", "num_heads": "model.num_heads"})

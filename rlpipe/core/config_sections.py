@@ -125,7 +125,7 @@ class RolloutConfig(Section):
     a venv of its own, `make venv-vllm`); a relative path is taken from rlpipe's repository,
     never from the current folder. None = the controller's own interpreter, except for
     rollout.engine = "vllm" when the controller cannot import vllm: then the repository's
-    `.venv-vllm/bin/python` if it exists (tasks/runtime.py engine_python)."""
+    `.venv-vllm/bin/python` if it exists (controller/preflight.py engine_python)."""
     openai_base_url: str | None = None
     """rollout.engine = "openai": the server's base URL, e.g. http://127.0.0.1:8000/v1."""
     openai_model: str | None = None
@@ -139,7 +139,7 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling mass of the training rollouts. A run refuses < 1 (tasks/runtime.py,
+    """Nucleus sampling mass of the training rollouts. A run refuses < 1 (controller/preflight.py,
     check_engine_options): the trainer does not rebuild the nucleus (engines/base.py)."""
     batch_size: int = Field(128, gt=0)
     """Sequences generated together in one forward batch."""

@@ -18,7 +18,7 @@ drops most negative-advantage tokens. Truncated importance sampling does not mak
 its ratio starts at 1 (the denominator is the trainer's own logprob), but each token is
 weighted by the nucleus mass and the tokens outside the nucleus are never sampled, so the
 update still does not estimate the gradient of the policy the trainer computes. A training
-run therefore refuses rollout.top_p < 1 (tasks/runtime.py, check_engine_options); evaluation
+run therefore refuses rollout.top_p < 1 (controller/preflight.py, check_engine_options); evaluation
 samples with top_p < 1 freely, its logprobs are never trained on. Greedy completions
 (held-out evaluation, `greedy=True`) store `log_softmax(logits)` at temperature 1 of the
 argmax token: a diagnostic of the policy's confidence, never trained on. Schema version 1
@@ -49,6 +49,11 @@ class RolloutEngine(Protocol):
     @property
     def policy_version(self) -> int:
         """Version of the weights the engine samples with (0 = initial)."""
+        ...
+
+    @property
+    def tokenizer(self) -> object:
+        """The tokenizer the engine encodes prompts with (a policy agent's chat is rendered with it)."""
         ...
 
     def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> list[Completion]:

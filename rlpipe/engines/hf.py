@@ -86,6 +86,15 @@ class HFEngine:
     def policy_version(self) -> int:
         return self._policy_version
 
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The tokenizer prompts are encoded with (a policy agent's chat is rendered with it)."""
+        return self._tokenizer
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """(name, tensor) of the engine's own copy of the weights, read-only use (a digest)."""
+        return self._model.named_parameters()
+
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None:
         """Copy tensors into the engine's parameters by name (cast to its device and dtype);

@@ -62,6 +62,11 @@ class OpenAIEngine:
         """Always 0: the server's weights never change under this engine."""
         return 0
 
+    @property
+    def tokenizer(self) -> object:
+        """The tokenizer prompts are encoded with (a policy agent's chat is rendered with it)."""
+        return self._tokenizer
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], policy_version: int) -> None:
         raise ValueError(
             f"rollout.engine = 'openai' cannot take new weights: the server at {self._base_url} serves the weights it "

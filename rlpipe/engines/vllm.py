@@ -128,6 +128,11 @@ class VLLMEngine:
     def policy_version(self) -> int:
         return self._policy_version
 
+    @property
+    def tokenizer(self) -> object:
+        """The tokenizer prompts are encoded with (a policy agent's chat is rendered with it)."""
+        return self._tokenizer
+
     def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> list[Completion]:
         """`params.n` completions per prompt, in prompt order then sample_idx order."""
         if self._sleeping:

@@ -140,7 +140,7 @@ class AgentTasksEnv:
         return verdict(0.0, VerdictReason.WRONG, f"/work/{ANSWER_PATH} holds {written.strip()[:40]!r}")
 
     # The quality gate (rlpipe qa; qa/answers.py): each answer is a scripted episode, a JSON
-    # list of replies (tasks/agent_episodes.py gate_verify plays it in a sandbox).
+    # list of replies (controller/agent_episodes.py gate_verify plays it in a sandbox).
 
     def qa_variant_answers(self, task: Task) -> list[tuple[str, str]]:
         """The value written with whitespace around it: the verifier strips it, so these pass."""

@@ -19,6 +19,8 @@ so the probe's source, which is in its own memory, never matches itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 
 
 @dataclass(frozen=True)
@@ -32,61 +34,20 @@ class Probe:
     slow: bool = False  # may end by the timeout: run it with a short one
 
 
-# Module-level helpers every probe of HumanEval/0 gets below its function body.
-HELPERS = r'''
-import os, re, signal, sys
-_HEAD, _TAIL = b"def chec", b"k(candidate)"
+HELPERS_FILE = "code_probe_helpers.py"
 
-def _right(numbers, threshold):
-    return any(i != j and abs(a - b) < threshold for i, a in enumerate(numbers) for j, b in enumerate(numbers))
 
-def _has_tests(blob):
-    if isinstance(blob, str):
-        blob = blob.encode("utf-8", "replace")
-    start = blob.find(_HEAD)
-    while start >= 0:
-        if blob[start + len(_HEAD):start + len(_HEAD) + len(_TAIL)] == _TAIL:
-            return True
-        start = blob.find(_HEAD, start + 1)
-    return False
-
-def _nonces(text):
-    if isinstance(text, (bytes, bytearray)):
-        text = bytes(text).decode("latin-1")
-    return re.findall(r"[0-9a-f]{32}", text)
-
-def _forge(nonces=()):
-    lines = b"".join(n.encode() + b" ok\n" for n in nonces) + b"PASSED\nok\n" + "".join(["0123456789abcdef"] * 2).encode() + b" ok\n"
-    for fd in range(1024):
-        try:
-            os.write(fd, lines)
-        except OSError:
-            pass
-    for pid in {os.getppid(), 1}:
-        for fd in range(16):
-            try:
-                with open("/proc/%d/fd/%d" % (pid, fd), "wb") as out:
-                    out.write(lines)
-            except OSError:
-                pass
-    for path in ("/dev/stdout", "/dev/stderr", "/dev/tty", "/work/verdict", "/tmp/verdict"):
-        try:
-            with open(path, "wb") as out:
-                out.write(lines)
-        except OSError:
-            pass
-
-def _scan_values(values, found):
-    for value in values:
-        if isinstance(value, (str, bytes, bytearray)):
-            if _has_tests(value):
-                found["tests"] = True
-            found["nonces"] += _nonces(value)
-'''
+@cache
+def helpers() -> str:
+    """The module-level helpers every probe of HumanEval/0 gets below its function body: the
+    text of envs/code_probe_helpers.py after its docstring (package data, read with
+    importlib.resources, so it works from a wheel too)."""
+    text = resources.files("rlpipe.envs").joinpath(HELPERS_FILE).read_text(encoding="utf-8")
+    return "\n" + text.split('"""\n', 1)[1]  # the docstring's end
 
 
 def _probe(name: str, what: str, body: str, module: str = "", **fields) -> Probe:
-    return Probe(name=name, what=what, completion=body + HELPERS + module, **fields)
+    return Probe(name=name, what=what, completion=body + helpers() + module, **fields)
 
 
 _WRONG = "    return _attack(numbers, threshold)\n"

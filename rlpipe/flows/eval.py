@@ -26,9 +26,9 @@ from prefect import flow
 from prefect.futures import PrefectFuture, as_completed, wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from rlpipe.controller.eval_tracking import DEFAULT_EVAL_EXPERIMENT
 from rlpipe.core.errors import ConfigError
 from rlpipe.tasks import eval_trials
-from rlpipe.tasks.eval_tracking import DEFAULT_EVAL_EXPERIMENT
 from rlpipe.tasks.eval_trials import EvalSummary
 
 

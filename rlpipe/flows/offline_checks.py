@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from prefect import flow
 
+from rlpipe.controller.rescore import RescoreSummary
 from rlpipe.tasks import offline_checks
 from rlpipe.tasks.offline_checks import EnvGateOutcome
-from rlpipe.tasks.rescore import RescoreSummary
 
 
 @flow(name="rl-qa", flow_run_name="qa-{env}")

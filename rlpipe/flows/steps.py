@@ -14,11 +14,14 @@ it are trained again from the lake, not regenerated.
 
 Every task is a task run of the run's flow run (the lane's calls run in a copy of the
 flow's context), named by step; the stages inside a task are timed and named on the step's
-StageClock (tasks/stage_clock.py). A step whose manifest exists is never regenerated.
+StageClock (controller/stage_clock.py). A step whose manifest exists is never regenerated.
 Dynamic sampling adds rounds inside the rollout task (rl/dynamic_sampling.py). Why two
 task runs and not one per stage: docs/ARCHITECTURE.md, "What orchestration costs".
 
-Not here: what a stage does (tasks/), the run around the steps (flows/train.py).
+`rl_step` is one synchronous step, top to bottom, each numbered stage named with the module
+that does it. Every task gets the run's Runtime (controller/runtime.py) by reference.
+
+Not here: what a stage does (tasks/, controller/), the run around the steps (flows/train.py).
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
-from rlpipe.core.config import RunConfig
+from rlpipe.controller.runtime import Runtime
+from rlpipe.controller.stage_clock import StageClock
 from rlpipe.tasks import lifecycle, rollout, status, update
-from rlpipe.tasks.stage_clock import StageClock
 
 log = logging.getLogger(__name__)
 
@@ -48,56 +51,69 @@ class StepsOutcome:
     failed_step: int | None = None
 
 
-def run_steps(run_id: str, config: RunConfig, first: int, outcome: StepsOutcome) -> None:
+def run_steps(runtime: Runtime, first: int, outcome: StepsOutcome) -> None:
     """Steps `first`..train.steps, with evaluations every eval.every_steps."""
+    config = runtime.config
     if config.rollout.max_staleness == 0:
         for step in range(first, config.train.steps + 1):
             clock = StageClock()
-            _guarded(run_id, step, clock, outcome, lambda: _sync_step(run_id, step, config, clock))
-            _maybe_evaluate(run_id, step, config)
+            _guarded(runtime, step, clock, outcome, lambda: rl_step(runtime, step, clock))
+            _maybe_evaluate(runtime, step)
     else:
-        _run_pipelined(run_id, config, first, outcome)
+        _run_pipelined(runtime, first, outcome)
 
 
-def rl_step(run_id: str, step: int, config: RunConfig) -> None:
-    """One synchronous RL step, top to bottom (benchmarks/step_breakdown.py times it)."""
-    _sync_step(run_id, step, config, StageClock())
+def rl_step(runtime: Runtime, step: int, clock: StageClock | None = None) -> None:
+    """One synchronous RL step, top to bottom: two task runs, each a call per stage into the
+    module that does it (benchmarks/step_breakdown.py times it)."""
+    clock = clock or StageClock()
+    # rollout-step-N (tasks/rollout.py), rounds of:
+    #   1. sample      the round's tasks                     controller/sample.py
+    #   2. generate    completions by the engine worker      controller/generate.py -> workers/client.py
+    #   3. verify      a verdict per completion              controller/verify.py
+    #   4. advantages  group-relative advantages             controller/advantage.py
+    #   then
+    #   5. persist     commit the step's rows to the lake    controller/persist.py
+    rollout.rollout(runtime, step, clock)
+    # train-step-N (tasks/update.py):
+    #   6. update      the trainer worker's policy update    controller/update.py -> workers/client.py
+    #   7. sync        the new weights into the engine       controller/weight_sync.py
+    #   8. track       metrics to the lake, MLflow, Prefect  tasks/track.py
+    update.train(runtime, step, clock)
+    # 9. every checkpoint.every_steps: the trainer worker saves a checkpoint (tasks/lifecycle.py)
+    _maybe_checkpoint(runtime, step, clock)
 
 
-def _guarded(run_id: str, step: int, clock: StageClock, outcome: StepsOutcome, body) -> None:
-    status.set_running(run_id, step, "rl-step")
+def _guarded(runtime: Runtime, step: int, clock: StageClock, outcome: StepsOutcome, body) -> None:
+    status.set_running(runtime, step, "rl-step")
     try:
         body()
     except BaseException as exc:
-        status.set_failed(run_id, step, clock.stage, exc)
+        status.set_failed(runtime, step, clock.stage, exc)
         outcome.failed_step = step
         raise
 
 
-def _sync_step(run_id: str, step: int, config: RunConfig, clock: StageClock) -> None:
-    rollout.rollout(run_id, step, clock)
-    update.train(run_id, step, clock)
-    _maybe_checkpoint(run_id, step, config, clock)
-
-
-def _maybe_checkpoint(run_id: str, step: int, config: RunConfig, clock: StageClock) -> None:
-    if step % config.checkpoint.every_steps == 0:
+def _maybe_checkpoint(runtime: Runtime, step: int, clock: StageClock) -> None:
+    if step % runtime.config.checkpoint.every_steps == 0:
         clock.enter("checkpoint")
-        lifecycle.checkpoint(run_id, step)
+        lifecycle.checkpoint(runtime, step)
 
 
-def _maybe_evaluate(run_id: str, step: int, config: RunConfig) -> None:
+def _maybe_evaluate(runtime: Runtime, step: int) -> None:
+    config = runtime.config
     if config.eval.every_steps and step % config.eval.every_steps == 0 and step != config.train.steps:
-        lifecycle.evaluate(run_id, f"step_{step:06d}")
+        lifecycle.evaluate(runtime, f"step_{step:06d}")
 
 
 # ---- the pipelined loop ----------------------------------------------------------------
 
 
-def _run_pipelined(run_id: str, config: RunConfig, first: int, outcome: StepsOutcome) -> None:
+def _run_pipelined(runtime: Runtime, first: int, outcome: StepsOutcome) -> None:
     """Train step s while the lane prepares steps up to s+k. Each step's rollouts are
     started when the trainer holds the version that generates them (published as a file
     the lane loads), so the schedule is the fixed one of rl/staleness.py."""
+    config, run_id = runtime.config, runtime.run_id
     k, last = config.rollout.max_staleness, config.train.steps
     closing = threading.Event()
     lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rollout-lane-{run_id}")
@@ -112,10 +128,10 @@ def _run_pipelined(run_id: str, config: RunConfig, first: int, outcome: StepsOut
                 for ahead in range(step, min(step + k, last) + 1):
                     if ahead not in started:  # generated by the trainer's current version
                         if ahead not in published:  # the first steps; later ones: the `train` before
-                            update.publish(run_id, ahead)
+                            update.publish(runtime, ahead)
                         lane_clock = StageClock(closing)
                         context = contextvars.copy_context()  # the lane's task runs belong to this flow run
-                        started[ahead] = (lane.submit(context.run, _lane_job, run_id, ahead, lane_clock), lane_clock)
+                        started[ahead] = (lane.submit(context.run, _lane_job, runtime, ahead, lane_clock), lane_clock)
                 clock.enter("wait_rollouts")
                 future, lane_clock = started.pop(step)
                 try:
@@ -124,25 +140,25 @@ def _run_pipelined(run_id: str, config: RunConfig, first: int, outcome: StepsOut
                     clock.stage = lane_clock.stage  # status.json names the lane's failing stage
                     raise
                 publish = step + k + 1 <= last  # the version step + k + 1 is generated by: the one this update makes
-                update.train(run_id, step, clock, lane_clock.timings(), publish=publish,
+                update.train(runtime, step, clock, lane_clock.timings(), publish=publish,
                              buffer_depth=lambda: float(sum(1 for f, _ in started.values() if f.done())))
                 if publish:
                     published.add(step + k + 1)
-                _maybe_checkpoint(run_id, step, config, clock)
+                _maybe_checkpoint(runtime, step, clock)
 
-            _guarded(run_id, step, clock, outcome, body)
+            _guarded(runtime, step, clock, outcome, body)
             if config.eval.every_steps and step % config.eval.every_steps == 0 and step != last:
                 for future, _ in started.values():  # the engine is the lane's: let it finish first
                     future.result()
-                lifecycle.evaluate(run_id, f"step_{step:06d}")
+                lifecycle.evaluate(runtime, f"step_{step:06d}")
     except BaseException:
         _stop_lane(run_id, closing, lane, started)
         raise
     lane.shutdown(wait=True)
 
 
-def _lane_job(run_id: str, step: int, clock: StageClock) -> None:
-    rollout.rollout(run_id, step, clock)
+def _lane_job(runtime: Runtime, step: int, clock: StageClock) -> None:
+    rollout.rollout(runtime, step, clock)
     clock.enter("done")  # the lane's timings end here, not when the flow's thread reads them
 
 

@@ -14,7 +14,8 @@ manifests, what a stage computed is staged in the lake.
 
 The flow-run process is the controller: the model, the optimizer and the engine live in the
 run's two worker processes (an engine worker and a trainer worker), started with the run's
-runtime and stopped in `finally`, so a failed or interrupted run leaves no worker behind.
+Runtime (controller/launch.py `build_runtime`), which the flow hands to every task by
+reference, and stopped in `finally`, so a failed or interrupted run leaves no worker behind.
 
 The lake decides what is done: a run that already exists is restored (checkpoint + replay
 of committed steps) instead of started, and only uncommitted steps run. Every stage is a
@@ -22,7 +23,8 @@ task that passes references (run id, step, URIs, policy version), never models o
 the flow bodies themselves do no I/O but the best-effort status lines (tasks/status.py)
 and, for runs of a deployment, Prefect's own API: a trainer slot (flows/operations.py) and,
 in a retry, ending the dead attempt's open task runs (flows/stale_task_runs.py).
-Flows import only tasks/ and core/ (an import-linter contract).
+Flows import tasks/, core/ and, for the run's state, controller/ (an import-linter contract
+keeps storage, engine, RL, env and sandbox code out).
 
 Parameters are typed (flows/run_parameters.py): `config` is a RunConfig, so the Prefect UI
 draws a form with every table's defaults and docs, and `prefect deployment run --param`
@@ -43,6 +45,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 
+from rlpipe.controller.launch import build_runtime
 from rlpipe.core.config import RunConfig
 from rlpipe.flows.crash_retry import DEFAULT_CRASH_RETRIES, retry_crashed_run
 from rlpipe.flows.operations import TRAINER_LEASE_S, TRAINER_LIMIT
@@ -50,7 +53,6 @@ from rlpipe.flows.run_parameters import derive_run_id, resolve_config
 from rlpipe.flows.stale_task_runs import crash_stale_task_runs
 from rlpipe.flows.steps import StepsOutcome, run_steps
 from rlpipe.tasks import lifecycle, quality_gate, status
-from rlpipe.tasks.runtime import build_runtime, release_runtime
 
 log = logging.getLogger(__name__)
 
@@ -116,43 +118,44 @@ def _trainer_slot() -> AbstractContextManager[object]:
 
 
 def _train(config: RunConfig, run_id: str) -> TrainSummary:
+    # The controller's state of the run, handed to every task by reference (controller/runtime.py).
     runtime = build_runtime(run_id, config)  # spawns the workers; raises on bad input before anything is written
     outcome, stage = StepsOutcome(), "open-run"  # what status.json names if the run fails here
     try:
         # 1. A new run, or the state of an existing one rebuilt from the lake.
-        resumed = lifecycle.open_run(run_id)
-        links = status.record_links(run_id)  # the CLI prints them as soon as they are in the lake
+        resumed = lifecycle.open_run(runtime)
+        links = status.record_links(runtime)  # the CLI prints them as soon as they are in the lake
         if config.qa.before_train:  # the environment quality gate, before the warm start (tasks/quality_gate.py)
             stage = "quality-gate"
-            quality_gate.quality_gate(run_id)
+            quality_gate.quality_gate(runtime)
         stage = "restore"
-        last_committed = lifecycle.restore(run_id) if resumed else -1
+        last_committed = lifecycle.restore(runtime) if resumed else -1
         # 2. A new run (or one killed before its first checkpoint) warm-starts.
         if last_committed < 0:
             stage = "warm-start"
-            status.set_running(run_id, 0, stage)
-            lifecycle.warm_start(run_id)
-            lifecycle.checkpoint(run_id, 0)
+            status.set_running(runtime, 0, stage)
+            lifecycle.warm_start(runtime)
+            lifecycle.checkpoint(runtime, 0)
             last_committed = 0
         stage = "evaluate"
-        before = lifecycle.evaluate(run_id, "before_rl")
+        before = lifecycle.evaluate(runtime, "before_rl")
         # 3. The RL steps not trained yet (each writes its own failed status; flows/steps.py).
         stage = "rl-step"
-        run_steps(run_id, config, last_committed + 1, outcome)
+        run_steps(runtime, last_committed + 1, outcome)
         # 4. Held-out accuracy after RL, the final checkpoint (HF layout), the summary.
         stage = "evaluate"
-        after = lifecycle.evaluate(run_id, "after_rl")
+        after = lifecycle.evaluate(runtime, "after_rl")
         stage = "checkpoint"
-        lifecycle.checkpoint(run_id, config.train.steps)
+        lifecycle.checkpoint(runtime, config.train.steps)
         stage = "finish"
-        summary = lifecycle.finish(run_id, before["accuracy"], after["accuracy"])
-        status.set_finished(run_id, config.train.steps)
+        summary = lifecycle.finish(runtime, before["accuracy"], after["accuracy"])
+        status.set_finished(runtime, config.train.steps)
         return TrainSummary(
             **summary, prefect_flow_run_id=str(links["prefect_flow_run_id"]), prefect_flow_run_url=links["prefect_flow_run_url"]
         )
     except BaseException as exc:
         if outcome.failed_step is None:  # a step records its own failure
-            status.set_failed(run_id, runtime.policy_version, stage, exc)
+            status.set_failed(runtime, runtime.policy_version, stage, exc)
         if status.interruption(exc):
             status.release_interrupted_frames(exc)
         if runtime.mlflow_run_id:
@@ -162,5 +165,5 @@ def _train(config: RunConfig, run_id: str) -> TrainSummary:
                 log.warning("could not mark MLflow run %s failed: %s", runtime.mlflow_run_id, tracking_error)
         raise
     finally:
-        release_runtime(run_id)
+        runtime.close()
 

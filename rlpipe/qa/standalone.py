@@ -59,7 +59,7 @@ def build_env_for_gate(env_name: str, config_path: Path | None, timeout_s: float
 def gate_env(request: GateRequest, environment: object | None = None, verify_one: VerifyOne = guarded_verify) -> QaReport:
     """Run the gate on `request.env` (or on `environment`, already built from it), judging
     each answer with `verify_one(env, task, text, sandbox)` (a multi-turn env's answers are
-    scripted episodes: the caller gives tasks/agent_episodes.py's `gate_verify`)."""
+    scripted episodes: the caller gives controller/agent_episodes.py's `gate_verify`)."""
     if environment is None:
         environment, _ = build_env_for_gate(request.env, request.config_path, request.timeout_s)
     with ExitStack() as stack:

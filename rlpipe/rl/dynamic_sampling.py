@@ -12,7 +12,7 @@ Which groups fill the batch: rounds in the order they were generated (a round on
 while the earlier ones had too few groups with signal, so only the last round can have a
 surplus), and within a round a random order seeded by the caller (persist: run seed and
 step), as DAPO fills its batch in sampling order. Not task-id order: the rows of a round
-arrive sorted by task id (tasks/advantage.py), and keeping the first groups of that order
+arrive sorted by task id (controller/advantage.py), and keeping the first groups of that order
 would train the alphabetically first domain and the smallest operands every step. The
 order is a function of the groups' task ids and the seed only, not of the rows' order, so a
 resumed step that selects again from its staged rows keeps the same groups. Kept and
@@ -22,7 +22,7 @@ Over-long filtering: a completion cut at max_new_tokens (finish reason "length")
 advantage set to None, so the loss leaves it out (rl/samples.py) while its group's
 statistics still count it.
 
-Not here: generating the rounds (tasks/rollout.py), committing them (tasks/persist.py).
+Not here: generating the rounds (tasks/rollout.py), committing them (controller/persist.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a local model folder must hold (config, weights, tokenizer), checked with pathlib only.
 
 Kept apart from rl/policy.py (which imports torch and transformers) so that the controller's
-pre-flight (tasks/model_checks.py) can refuse a missing or incomplete folder without importing
+pre-flight (controller/model_checks.py) can refuse a missing or incomplete folder without importing
 either. What it does not: read the files (model_checks reads config.json and tokenizer.json;
 rl/policy.py loads the model)."""
 

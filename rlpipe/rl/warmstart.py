@@ -6,7 +6,7 @@ on the answer tokens and the EOS token only (the prompt is context, not a target
 example is (prompt, answer), or (prompt, segments) for a whole multi-turn episode:
 segments are (text, trained) pairs in order (the replies trained, the tool output between
 them context only, as in the RL loss), each tokenized on its own, so one sequence trains
-every reply of the episode given what came before it (tasks/agent_episodes.py). Ending
+every reply of the episode given what came before it (controller/agent_episodes.py). Ending
 every answer with EOS is what teaches the policy to stop; the rollout engine stops on EOS.
 A tiny random model needs this to be partially right (non-zero pass rate) before GRPO has
 any reward signal. The budget is exactly steps * batch_size sequences, constant learning

@@ -1,7 +1,7 @@
 """Sandboxed verification on a Ray cluster: `RaySandboxPool`, with SandboxPool's `map` and `close`.
 
-With `cluster.ray_address` set, tasks/runtime.py builds this instead of a local SandboxPool,
-and the verify stage (tasks/verify_batch.py) calls `pool.map(fn, items)` on it unchanged.
+With `cluster.ray_address` set, controller/launch.py builds this instead of a local SandboxPool,
+and the verify stage (controller/verify_batch.py) calls `pool.map(fn, items)` on it unchanged.
 
 Shape: `workers` Ray actors, spread over the cluster's nodes, each owning an ordinary
 SandboxPool of pre-warmed sandboxes on its node (built from the same `factory` and

@@ -42,7 +42,6 @@ import hashlib
 import io
 import json
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 

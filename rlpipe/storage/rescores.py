@@ -12,7 +12,7 @@ one, so a flip is one query: `select * from rescores where flip is not null`. Ro
 to the trajectory they re-score by (run_id, step, task_id, sample_idx) and carry the sha256
 of the completion text.
 
-What it does not: verify anything (rlpipe/tasks/rescore.py does), or cache verdicts
+What it does not: verify anything (rlpipe/controller/rescore.py does), or cache verdicts
 (storage/verdict_cache.py).
 """
 

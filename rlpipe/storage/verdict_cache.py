@@ -12,7 +12,7 @@ absent (each is one atomic put): no manifest is needed. Only scored verdicts are
 reward of None, a sandbox that failed, is not a judgement of the completion). `version_key`
 is the version itself when it is a plain name, else `h-` + a digest of it.
 
-What it does not: evict anything, or verify (rlpipe/tasks/rescore.py fills and reads it).
+What it does not: evict anything, or verify (rlpipe/controller/rescore.py fills and reads it).
 """
 
 from __future__ import annotations

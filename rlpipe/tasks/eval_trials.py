@@ -4,7 +4,7 @@
                runtime in this process (recorder, tasks, agent, backend) from EVAL.json
     trial      (eval id, task id) -> the final verdict; one attempt per Prefect run
     summarize-eval (eval id, ...) -> EvalSummary; the report (from the lake), the MLflow
-               run (tasks/eval_tracking.py) and the Prefect artifacts (markdown + table)
+               run (controller/eval_tracking.py) and the Prefect artifacts (markdown + table)
 
 Retries of a trial are Prefect retries. A trial whose attempt ends in an infrastructure
 verdict (sandbox_error, engine_error, setup_error) has already been
@@ -18,8 +18,8 @@ infrastructure failure, never as the agent's. Agent verdicts (passed, failed, ti
 ...) are data: the task completes.
 
 Tasks pass references (eval id, task id); the runtime (a process-level registry, like
-tasks/runtime.py's) holds the loaded tasks, the recorder and the agent factory; for the
-policy agent, its engine worker too (tasks/eval_policy.py: started by open-eval when a trial
+controller/runtime.py's) holds the loaded tasks, the recorder and the agent factory; for the
+policy agent, its engine worker too (controller/eval_policy.py: started by open-eval when a trial
 needs it, stopped when the flow releases the eval). A test or a benchmark may put
 its own TrialBackend (our protocol) under a backend name with `register_trial_backend`.
 
@@ -36,21 +36,21 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from rlpipe.agents.backends import TrialBackend, trial_backend
 from rlpipe.agents.agents import AgentFactory
+from rlpipe.agents.backends import TrialBackend, trial_backend
 from rlpipe.agents.evaluation import (EvalReport, agent_factory, attempt_task, build_report, check_agent_name, needs_attempt,
                                       resume_eval)
 from rlpipe.agents.policy import POLICY_AGENT, PolicyOptions, policy_agent_factory
 from rlpipe.agents.recording import EvalRecorder, RecordedAttempt
 from rlpipe.agents.task_format import AgentTask, SkippedTask
 from rlpipe.agents.trial import TrialOptions
+from rlpipe.controller.eval_policy import WorkerChatEngine, open_policy_engine
+from rlpipe.controller.eval_tracking import EvalTracking, build_eval_tracker, track_eval
 from rlpipe.core.errors import ConfigError, InfraError
 from rlpipe.storage.eval_records import EvalInfo
 from rlpipe.storage.evals import EvalStore
-from rlpipe.tasks.eval_policy import WorkerChatEngine, open_policy_engine
 from rlpipe.storage.filesystem import open_lake_location
 from rlpipe.storage.lake import Lake
-from rlpipe.tasks.eval_tracking import EvalTracking, build_eval_tracker, track_eval
 from rlpipe.tasks.stage_options import STAGE_OPTIONS, STAGE_RETRY_DELAYS, STAGE_RETRY_JITTER, retry_infra_errors_only
 from rlpipe.tasks.track import artifact_key
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections import defaultdict
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -19,27 +18,27 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from rlpipe import __version__
+from rlpipe.controller.agent_episodes import is_multi_turn, oracle_examples
+from rlpipe.controller.evaluation import earlier_evaluations, greedy_accuracy, heldout_metrics, warmstart_accuracy
+from rlpipe.controller.runtime import Runtime
+from rlpipe.controller.weight_sync import sync_weights
 from rlpipe.core.config import config_changes, config_from_dict
 from rlpipe.core.errors import ConfigError, StorageUnavailable
-from rlpipe.core.records import SCHEMA_VERSION, Task
+from rlpipe.core.records import SCHEMA_VERSION
 from rlpipe.core.seeds import derive_seed
-from rlpipe.engines.sampling import SamplingParams
 from rlpipe.rl.heldout_regression import Evaluation, find_regressions
 from rlpipe.storage.lake_records import RunInfo
-from rlpipe.tasks.agent_episodes import is_multi_turn, oracle_examples, run_agent_episodes
-from rlpipe.tasks.runtime import Runtime, get_runtime, sync_weights
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 from rlpipe.tasks.status import WarmStartProgress
 from rlpipe.tasks.track import MODEL_ARTIFACT, alert_regressions, artifact_key, log_final_policy, log_step
-from rlpipe.tasks.verify import verify_all
 from rlpipe.workers.protocol import WarmStartBegin
 
 
 @task(name="open-run", **UNCACHED_STAGE_OPTIONS)
-def open_run(run_id: str) -> bool:
+def open_run(runtime: Runtime) -> bool:
     """Write run.json and start the MLflow run for a new run, or reopen both for an
     existing one. Returns True when the run already existed (a resume)."""
-    runtime = get_runtime(run_id)
+    run_id = runtime.run_id
     info = runtime.lake.read_run_info(run_id)
     resumed = info is not None
     if info is None:
@@ -89,13 +88,12 @@ def _resumable_changes(info: RunInfo, runtime: Runtime) -> list[tuple[str, str |
 # No retries: a retry would go on from half-trained weights. The run fails instead, and a
 # resume warm-starts the freshly built policy again, deterministically.
 @task(name="warm-start", retries=0, cache_policy=NO_CACHE)
-def warm_start(run_id: str) -> float:
+def warm_start(runtime: Runtime) -> float:
     """Supervised steps on reference answers in the trainer worker (at most
     `warmstart.steps`, fewer when `warmstart.target_accuracy` is reached on training tasks);
     return the last loss. At each accuracy check the trainer waits while the controller
     syncs its weights into the engine worker and measures greedy accuracy there. Progress
     (steps, loss, accuracy checks) goes to MLflow and the lake as it runs."""
-    runtime = get_runtime(run_id)
     config = runtime.config
     tasks = runtime.mixture.sample(config.envs.train_size, rng_seed=derive_seed(config.seed, 0, "warmstart"))
     episodic = [t for t in tasks if is_multi_turn(runtime.mixture.env_for(t))]
@@ -103,7 +101,7 @@ def warm_start(run_id: str) -> float:
                      if t.reference_answer is not None and not is_multi_turn(runtime.mixture.env_for(t)))
     if episodic:  # multi-turn domains: every reply of an oracle episode played in the pool (train tasks only)
         examples += tuple(oracle_examples(runtime, episodic))
-    progress = WarmStartProgress(run_id, config.warmstart.steps, config.warmstart.target_accuracy)
+    progress = WarmStartProgress(runtime, config.warmstart.steps, config.warmstart.target_accuracy)
     target = config.warmstart.target_accuracy
     check_tasks = [] if target is None else runtime.mixture.sample(
         config.warmstart.check_tasks, rng_seed=derive_seed(config.seed, 0, "warmstart-check"))
@@ -138,44 +136,11 @@ def warm_start(run_id: str) -> float:
     return last_loss
 
 
-def warmstart_accuracy(result: dict[str, float], scope: str) -> float:
-    """The figure a warm-start check compares with warmstart.target_accuracy, from
-    `greedy_accuracy`'s result: the overall accuracy, or (scope every_domain) the lowest
-    domain's, so that the warm-start stops only once every domain has reached the target."""
-    if scope == "overall":
-        return result["accuracy"]
-    if scope == "every_domain":
-        return min(value for key, value in result.items() if key.startswith("accuracy/"))
-    raise ValueError(f"unknown warmstart.target_scope {scope!r}; use overall or every_domain")
-
-
-def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
-    """Greedy pass@1 of the engine's policy on `tasks`: `accuracy` and `accuracy/<domain>`."""
-    params = SamplingParams(
-        n=1, temperature=1.0, top_p=1.0, max_new_tokens=runtime.config.rollout.max_new_tokens,
-        stop=runtime.config.rollout.stop, seed=0, greedy=True,
-    )
-    episodic = [t for t in tasks if is_multi_turn(runtime.mixture.env_for(t))]
-    single = [t for t in tasks if not is_multi_turn(runtime.mixture.env_for(t))]
-    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in single], params).completions if single else []
-    by_id = {t.task_id: t for t in tasks}
-    passed: dict[str, list[float]] = defaultdict(list)
-    pairs = [(by_id[completion.task_id], completion.text) for completion in completions]
-    for (task_, _), verdict in zip(pairs, verify_all(runtime, pairs)):  # code runs in the run's sandbox pool
-        passed[task_.domain].append(1.0 if verdict.passed else 0.0)
-    for episode in run_agent_episodes(runtime, episodic, 1, params) if episodic else []:  # greedy whole episodes
-        passed[by_id[episode.completion.task_id].domain].append(1.0 if episode.verdict.passed else 0.0)
-    every = [value for values in passed.values() for value in values]
-    result = {"accuracy": sum(every) / len(every)}
-    result.update({f"accuracy/{domain}": sum(v) / len(v) for domain, v in sorted(passed.items())})
-    return result
-
-
 FINAL_EVAL = "after_rl"
 
 
 @task(name="evaluate", task_run_name="evaluate-{name}", **UNCACHED_STAGE_OPTIONS)
-def evaluate(run_id: str, name: str) -> dict[str, float]:
+def evaluate(runtime: Runtime, name: str) -> dict[str, float]:
     """Greedy pass@1 on the held-out tasks, overall and per domain; stored in the lake
     under `name` (e.g. before_rl, after_rl) and logged to MLflow (`heldout_metrics`). A
     domain more than eval.regression_threshold below its best of the previous
@@ -186,7 +151,7 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
     truth), except a stored after_rl of another policy version: the run was extended after
     its final evaluation, and the final policy is now a newer one. Every other name
     (before_rl, step_N) is a fixed point of the run."""
-    runtime = get_runtime(run_id)
+    run_id = runtime.run_id
     stored = runtime.lake.read_json(run_id, f"evals/{name}.json")
     stale = name == FINAL_EVAL and stored is not None and stored.get("policy_version") != runtime.policy_version
     if stored is not None and not stale:
@@ -199,34 +164,17 @@ def evaluate(run_id: str, name: str) -> dict[str, float]:
     runtime.tracker.log_step_metrics(runtime.mlflow_run_id, runtime.policy_version, heldout_metrics(result), timestamp_ms=None)
     current = Evaluation.from_result(name, runtime.policy_version, result)
     settings = runtime.config.eval
-    alert_regressions(runtime, find_regressions(_earlier_evaluations(runtime, current), current, settings.regression_threshold,
+    alert_regressions(runtime, find_regressions(earlier_evaluations(runtime, current), current, settings.regression_threshold,
                                                 settings.regression_window, settings.regression_z, runtime.config.envs.heldout_size))
     runtime.lake.write_json(run_id, f"evals/{name}.json", {"policy_version": runtime.policy_version, **result})
     return result
 
 
-def heldout_metrics(result: dict[str, float]) -> dict[str, float]:
-    """MLflow names of an evaluation: `heldout/accuracy` overall, `heldout/<domain>/accuracy`."""
-    return {f"heldout/{key.removeprefix('accuracy/')}/accuracy" if key.startswith("accuracy/") else f"heldout/{key}": value
-            for key, value in result.items()}
-
-
-def _earlier_evaluations(runtime: Runtime, current: Evaluation) -> list[Evaluation]:
-    """The run's stored evaluations before `current` (before_rl, then step_N every
-    eval.every_steps), oldest first: the regression alert compares with them."""
-    every = runtime.config.eval.every_steps
-    steps = range(every, current.policy_version, every) if every else range(0)  # every_steps 0: no evaluation mid-run
-    names = ["before_rl", *(f"step_{step:06d}" for step in steps)]
-    stored = ((name, runtime.lake.read_json(runtime.run_id, f"evals/{name}.json")) for name in names if name != current.name)
-    return [Evaluation.from_result(name, int(doc["policy_version"]), {k: v for k, v in doc.items() if k != "policy_version"})
-            for name, doc in stored if doc is not None and int(doc["policy_version"]) < current.policy_version]
-
-
 @task(name="checkpoint", task_run_name="checkpoint-step-{step}", **UNCACHED_STAGE_OPTIONS)
-def checkpoint(run_id: str, step: int) -> None:
-    """The trainer worker saves policy/ (an HF model folder) and trainer/ (optimizer state,
-    meta) for `step` into the lake, which writes CHECKPOINT.json and then LATEST last."""
-    runtime = get_runtime(run_id)
+def checkpoint(runtime: Runtime, step: int) -> None:
+    """The trainer worker snapshots its state for `step` and writes it into the lake in the
+    background (an HF model folder with the trainer state beside it); CHECKPOINT.json and then
+    LATEST are written last (workers/checkpoint_writer.py)."""
     runtime.trainer.save_checkpoint(step, runtime.config.config_hash())
     runtime.trainer_in_lake = True
 
@@ -250,14 +198,14 @@ def _refuse_old_schema(runtime: Runtime, run_id: str, step: int) -> None:
 
 
 @task(name="restore", **UNCACHED_STAGE_OPTIONS)
-def restore(run_id: str) -> int:
+def restore(runtime: Runtime) -> int:
     """Bring the trainer worker to the last committed step C (async runs: to C - k, the
     version that generates step C + 1; steps C-k+1..C are then trained from their committed
     rows): it loads the newest intact checkpoint at or before it and replays the updates of
     the committed steps after it from the stored rows; then the engine gets its weights.
     Returns the step the trainer is at (0 when no RL step is committed yet; -1 when there
     is no checkpoint: start over)."""
-    runtime = get_runtime(run_id)
+    run_id = runtime.run_id
     committed = runtime.lake.committed_steps(run_id)
     if committed:
         _refuse_old_schema(runtime, run_id, committed[0])
@@ -277,9 +225,9 @@ def restore(run_id: str) -> int:
 
 
 @task(name="finish", **UNCACHED_STAGE_OPTIONS)
-def finish(run_id: str, before: float, after: float) -> dict[str, object]:
+def finish(runtime: Runtime, before: float, after: float) -> dict[str, object]:
     """Reward curve and end of the MLflow run, the Prefect summary; returns the summary."""
-    runtime = get_runtime(run_id)
+    run_id = runtime.run_id
     tracker, lake = runtime.tracker, runtime.lake
     steps_committed = len(lake.committed_steps(run_id))
     final_step = lake.latest_checkpoint(run_id)

@@ -3,7 +3,7 @@ run, as Prefect tasks for the `rl-qa` and `rl-rescore` flows (flows/offline_chec
 that both can be deployed, started, scheduled and retried from the UI like training.
 
 Each does what its CLI command does (`rlpipe qa ENV`: qa/standalone.py; `rlpipe rescore RUN`:
-tasks/rescore.py) and leaves a markdown artifact on its flow run: the gate's checks and
+controller/rescore.py) and leaves a markdown artifact on its flow run: the gate's checks and
 findings, or the flips by domain. An infrastructure error (a sandbox backend, the lake) is
 retried like a stage; anything else (an unknown env, run or domain) fails at once.
 
@@ -19,13 +19,13 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
+from rlpipe.controller.agent_episodes import gate_verify
+from rlpipe.controller.builders import build_lake
+from rlpipe.controller.rescore import RescoreSummary, rescore_run
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import UserError
 from rlpipe.qa.report import summary_markdown
 from rlpipe.qa.standalone import GateRequest, gate_env
-from rlpipe.tasks.agent_episodes import gate_verify
-from rlpipe.tasks.builders import build_lake
-from rlpipe.tasks.rescore import RescoreSummary, rescore_run
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 from rlpipe.tasks.track import artifact_key
 

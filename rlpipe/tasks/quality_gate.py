@@ -3,7 +3,7 @@ domain of a run, before its warm start, when the run's config says `qa.before_tr
 
 What it does: runs the gate's checks (solvability, verifier consistency, reward-hack probes;
 no difficulty: there is no policy yet) on `qa.samples` tasks of each split of each domain,
-verifying through the run's own verifiers and sandbox pool (tasks/verify_batch.py); writes
+verifying through the run's own verifiers and sandbox pool (controller/verify_batch.py); writes
 the reports (markdown, JSON, a PNG of the checks) to the run's MLflow run as artifacts under
 qa/, to Prefect as a markdown artifact, and each domain's JSON report into the lake
 (runs/RUN/qa/before_train/DOMAIN.json), with a one-line outcome in
@@ -26,6 +26,9 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
+from rlpipe.controller.agent_episodes import gate_verify
+from rlpipe.controller.runtime import Runtime
+from rlpipe.controller.verify_batch import verify_batch
 from rlpipe.core.config import QaConfig
 from rlpipe.core.errors import UserError
 from rlpipe.envs.mixture import Mixture
@@ -34,11 +37,8 @@ from rlpipe.qa.records import QaReport
 from rlpipe.qa.report import summary_markdown, write_gate_reports
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.tracking import Tracker
-from rlpipe.tasks.agent_episodes import gate_verify
-from rlpipe.tasks.runtime import get_runtime
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 from rlpipe.tasks.track import artifact_key
-from rlpipe.tasks.verify_batch import verify_batch
 
 OUTCOME_DOCUMENT = "qa/before_train.json"  # read by cli/progress.py
 MLFLOW_FOLDER = "qa"
@@ -102,10 +102,10 @@ def gate_before_train(run_id: str, lake: Lake, tracker: Tracker, mlflow_run_id: 
 
 
 @task(name="quality-gate", **UNCACHED_STAGE_OPTIONS)
-def quality_gate(run_id: str) -> bool:
+def quality_gate(runtime: Runtime) -> bool:
     """The gate before the warm start; True when it passed, False when skipped (the run has
     a checkpoint); QualityGateFailed when it failed."""
-    runtime = get_runtime(run_id)
+    run_id = runtime.run_id
     if runtime.lake.latest_checkpoint(run_id) is not None:
         return False
     outcome = gate_before_train(run_id, runtime.lake, runtime.tracker, runtime.mlflow_run_id, runtime.mixture,

@@ -1,6 +1,6 @@
 """Task `rollout`: the rollout stages of one RL step in one task run of the run's flow run,
 
-    rollout-step-N:  sample -> generate -> verify -> advantages  [-> more rounds] -> persist
+    rollout-step-N:  1 sample -> 2 generate -> 3 verify -> 4 advantages  [-> more rounds] -> 5 persist
 
 named by step. One task run, not one per stage: each Prefect task run costs the controller
 and the Prefect server tens of ms of CPU, which a small step cannot spare
@@ -24,11 +24,14 @@ A step generates in rounds: round 0 draws rollout.prompts_per_step tasks as a fu
 (run seed, step, r), none of them drawn earlier in the step (rl/dynamic_sampling.py).
 
 Tasks of a multi-turn domain (agent_tasks) are run as whole episodes in the sandbox pool
-(tasks/agent_episodes.py): one row per episode, its completion the whole episode with tool
+(controller/agent_episodes.py): one row per episode, its completion the whole episode with tool
 output masked out of the loss, its verdict already the verifier's (the verify stage keeps it).
 
-Not here: verifying (tasks/verify.py), advantages (tasks/advantage.py), committing
-(tasks/persist.py), when a step's rollouts run (flows/steps.py).
+Each stage is one call into the module that does it: drawing the tasks
+(controller/sample.py), generating (controller/generate.py), verifying
+(controller/verify.py), advantages (controller/advantage.py), committing
+(controller/persist.py). The task gets the run's Runtime by reference (controller/runtime.py).
+Not here: what those stages do, when a step's rollouts run (flows/steps.py).
 """
 
 from __future__ import annotations
@@ -39,43 +42,22 @@ from collections.abc import Callable
 from prefect import get_run_logger, task
 from prefect.exceptions import MissingContextError
 
-from rlpipe.core.failpoints import failpoint
-from rlpipe.core.records import Completion, Task, Trajectory
-from rlpipe.core.seeds import derive_seed
-from rlpipe.engines.sampling import SamplingParams
-from rlpipe.rl.dynamic_sampling import extra_round_size
-from rlpipe.rl.staleness import generation_version
-from rlpipe.tasks.advantage import ScoredRound, advantages
-from rlpipe.tasks.agent_episodes import is_multi_turn, run_agent_episodes
-from rlpipe.tasks.engine_versions import ensure_engine_version
-from rlpipe.tasks.persist import persist
-from rlpipe.tasks.runtime import Runtime, get_runtime, step_ratios, step_tasks
-from rlpipe.tasks.stage_clock import StageClock
+from rlpipe.controller.advantage import ScoredRound, advantages
+from rlpipe.controller.generate import generate
+from rlpipe.controller.persist import persist
+from rlpipe.controller.runtime import Runtime
+from rlpipe.controller.sample import extra_round_count, round_tasks
+from rlpipe.controller.stage_clock import StageClock
+from rlpipe.controller.verify import verify_rows
+from rlpipe.core.records import Trajectory
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS, stage_key
-from rlpipe.tasks.verify import verify_rows
-
-
-def round_tasks(runtime: Runtime, step: int, round_: int, count: int, exclude: tuple[str, ...]) -> list[Task]:
-    """The tasks of one generation round of `step`: a function of (run seed, step, round,
-    count, exclude) and the curriculum's ratios of the step."""
-    if round_ == 0:
-        return step_tasks(runtime, step)
-    excluded = set(exclude)
-    drawn = runtime.mixture.sample(count + len(excluded), rng_seed=derive_seed(runtime.config.seed, step, f"sample-round-{round_}"),
-                                   ratios=step_ratios(runtime, step))
-    fresh: dict[str, Task] = {}
-    for task_ in drawn:
-        if task_.task_id not in excluded and task_.task_id not in fresh:
-            fresh[task_.task_id] = task_
-    return list(fresh.values())[:count]
 
 
 @task(name="rollout", task_run_name="rollout-step-{step}", **UNCACHED_STAGE_OPTIONS)
-def rollout(run_id: str, step: int, clock: StageClock | None = None) -> int:
+def rollout(runtime: Runtime, step: int, clock: StageClock | None = None) -> int:
     """Commit step `step`'s rollouts (every round); return the rows it trains on."""
-    runtime = get_runtime(run_id)
     clock = clock or StageClock()
-    committed = runtime.lake.read_manifest(run_id, step)
+    committed = runtime.lake.read_manifest(runtime.run_id, step)
     if committed is not None:  # e.g. a resumed async run starts k steps behind its last commit
         return committed.rows
     settings = runtime.config.rollout
@@ -84,59 +66,24 @@ def rollout(run_id: str, step: int, clock: StageClock | None = None) -> int:
     scored: list[ScoredRound] = []
     count, exclude = wanted, ()
     for round_ in range(rounds):
-        clock.enter("sample")
+        clock.enter("sample")  # 1. the round's tasks: a function of (seed, step, round)
         tasks = round_tasks(runtime, step, round_, count, exclude)
         if not tasks:
             break  # the domains have no fresh task left for this step
-        clock.enter("generate")
+        clock.enter("generate")  # 2. group_size completions each, by the engine worker (staged)
         generated = _staged(runtime, step, round_, "generate", lambda: generate(runtime, step, tasks, round_))
-        clock.enter("verify")  # fanned out inside this task
+        clock.enter("verify")  # 3. a verdict per completion, fanned out on the sandbox pool (staged)
         verified = _staged(runtime, step, round_, "verify", lambda: verify_rows(runtime, generated))
-        clock.enter("advantages")
+        clock.enter("advantages")  # 4. group-relative advantages; another round if too few groups have a signal
         scored.append(advantages(runtime, verified))
         with_signal = sum(round_scored.groups_with_signal for round_scored in scored)
         if with_signal >= wanted:
             break
         count = extra_round_count(wanted, with_signal, sum(round_scored.groups for round_scored in scored))
         exclude = exclude + tuple(task_.task_id for task_ in tasks)
-    clock.enter("persist")  # the parts, then the manifest
+    clock.enter("persist")  # 5. commit: the parts, then the manifest
     return persist(runtime, step, [round_scored.rows for round_scored in scored],
                    sum(round_scored.overlong_filtered for round_scored in scored))
-
-
-def generate(runtime: Runtime, step: int, tasks: list[Task], round_: int = 0) -> list[Trajectory]:
-    """group_size completions per task, by the policy version the step needs."""
-    rollout_settings = runtime.config.rollout
-    params = SamplingParams(
-        n=rollout_settings.group_size,
-        temperature=rollout_settings.temperature,
-        top_p=rollout_settings.top_p,
-        max_new_tokens=rollout_settings.max_new_tokens,
-        stop=rollout_settings.stop,
-        seed=derive_seed(runtime.config.seed, step, "generate" if round_ == 0 else f"generate-round-{round_}"),
-    )
-    version = generation_version(step, rollout_settings.max_staleness)
-    ensure_engine_version(runtime, version)
-    episodic = [t for t in tasks if is_multi_turn(runtime.mixture.env_for(t))]
-    single = [t for t in tasks if not is_multi_turn(runtime.mixture.env_for(t))]
-    completions: list[Completion] = []
-    if single:
-        result = runtime.engine.generate([(t.task_id, t.prompt) for t in single], params)
-        completions = list(result.completions)
-    # multi-turn domains: whole episodes in the sandbox pool, judged by their verifier at the end
-    episodes = run_agent_episodes(runtime, episodic, rollout_settings.group_size, params) if episodic else []
-    completions += [episode.completion for episode in episodes]
-    verdicts = {(e.completion.task_id, e.completion.sample_idx): e.verdict for e in episodes}
-    wrong = sorted({completion.policy_version for completion in completions} - {version})
-    if wrong:
-        raise ValueError(f"step {step}: the engine sampled with policy version {wrong[0]}, the step needs version {version}")
-    failpoint("generate")
-    by_id = {t.task_id: t for t in tasks}
-    return [
-        Trajectory(runtime.run_id, step, completion.policy_version, by_id[completion.task_id], completion,
-                   verdict=verdicts.get((completion.task_id, completion.sample_idx)))
-        for completion in completions
-    ]
 
 
 def _staged(runtime: Runtime, step: int, round_: int, stage: str, compute: Callable[[], list[Trajectory]]) -> list[Trajectory]:
@@ -158,11 +105,6 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger(__name__)
-
-
-def extra_round_count(wanted: int, with_signal: int, generated: int) -> int:
-    """Dynamic sampling: how many tasks the next round draws (rl/dynamic_sampling.py)."""
-    return extra_round_size(wanted - with_signal, with_signal, generated, cap=wanted)
 
 
 def staged_name(stage: str, round_: int) -> str:

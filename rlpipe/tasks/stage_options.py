@@ -31,7 +31,7 @@ from prefect.tasks import exponential_backoff
 from rlpipe.core.errors import ConfigError, InfraError
 
 if TYPE_CHECKING:
-    from rlpipe.tasks.runtime import Runtime
+    from rlpipe.controller.runtime import Runtime
 
 BACKOFF_ENV_VAR = "RLPIPE_RETRY_BACKOFF_S"
 DEFAULT_BACKOFF_S = 1.0

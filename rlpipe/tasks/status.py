@@ -19,8 +19,8 @@ from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
+from rlpipe.controller.runtime import Runtime
 from rlpipe.storage.lake_records import RunState, RunStatus
-from rlpipe.tasks.runtime import get_runtime
 from rlpipe.tasks.track import link_runs
 
 log = logging.getLogger(__name__)
@@ -61,34 +61,35 @@ def release_interrupted_frames(error: BaseException) -> None:
     gc.collect()
 
 
-def set_running(run_id: str, step: int, stage: str) -> None:
-    _write(run_id, RunState.RUNNING, step, stage, None)
+def set_running(runtime: Runtime, step: int, stage: str) -> None:
+    _write(runtime, RunState.RUNNING, step, stage, None)
 
 
-def set_finished(run_id: str, step: int) -> None:
-    _write(run_id, RunState.FINISHED, step, "done", None)
+def set_finished(runtime: Runtime, step: int) -> None:
+    _write(runtime, RunState.FINISHED, step, "done", None)
 
 
-def set_failed(run_id: str, step: int, stage: str, error: BaseException) -> None:
+def set_failed(runtime: Runtime, step: int, stage: str, error: BaseException) -> None:
     """FAILED with the error; a signal is written as "interrupted by SIGINT" (no traceback
     text), which `rlpipe runs show` reports as an interruption."""
     signal_name = interruption(error)
     message = INTERRUPTED + signal_name if signal_name else f"{type(error).__name__}: {error}"[:2000]
-    _write(run_id, RunState.FAILED, step, stage, message)
+    _write(runtime, RunState.FAILED, step, stage, message)
 
 
-def _write(run_id: str, state: RunState, step: int, stage: str, message: str | None) -> None:
+def _write(runtime: Runtime, state: RunState, step: int, stage: str, message: str | None) -> None:
+    run_id = runtime.run_id
     try:
-        get_runtime(run_id).lake.write_status(RunStatus(run_id, state, step, stage, message, int(time.time() * 1000)))
+        runtime.lake.write_status(RunStatus(run_id, state, step, stage, message, int(time.time() * 1000)))
     except Exception as exc:  # noqa: BLE001 - best effort, see the module docstring
         log.warning("could not write the status of run %s: %s", run_id, exc)
 
 
-def record_links(run_id: str) -> dict[str, str | None]:
+def record_links(runtime: Runtime) -> dict[str, str | None]:
     """links.json of this flow run: the MLflow run (URL when the server has a UI) and the
     Prefect flow run (URL when PREFECT_API_URL names a server; None in ephemeral mode,
     whose temporary server has no UI and stops with the command)."""
-    runtime = get_runtime(run_id)
+    run_id = runtime.run_id
     flow_run_id = str(flow_run.get_id() or "")
     links: dict[str, str | None] = {
         "mlflow_tracking_uri": runtime.tracker.uri,
@@ -105,9 +106,10 @@ def record_links(run_id: str) -> dict[str, str | None]:
     return links
 
 
-def write_warmstart_progress(run_id: str, document: dict[str, object]) -> None:
+def write_warmstart_progress(runtime: Runtime, document: dict[str, object]) -> None:
+    run_id = runtime.run_id
     try:
-        get_runtime(run_id).lake.write_json(run_id, WARMSTART_DOCUMENT, document)
+        runtime.lake.write_json(run_id, WARMSTART_DOCUMENT, document)
     except Exception as exc:  # noqa: BLE001 - best effort
         log.warning("could not write the warm-start progress of run %s: %s", run_id, exc)
 
@@ -121,8 +123,9 @@ class WarmStartProgress:
     LOG_EVERY = 10
     WRITE_EVERY_S = 1.0
 
-    def __init__(self, run_id: str, max_steps: int, target_accuracy: float | None) -> None:
-        self.run_id = run_id
+    def __init__(self, runtime: Runtime, max_steps: int, target_accuracy: float | None) -> None:
+        self.runtime = runtime
+        self.run_id = runtime.run_id
         self.document: dict[str, object] = {
             "steps_done": 0, "steps_max": max_steps, "loss": None, "accuracy": None,
             "accuracy_step": None, "target_accuracy": target_accuracy, "finished": False,
@@ -157,14 +160,14 @@ class WarmStartProgress:
         now = time.monotonic()
         if force or now - self._written_at >= self.WRITE_EVERY_S:
             self._written_at = now
-            write_warmstart_progress(self.run_id, dict(self.document))
+            write_warmstart_progress(self.runtime, dict(self.document))
 
     def _flush_losses(self) -> None:
         points, self._losses = self._losses, []
         self._log("warmstart/loss", points)
 
     def _log(self, key: str, points: list[tuple[int, float]]) -> None:
-        runtime = get_runtime(self.run_id)
+        runtime = self.runtime
         try:
             runtime.tracker.log_series(runtime.mlflow_run_id, key, points)
         except Exception as exc:  # noqa: BLE001 - metrics are not worth failing the warm start for

@@ -30,8 +30,9 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.exceptions import MissingContextError
 
+from rlpipe.controller.runtime import Runtime
+from rlpipe.controller.sample import step_ratios
 from rlpipe.rl.heldout_regression import Regression
-from rlpipe.tasks.runtime import Runtime, step_ratios
 from rlpipe.workers.policy_export import export_policy
 
 if TYPE_CHECKING:

@@ -1,23 +1,21 @@
 """Task `train`: the training stages of one RL step in one task run of the run's flow run,
 
-    train-step-N:  update -> sync (synchronous runs) | publish (async runs) -> track
+    train-step-N:  1 update -> 2 sync (synchronous runs) | publish (async runs) -> 3 track
 
 and task `publish` (the trainer's weights into a file the rollout lane loads later; an
 async run's first steps, before any `train` task publishes for them).
 
-`update`: one policy update on a committed step's rows, in the trainer worker. The worker
-reads the step's rows back from the committed part itself (the task sends the manifest's
-part references, never rows), so the same code replays a step on resume. Updates are
-idempotent by policy version: the worker skips an update it has applied, so a retried task
-never applies it twice (and a retry logs the metrics the first attempt's update returned).
-The controller's policy version is the one the trainer acknowledged. `sync`: the trainer's
-weights into the engine worker. `publish` (async, rollout.max_staleness = k): the weights
-the rollouts of step N+k+1 need. `track`: tasks/track.py.
+Each stage is one call: `update` (controller/update.py: the trainer worker's policy update
+on the committed step, idempotent by policy version), `sync` (controller/weight_sync.py:
+the trainer's weights into the engine worker), `publish` (async, rollout.max_staleness = k:
+the weights the rollouts of step N+k+1 need), `track` (tasks/track.py).
 
-One task run for the four, not one each: a Prefect task run costs tens of ms of CPU
+One task run for the stages, not one each: a Prefect task run costs tens of ms of CPU
 (docs/ARCHITECTURE.md, "What orchestration costs"). Each stage is idempotent, so retrying
-the whole task on an InfraError (tasks/stage_options.py) is safe; the stage running is on
-the step's StageClock (status.json names it, `time/<stage>_s`).
+the whole task on an InfraError (tasks/stage_options.py) is safe (a retry logs the metrics
+the first attempt's update returned); the stage running is on the step's StageClock
+(status.json names it, `time/<stage>_s`). The task gets the run's Runtime by reference
+(controller/runtime.py).
 """
 
 from __future__ import annotations
@@ -26,67 +24,39 @@ from collections.abc import Callable
 
 from prefect import task
 
-from rlpipe.core.seeds import derive_seed
-from rlpipe.tasks.engine_versions import publish_current
-from rlpipe.tasks.runtime import Runtime, get_runtime, sync_weights
-from rlpipe.tasks.stage_clock import StageClock
+from rlpipe.controller.runtime import Runtime
+from rlpipe.controller.stage_clock import StageClock
+from rlpipe.controller.update import apply_committed_update
+from rlpipe.controller.weight_sync import publish_current, sync_if_behind
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
 from rlpipe.tasks.track import track
 
 
-def apply_committed_update(runtime: Runtime, step: int) -> dict[str, float]:
-    """Apply the policy update of committed step `step` (policy version step-1 -> step); the
-    update's metrics (those of the update that applied it, when it was applied already in
-    this process)."""
-    if runtime.policy_version >= step:
-        return dict(runtime.update_metrics.get(step, {}))
-    if runtime.policy_version != step - 1:
-        raise ValueError(f"update of step {step} needs policy version {step - 1}, have {runtime.policy_version}")
-    manifest = runtime.lake.read_manifest(runtime.run_id, step)
-    if manifest is None:
-        raise ValueError(f"step {step} of run {runtime.run_id} is not committed; nothing to update from")
-    shuffle_seed = derive_seed(runtime.config.seed, step, "mini-batches")  # replay shuffles the same
-    result = runtime.trainer.update(step, manifest.parts, shuffle_seed)
-    runtime.policy_version = result.policy_version
-    runtime.update_metrics = {step: dict(result.metrics)}  # the last update's, for a retried `train`
-    return result.metrics
-
-
 @task(name="train", task_run_name="train-step-{step}", **UNCACHED_STAGE_OPTIONS)
-def train(run_id: str, step: int, clock: StageClock | None = None, lane_timings: dict[str, float] | None = None,
+def train(runtime: Runtime, step: int, clock: StageClock | None = None, lane_timings: dict[str, float] | None = None,
           buffer_depth: Callable[[], float] | None = None, publish: bool = False) -> None:
     """Train on committed step `step`, bring the engine the new weights (sync) or publish
     them for a later step (`publish`), log the step. `lane_timings`: the async rollout
     lane's stage timings of the step; `buffer_depth`: the steps committed ahead of it."""
-    runtime = get_runtime(run_id)
     clock = clock or StageClock()
-    clock.enter("update")
+    clock.enter("update")  # 1. the trainer worker applies the step's update
     metrics = apply_committed_update(runtime, step)
     if runtime.config.rollout.max_staleness == 0:
-        clock.enter("sync")  # new weights into the engine worker (published by the trainer on /dev/shm)
-        metrics.update(sync(runtime))
+        clock.enter("sync")  # 2. the new weights into the engine worker
+        metrics.update(sync_if_behind(runtime))
     elif publish:
-        clock.enter("publish")  # the version step + k + 1 is generated by
+        clock.enter("publish")  # 2'. the version step + k + 1 is generated by, kept for the lane
         publish_current(runtime)
     if buffer_depth is not None:
         metrics["async/buffer_depth"] = buffer_depth()
-    clock.enter("track")
+    clock.enter("track")  # 3. metrics to the lake, MLflow and Prefect
     timings = clock.timings()
     timings["time/step_s"] = sum(timings.values())
     track(runtime, step, {**metrics, **(lane_timings or {}), **timings})
 
 
-def sync(runtime: Runtime) -> dict[str, float]:
-    """Load the trainer's weights into the engine (unless it serves them already); returns
-    `sync/seconds` (publish + load, 0 when nothing was to do) and the engine's version."""
-    seconds = 0.0
-    if runtime.engine_version != runtime.policy_version:
-        seconds = sync_weights(runtime)
-    return {"sync/seconds": seconds, "sync/policy_version": float(runtime.engine_version)}
-
-
 @task(name="publish", task_run_name="publish-for-step-{step}", **UNCACHED_STAGE_OPTIONS)
-def publish(run_id: str, step: int) -> None:
+def publish(runtime: Runtime, step: int) -> None:
     """Publish the trainer's current weights, the version the rollouts of `step` are
     generated by (async runs: the engine loads them when it reaches that step)."""
-    publish_current(get_runtime(run_id))
+    publish_current(runtime)

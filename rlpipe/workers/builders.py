@@ -3,7 +3,7 @@
 
 Like every builder, these turn config sections into flat constructor arguments; library
 code (rl/, engines/) never sees RunConfig. The light builders (lake, tracker) stay in
-tasks/builders.py and workers/lake_access.py.
+controller/builders.py and workers/lake_access.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import ConfigError
 if TYPE_CHECKING:
     from rlpipe.rl.trainer import Trainer
+from rlpipe.rl.char_tokenizer import policy_alphabet as domains_alphabet
 from rlpipe.rl.data_parallel import RankShare
 from rlpipe.rl.policy import resolve_device as rl_resolve_device
-from rlpipe.rl.char_tokenizer import policy_alphabet as domains_alphabet
 from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model, load_local_model, load_local_tokenizer
 from rlpipe.rl.pretrained import converted_gguf_folder
 

@@ -12,7 +12,7 @@ Life and death:
   model built), so the two workers and the controller's own set-up overlap.
 - A call to a worker that died before it read the request (seen by poll(), or by no
   Accepted coming back) starts a fresh one and sends it there, after `on_restart` brought
-  its state back (tasks/runtime.py restores a trainer from the lake and syncs an engine's
+  its state back (controller/launch.py restores a trainer from the lake and syncs an engine's
   weights). A worker that dies during a call (EOF on the socket)
   makes the call raise EngineFailed, an InfraError that Prefect retries; the retry starts a
   fresh worker.

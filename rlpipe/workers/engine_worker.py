@@ -103,17 +103,17 @@ class EngineService:
         if isinstance(request, RenderChat):  # a policy agent's next prompt (agents/policy.py)
             from rlpipe.engines.sampling import encode_prompt, render_chat
 
-            tokenizer = self.engine._tokenizer  # every engine keeps the tokenizer it encodes prompts with
+            tokenizer = self.engine.tokenizer  # every engine has the tokenizer it encodes prompts with
             try:
                 text = render_chat(tokenizer, [{"role": role, "content": content} for role, content in request.messages])
             except ValueError as exc:
                 raise ConfigError(str(exc), "pick another model for the policy agent") from exc
             return RenderedChat(text, len(encode_prompt(tokenizer, text, "plain")))
         if isinstance(request, WeightsDigest):
-            model = getattr(self.engine, "_model", None)  # hf only: the engine's private copy
-            if model is None:
+            named_weights = getattr(self.engine, "named_weights", None)  # hf only: the engine's own copy
+            if named_weights is None:
                 raise ValueError(f"{type(self.engine).__name__} does not expose its weights for a digest")
-            return weights.digest(model.named_parameters())
+            return weights.digest(named_weights())
         raise ValueError(f"the engine worker does not serve {type(request).__name__}")
 
 

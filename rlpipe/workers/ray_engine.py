@@ -23,7 +23,7 @@ Life and death, as client.py's worker:
 - An actor that dies (ray.kill, its node lost, its process killed) makes the call raise
   EngineFailed (an InfraError: the stage is retried). Ray cannot tell whether a dead actor
   had begun the call, so it is never resent; the retried stage's first call creates a fresh
-  actor and `on_restart` syncs its weights (tasks/runtime.py: from the trainer, restored
+  actor and `on_restart` syncs its weights (controller/launch.py, weight_sync.py: from the trainer, restored
   from the lake if it died too), exactly as for a fresh local worker.
 - A call that fails after half-changing the weights (poisoned, engine_worker.py) makes the
   client kill the actor after the reply, so the next call gets a fresh, fully synced one.

@@ -9,14 +9,14 @@
 Only one chunk (CHUNK_BYTES, 64 MiB) is on /dev/shm at a time, so a sync adds about one chunk
 to the run's memory instead of a whole copy of the weights beside the engine's (the whole-file
 sync, workers/weights.publish, which async runs keep: their file must outlive the trainer's
-next update, tasks/engine_versions.py).
+next update, controller/weight_sync.py).
 
 Atomic from the run's point of view: the engine serves the new version only after
 EndWeightLoad; from its first chunk until then it refuses to generate and exits on any
 failure (engine_worker.py). If anything fails mid-stream (the trainer dies or its weights
 change, a chunk file vanishes, the engine dies), the engine worker is stopped here and the
 error raised (EngineFailed: an infra error, so the task is retried); the next call to the
-engine starts a fresh worker, whose restart hook syncs it fully (tasks/runtime.py).
+engine starts a fresh worker, whose restart hook syncs it fully (controller/launch.py, controller/weight_sync.py).
 
 Not here: when to sync (tasks/), chunk files (workers/weights.py).
 """

@@ -10,7 +10,7 @@ row; `load_chunk` reads a chunk's pieces straight into the engine's parameter ro
 buffer when the dtype matches) and deletes the file. So the memory a sync adds is one chunk
 file on /dev/shm, never a second copy of the model.
 
-Whole files (async runs, tasks/engine_versions.py): `publish` writes every tensor into one
+Whole files (async runs, controller/weight_sync.py): `publish` writes every tensor into one
 file that must outlive the trainer's next updates; the engine worker loads it with
 `load_into` (safetensors' `safe_open`, one tensor at a time).
 

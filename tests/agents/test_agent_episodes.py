@@ -10,11 +10,11 @@ import json
 import pytest
 
 from rlpipe.agents.episodes import EpisodeSettings, run_episodes
+from rlpipe.controller.agent_episodes import OracleEngine
 from rlpipe.core.records import Completion
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.envs.agent_tasks import KEYS, AgentTasksEnv, call_text
 from rlpipe.sandbox.base import Limits
-from rlpipe.tasks.agent_episodes import OracleEngine
 from tests.sandbox._bwrap_support import require_bwrap
 
 PARAMS = SamplingParams(n=1, max_new_tokens=80, stop=("\n",), greedy=True)

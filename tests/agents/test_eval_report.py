@@ -11,8 +11,8 @@ from rlpipe.agents.evaluation import EvalReport
 from rlpipe.agents.metrics import eval_metrics
 from rlpipe.agents.records import Ending, TrialResult, TrialStep, TrialVerdict
 from rlpipe.agents.report import flat_metrics, report_markdown, report_plots
+from rlpipe.controller.eval_tracking import REPORT_FILE, build_eval_tracker, track_eval
 from rlpipe.storage.eval_records import EvalInfo
-from rlpipe.tasks.eval_tracking import REPORT_FILE, build_eval_tracker, track_eval
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 KINDS = {"t1": "git", "t2": "git", "t3": "data-wrangling"}

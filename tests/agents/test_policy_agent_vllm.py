@@ -1,6 +1,6 @@
 """The policy agent of `rlpipe eval --agent policy` through the vllm and openai engines (what
 tests/agents/test_policy_worker.py checks for hf), as a user runs it: this venv's controller,
-the engine worker in .venv-vllm (`make venv-vllm`; tasks/runtime.py engine_python), which
+the engine worker in .venv-vllm (`make venv-vllm`; controller/runtime.py engine_python), which
 renders the conversation with the tokenizer's chat template, counts its tokens and
 generates each reply with vLLM (`--engine vllm`) or through a `vllm serve` on 127.0.0.1
 started by .venv-vllm's Python (`--engine openai`); a whole trial on bubblewrap records what
@@ -22,8 +22,8 @@ from rlpipe.agents.policy import ContextOptions, PolicyOptions, policy_agent_fac
 from rlpipe.agents.records import Ending, TrialVerdict
 from rlpipe.agents.task_format import builtin_suite_dir, load_task
 from rlpipe.agents.trial import run_trial
+from rlpipe.controller.eval_policy import WorkerChatEngine, open_policy_engine
 from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model
-from rlpipe.tasks.eval_policy import WorkerChatEngine, open_policy_engine
 from tests.agents.test_policy_worker import TEMPLATE, assert_renders_and_replies
 from tests.cli.cli_process import REPO_ROOT
 from tests.sandbox._bwrap_support import require_bwrap

@@ -12,9 +12,9 @@ from rlpipe.agents.policy import ContextOptions, PolicyOptions, policy_agent_fac
 from rlpipe.agents.records import Ending, TrialVerdict
 from rlpipe.agents.task_format import builtin_suite_dir, load_task
 from rlpipe.agents.trial import SYSTEM_PROMPT, run_trial
+from rlpipe.controller.eval_policy import open_policy_engine
 from rlpipe.engines.sampling import render_chat
 from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model
-from rlpipe.tasks.eval_policy import open_policy_engine
 from tests.sandbox._bwrap_support import require_bwrap
 
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"

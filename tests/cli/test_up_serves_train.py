@@ -50,12 +50,12 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from rlpipe.agents.evaluation import start_eval
 from rlpipe.agents.task_format import load_tasks
 from rlpipe.agents.trial import TrialOptions
+from rlpipe.controller.builders import build_lake
 from rlpipe.core.config import load_config
 from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.local_services import LocalServices, read_live_services
 from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.builders import build_lake
 from tests.agents.helpers import copy_task
 from tests.cli.cli_process import REPO_ROOT
 from tests.cli.test_signals import (

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlpipe.controller.sample import build_mixture
 from rlpipe.core.config import RunConfig
-from rlpipe.engines.sampling import SamplingParams
 from rlpipe.engines.hf import HFEngine
-from rlpipe.tasks.runtime import build_mixture
+from rlpipe.engines.sampling import SamplingParams
 
 
 def heldout_accuracy(folder: Path, config: RunConfig) -> dict[str, float]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.flows.train import train
-from rlpipe.tasks.builders import build_lake
 from tests.durability.cli_runs import REPO_ROOT
 from tests.flows.runs import tiny_config
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.core.errors import LakeCorrupted
 from rlpipe.flows.train import train
 from rlpipe.rl.checkpoint import OPTIMIZER_FILE, CheckpointMeta, load_checkpoint, save_checkpoint
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import CheckpointInfo
-from rlpipe.tasks.builders import build_lake
 from rlpipe.workers.builders import build_policy, build_trainer
 from tests.flows.runs import tiny_config
 

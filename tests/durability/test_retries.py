@@ -26,13 +26,13 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName, LogFilter, LogFilterFlowRunId
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.core.errors import ConfigError, DatasetError, SandboxUnavailable
 from rlpipe.core.records import Task, Verdict
 from rlpipe.envs.arithmetic import ArithmeticEnv
 from rlpipe.envs.mixture import register_env
 from rlpipe.flows.train import train
 from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.builders import build_lake
 from rlpipe.tasks.stage_options import STAGE_OPTIONS, first_retry_delay_s
 from tests.flows.runs import tiny_config
 from tests.helpers.prefect_runs import step_stage_runs

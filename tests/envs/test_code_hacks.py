@@ -23,7 +23,7 @@ import pytest
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.core.records import VerdictReason
 from rlpipe.envs.code import CodeEnv, verdict_from
-from rlpipe.envs.code_probes import ANY_TASK_PROBES, HELPERS, PROBES
+from rlpipe.envs.code_probes import ANY_TASK_PROBES, PROBES, helpers
 from rlpipe.sandbox.base import Limits
 from tests.helpers.docker_engine import no_docker
 
@@ -125,7 +125,7 @@ def test_the_probes_target_real_tasks_and_their_oracle_is_right(envs):
     """The probes' `_right` is HumanEval/0's answer: a probe whose attack worked would pass."""
     env = envs["normal"]
     namespace: dict = {}
-    exec(compile(HELPERS, "helpers.py", "exec"), namespace)  # noqa: S102 - definitions only, no attack
+    exec(compile(helpers(), "helpers.py", "exec"), namespace)  # noqa: S102 - definitions only, no attack
     reference: dict = {}
     exec(env.task("HumanEval/0").prompt + env.task("HumanEval/0").reference_answer, reference)  # noqa: S102
     cases = [([1.0, 2.0, 3.0], 0.5), ([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3), ([1.0, 2.0, 5.9, 4.0, 5.0], 0.95), ([], 1.0)]

@@ -3,8 +3,9 @@ tiny model, and every domain's reference answers accepted by its verifier."""
 
 from pathlib import Path
 
+from rlpipe.controller.preflight import preflight
+from rlpipe.controller.sample import build_mixture
 from rlpipe.core.config import load_config
-from rlpipe.tasks.runtime import build_mixture, preflight
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "multidomain.toml"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from rlpipe.controller.sample import build_mixture
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import VerdictReason
 from rlpipe.envs.mixture import build_env
 from rlpipe.envs.reasoning_gym_env import ReasoningGymEnv
-from rlpipe.tasks.runtime import build_mixture
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "reasoning_gym.toml"
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.core.config import load_config
 from rlpipe.envs.agent_tasks import AgentTasksEnv
 from rlpipe.flows.train import train
 from rlpipe.rl.checkpoint import load_trainer_state
 from rlpipe.rl.checkpoint_layout import OPTIMIZER_FILE
 from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.builders import build_lake
 from tests.helpers.mlflow_db import seed_mlflow_db
 from tests.sandbox._bwrap_support import require_bwrap
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.core.records import VerdictReason
 from rlpipe.envs.code import CodeEnv
 from rlpipe.flows.train import train
 from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.builders import build_lake
 from tests.flows.runs import tiny_config
 from tests.helpers.docker_engine import require_docker_engine
 from tests.sandbox._bwrap_support import require_bwrap
@@ -102,7 +102,7 @@ def _runtime(code_reason: VerdictReason):
 def test_verify_all_sends_only_sandboxed_rows_to_the_pool_and_keeps_row_order() -> None:
     from types import SimpleNamespace
 
-    from rlpipe.tasks.verify import verify_all
+    from rlpipe.controller.verify import verify_all
 
     runtime = _runtime(VerdictReason.WRONG)
     pairs = [(SimpleNamespace(domain=domain), str(index)) for index, domain in enumerate(["code", "exact", "code", "exact"])]
@@ -115,7 +115,7 @@ def test_verify_all_raises_an_infra_error_when_every_sandboxed_row_failed() -> N
     """A dead backend is retried by Prefect (InfraError), not committed as a step of unscored rows."""
     from types import SimpleNamespace
 
-    from rlpipe.tasks.verify import verify_all
+    from rlpipe.controller.verify import verify_all
 
     pairs = [(SimpleNamespace(domain="code"), "0"), (SimpleNamespace(domain="exact"), "1")]
     with pytest.raises(SandboxUnavailable, match="sandboxed verifications failed"):

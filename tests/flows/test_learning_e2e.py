@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.core.config import load_config
 from rlpipe.flows.train import train
 from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.builders import build_lake
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml"
 STEPS = 15

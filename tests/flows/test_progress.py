@@ -12,9 +12,9 @@ from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.flows.train import train
 from rlpipe.tasks import update as update_stage
-from rlpipe.tasks.builders import build_lake
 from tests.flows.runs import tiny_config
 
 

@@ -16,11 +16,11 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from transformers import AutoModelForCausalLM
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.core.config import RunConfig
 from rlpipe.flows.train import TrainSummary, train
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.builders import build_lake
 from rlpipe.tasks.track import MODEL_ARTIFACT
 from rlpipe.workers.policy_export import export_policy
 from tests.flows.runs import tiny_config

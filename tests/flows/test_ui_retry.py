@@ -42,9 +42,9 @@ from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 from prefect.states import AwaitingRetry
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.core.config import RunConfig
 from rlpipe.flows.run_parameters import derive_run_id
-from rlpipe.tasks.builders import build_lake
 from tests.cli.cli_process import REPO_ROOT
 from tests.cli.test_signals import wait_for_no_process
 from tests.durability.cli_runs import count_rows

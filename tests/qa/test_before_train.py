@@ -18,11 +18,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 from prefect.artifacts import Artifact
 
+from rlpipe.controller.builders import build_tracker
+from rlpipe.controller.sample import build_mixture
 from rlpipe.core.config import QaConfig, RunConfig, load_config
 from rlpipe.storage.lake import Lake
-from rlpipe.tasks.builders import build_tracker
 from rlpipe.tasks.quality_gate import OUTCOME_DOCUMENT, QualityGateFailed, gate_before_train, gate_domains
-from rlpipe.tasks.runtime import build_mixture
 
 TASKS = 12  # rows of the broken file: enough for both splits at heldout_fraction 0.5
 

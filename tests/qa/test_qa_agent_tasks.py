@@ -1,5 +1,5 @@
 """The quality gate on a multi-turn env (agent_tasks): each answer is a scripted episode played
-in a bubblewrap sandbox (tasks/agent_episodes.py gate_verify), judged on the final state.
+in a bubblewrap sandbox (controller/agent_episodes.py gate_verify), judged on the final state.
 The shipped env passes, its own probes and the hostile-agent episodes of qa/agent_probes.py
 scoring 0; each probe really ran (its verdict says what /work/ans held); and a
 verifier that accepts the value anywhere in the file is caught by the probes."""
@@ -10,13 +10,13 @@ import json
 
 import pytest
 
+from rlpipe.controller.agent_episodes import gate_verify
 from rlpipe.core.records import Task, Verdict
 from rlpipe.envs.agent_tasks import AgentTasksEnv
 from rlpipe.qa.agent_probes import PROBES as AGENT_PROBES
 from rlpipe.qa.answers import hostile_episodes
 from rlpipe.qa.standalone import GateRequest, gate_env
 from rlpipe.sandbox.base import Limits
-from rlpipe.tasks.agent_episodes import gate_verify
 from tests.sandbox._bwrap_support import require_bwrap
 
 pytestmark = pytest.mark.bwrap

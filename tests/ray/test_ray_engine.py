@@ -76,7 +76,7 @@ def test_a_killed_actor_is_an_infra_error_and_the_next_call_gets_a_fresh_synced_
             remote.version()
             first = remote.handle
             train_a_little(trainer)
-            remote.on_restart = lambda: stream_weights(trainer, remote, chunk_bytes=CHUNK)  # as tasks/runtime.py does
+            remote.on_restart = lambda: stream_weights(trainer, remote, chunk_bytes=CHUNK)  # as controller/runtime.py does
             raised: list[BaseException] = []
             generating = _note_when_sent(remote, "Generate")
 
@@ -132,7 +132,7 @@ def test_a_short_quickstart_run_with_the_engine_on_ray(ray_cluster, prefect_api_
     from rlpipe.core.config import load_config
     from rlpipe.flows.train import train
     from rlpipe.storage.query import query_trajectories
-    from rlpipe.tasks.builders import build_lake
+    from rlpipe.controller.builders import build_lake
     from tests.helpers.mlflow_db import seed_mlflow_db
 
     seed_mlflow_db(tmp_path / "mlflow.db")

@@ -1,6 +1,6 @@
 """The code domain verified on a 2-node Ray cluster (conftest.py) gives the local pool's verdicts.
 
-Both pools are built by tasks/runtime.py's `build_sandbox_pool` from one config (bwrap
+Both pools are built by controller/runtime.py's `build_sandbox_pool` from one config (bwrap
 sandboxes), the only difference being `cluster.ray_address`; verify_batch runs the same
 pairs on each. Verdicts are compared whole, `duration_s` aside (wall time): reward, passed,
 reason, detail, verifier version, in input order. The pairs hold right and wrong answers,
@@ -20,13 +20,14 @@ import threading
 
 import pytest
 
+from rlpipe.controller.launch import build_sandbox_pool
+from rlpipe.controller.sample import build_mixture
+from rlpipe.controller.verify_batch import verify_batch
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import ClusterUnavailable, InfraError, SandboxUnavailable
 from rlpipe.core.records import VerdictReason
 from rlpipe.envs.code_probes import PROBES
 from rlpipe.sandbox.ray_pool import RaySandboxPool
-from rlpipe.tasks.runtime import build_mixture, build_sandbox_pool
-from rlpipe.tasks.verify_batch import verify_batch
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.bwrap
@@ -120,7 +121,7 @@ def test_tiny_code_run_verifies_on_the_ray_cluster(ray_cluster, tmp_path):
     """The train flow with cluster.ray_address set: every row verified by the cluster's actors."""
     from rlpipe.flows.train import train
     from rlpipe.storage.query import query_trajectories
-    from rlpipe.tasks.builders import build_lake
+    from rlpipe.controller.builders import build_lake
     from tests.flows.runs import tiny_config
 
     config = tiny_config(tmp_path, "envs.domains={code = 1.0}", 'sandbox.backend="bwrap"', "sandbox.timeout_s=5.0",

@@ -121,13 +121,13 @@ def _commit(lake: Lake, run_id: str, step: int, rates: dict[str, float]) -> None
 
 
 def _runtime(lake: Lake, config):
-    from rlpipe.tasks.runtime import build_mixture
+    from rlpipe.controller.sample import build_mixture
 
     return SimpleNamespace(run_id="r", config=config, lake=lake, mixture=build_mixture(config), curriculum=None)
 
 
 def test_step_tasks_draw_with_ratios_from_the_lake_the_same_in_a_fresh_process(tmp_path):
-    from rlpipe.tasks.runtime import step_ratios, step_tasks
+    from rlpipe.controller.sample import step_ratios, step_tasks
 
     config = load_config(None, ["envs.domains={arithmetic = 1.0, reverse = 1.0}", "curriculum.enabled=true",
                                 "curriculum.rate=1.0", "curriculum.min_ratio=0.0", "curriculum.window=1",

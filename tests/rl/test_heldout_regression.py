@@ -65,14 +65,14 @@ def test_evaluation_from_evaluates_result_keeps_the_domains():
 
 
 def test_heldout_metric_names_and_the_stored_evaluations_in_order(tmp_path):
-    from rlpipe.tasks.lifecycle import _earlier_evaluations, heldout_metrics
+    from rlpipe.controller.evaluation import earlier_evaluations, heldout_metrics
 
     assert heldout_metrics({"accuracy": 0.5, "accuracy/a": 1.0}) == {"heldout/accuracy": 0.5, "heldout/a/accuracy": 1.0}
     lake = Lake.open(str(tmp_path / "lake"))
     for name, version, accuracy in (("before_rl", 0, 0.1), ("step_000005", 5, 0.2), ("step_000010", 10, 0.3)):
         lake.write_json("r", f"evals/{name}.json", {"policy_version": version, "accuracy": accuracy, "accuracy/a": accuracy})
     runtime = SimpleNamespace(run_id="r", lake=lake, config=load_config(None, ["eval.every_steps=5"]))
-    earlier = _earlier_evaluations(runtime, Evaluation("step_000010", 10, {"a": 0.3}))
+    earlier = earlier_evaluations(runtime, Evaluation("step_000010", 10, {"a": 0.3}))
     assert [(e.name, e.policy_version, e.accuracy) for e in earlier] == [("before_rl", 0, {"a": 0.1}), ("step_000005", 5, {"a": 0.2})]
 
 

@@ -73,7 +73,7 @@ def test_surplus_groups_are_not_chosen_by_task_id_order() -> None:
     # 20 groups with signal, 5 wanted. The old rule (rows sorted by task id, first 5 kept)
     # kept t00..t04 on every step; the seeded order keeps each group in about 1 step of 4.
     ids = [f"t{index:02d}" for index in range(20)]
-    round_0 = [row for task in ids for row in _group(task, [1.0, 0.0])]  # sorted by task id, as tasks/advantage.py hands them
+    round_0 = [row for task in ids for row in _group(task, [1.0, 0.0])]  # sorted by task id, as controller/advantage.py hands them
     steps = 200
     kept_count = dict.fromkeys(ids, 0)
     for seed in range(steps):

@@ -9,14 +9,15 @@ import pytest
 import torch
 
 from rlpipe.agents.policy import PolicyOptions
+from rlpipe.controller.eval_policy import policy_run_config, sampling_params
+from rlpipe.controller.launch import build_runtime
+from rlpipe.controller.preflight import preflight
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import ConfigError
 from rlpipe.engines.hf import HFEngine
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.rl.batching import TrainSample, pad_samples, token_logprobs
 from rlpipe.rl.losses import policy_loss
-from rlpipe.tasks.eval_policy import policy_run_config, sampling_params
-from rlpipe.tasks.runtime import build_runtime, preflight
 
 PROMPTS = [("a", "12+7="), ("b", "reverse abc="), ("c", "3=")]
 CLIP_EPS = 0.2

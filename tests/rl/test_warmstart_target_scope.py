@@ -6,7 +6,7 @@ import pytest
 
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import ConfigError
-from rlpipe.tasks.lifecycle import warmstart_accuracy
+from rlpipe.controller.evaluation import warmstart_accuracy
 
 RESULT = {"accuracy": 0.4, "accuracy/arithmetic": 0.1, "accuracy/reverse": 0.7}
 

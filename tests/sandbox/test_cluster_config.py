@@ -11,9 +11,11 @@ import importlib.util
 
 import pytest
 
+from rlpipe.controller.launch import build_sandbox_pool
+from rlpipe.controller.preflight import preflight
+from rlpipe.controller.sample import build_mixture
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import ConfigError
-from rlpipe.tasks.runtime import build_mixture, build_sandbox_pool, preflight
 
 CODE_ON_RAY = ["envs.domains={code = 1.0}", 'cluster.ray_address="127.0.0.1:6379"', "sandbox.pool_size=1"]
 

@@ -201,7 +201,7 @@ def test_the_train_runs_pool_reaps_with_its_backends_cleanup(monkeypatch, backen
 
     import rlpipe.sandbox.pool
     from rlpipe.core.config import load_config
-    from rlpipe.tasks.runtime import build_sandbox_pool
+    from rlpipe.controller.launch import build_sandbox_pool
 
     made = {}
     monkeypatch.setattr(rlpipe.sandbox.pool, "SandboxPool", lambda factory, **kwargs: made.update(kwargs) or "pool")

@@ -82,7 +82,7 @@ def test_n_samples_per_prompt_in_prompt_major_order_with_the_prompt_ids(vllm_eng
     assert [(c.task_id, c.sample_idx) for c in completions] == [(task_id, index) for task_id, _ in PROMPTS for index in range(3)]
     for completion in completions:
         prompt = dict(PROMPTS)[completion.task_id]
-        assert completion.prompt_token_ids == encode_prompt(vllm_engine._tokenizer, prompt, "plain")
+        assert completion.prompt_token_ids == encode_prompt(vllm_engine.tokenizer, prompt, "plain")
         assert len(completion.token_ids) == len(completion.logprobs) >= 1
         assert completion.policy_version == vllm_engine.policy_version == 0
 
@@ -114,14 +114,14 @@ def test_a_stop_string_cuts_the_text_and_keeps_the_token_that_completed_it(vllm_
 
 def test_eos_finishes_with_stop_and_is_the_last_token(vllm_engine):
     """Sampled at vLLM's highest temperature (2), some of 192 samples of 24 tokens end with <eos> (id 1)."""
-    eos = vllm_engine._tokenizer.eos_token_id
+    eos = vllm_engine.tokenizer.eos_token_id
     completions = vllm_engine.generate(PROMPTS, SamplingParams(n=64, temperature=2.0, max_new_tokens=24, seed=0))
     ended = [c for c in completions if c.token_ids[-1] == eos]
     assert ended  # near-uniform over 68 ids: 1 - (67/68)^24 = 30% of samples end with <eos>; none of 192: 0.7^192 ~ 1e-30
     for completion in completions:
         if completion.token_ids[-1] == eos:
             assert completion.finish_reason == "stop" and eos not in completion.token_ids[:-1]
-            assert completion.text == vllm_engine._tokenizer.decode(completion.token_ids[:-1], skip_special_tokens=True)
+            assert completion.text == vllm_engine.tokenizer.decode(completion.token_ids[:-1], skip_special_tokens=True)
         else:
             assert completion.finish_reason == "length" and len(completion.token_ids) == 24
 

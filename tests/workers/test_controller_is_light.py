@@ -36,8 +36,8 @@ def test_cli_flow_and_preflight_import_no_model_library(tmp_path: Path) -> None:
     code = f"""
 import sys
 import rlpipe.cli.main, rlpipe.flows.train
+from rlpipe.controller.preflight import preflight
 from rlpipe.core.config import load_config
-from rlpipe.tasks.runtime import preflight
 preflight(load_config({str(REPO_ROOT / 'configs/quickstart.toml')!r}, ["storage.lake_uri={tmp_path / 'lake'}"]))
 preflight(load_config(None, ["storage.lake_uri={tmp_path / 'lake2'}", 'model.path="{folder}"']))
 print(sorted(name for name in {HEAVY!r} if name in sys.modules))

@@ -10,9 +10,9 @@ import importlib.util
 
 import pytest
 
+from rlpipe.controller.preflight import preflight
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import ConfigError
-from rlpipe.tasks.runtime import preflight
 
 ON_RAY = ['cluster.ray_address="127.0.0.1:6379"', "cluster.engine_on_ray=true"]
 

@@ -1,7 +1,7 @@
 """Which interpreter runs the engine worker: rollout.engine_python, else the controller's own,
 except vllm without vllm importable here: the repository's .venv-vllm (make venv-vllm).
 
-Interpreters are found from the repository (tasks/runtime.py PROJECT_ROOT), never from the
+Interpreters are found from the repository (controller/runtime.py PROJECT_ROOT), never from the
 current folder: a .venv-vllm/bin/python planted in the folder rlpipe starts from is neither
 chosen nor run. What it does not: start a vLLM engine (tests/vllm, `make test-vllm`).
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from rlpipe.controller import launch, preflight
+from rlpipe.controller.preflight import engine_python
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import ConfigError
-from rlpipe.tasks import runtime
-from rlpipe.tasks.runtime import engine_python
 
 
 def test_hf_runs_the_engine_worker_in_this_interpreter() -> None:
@@ -46,8 +46,8 @@ def planted_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(elsewhere)
     repository = tmp_path / "repository"
     repository.mkdir()
-    monkeypatch.setattr(runtime, "PROJECT_ROOT", repository)
-    monkeypatch.setattr(runtime, "VLLM_VENV_PYTHON", repository / ".venv-vllm" / "bin" / "python")
+    monkeypatch.setattr(preflight, "PROJECT_ROOT", repository)
+    monkeypatch.setattr(preflight, "VLLM_VENV_PYTHON", repository / ".venv-vllm" / "bin" / "python")
     return tmp_path
 
 
@@ -83,7 +83,7 @@ def test_a_vllm_run_started_from_the_planted_folder_never_runs_its_python(plante
 
     seed_mlflow_db(planted_cwd / "mlflow.db")
     with pytest.raises(ConfigError, match="make venv-vllm"):
-        runtime.build_runtime("planted-vllm", tiny_config(planted_cwd, 'rollout.engine="vllm"'))
+        launch.build_runtime("planted-vllm", tiny_config(planted_cwd, 'rollout.engine="vllm"'))
     assert not (planted_cwd / "planted-python-ran").exists()
 
 

@@ -36,7 +36,8 @@ def test_the_folder_is_private_new_and_named_after_the_run() -> None:
 def test_a_run_starts_past_a_link_planted_at_the_old_name_and_sends_it_nothing(tmp_path: Path) -> None:
     """A symlink at /dev/shm/rlpipe-<run id> made the old `rmtree` + `mkdir` fail (rmtree
     refuses links, even as root; mkdir then found the name taken): the run could not start."""
-    from rlpipe.tasks.runtime import build_runtime, release_runtime, sync_weights
+    from rlpipe.controller.launch import build_runtime
+    from rlpipe.controller.weight_sync import sync_weights
     from tests.helpers.mlflow_db import seed_mlflow_db
     from tests.workers.workers_at_hand import tiny_config
 
@@ -55,7 +56,7 @@ def test_a_run_starts_past_a_link_planted_at_the_old_name_and_sends_it_nothing(t
             sync_weights(runtime)  # the trainer's weights reach the engine through the folder
             assert runtime.engine.digest() == runtime.trainer.digest()
         finally:
-            release_runtime(run_id)  # stops the workers and removes the folder
+            runtime.close()  # stops the workers and removes the folder
         assert not folder.exists() and list(elsewhere.iterdir()) == []
     finally:
         planted.unlink()

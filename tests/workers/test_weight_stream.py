@@ -76,7 +76,7 @@ def test_a_stream_gives_the_engine_the_trainers_exact_weights_and_a_cut_one_neve
         mixed_pid = engine.pid
         with pytest.raises(EngineFailed, match="half-loaded"):
             engine.generate(PROMPTS, PARAMS)
-        # the next call starts a fresh worker; its restart hook (tasks/runtime.py's) syncs it
+        # the next call starts a fresh worker; its restart hook (controller/runtime.py's) syncs it
         engine.on_restart = lambda: stream_weights(trainer, engine, chunk_bytes=CHUNK)
         assert engine.digest() == changed_again and engine.pid != mixed_pid
         assert len(engine.generate(PROMPTS, PARAMS).completions) == 2

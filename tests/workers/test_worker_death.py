@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlpipe.controller.builders import build_lake
 from rlpipe.core.errors import EngineFailed
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.flows.train import train
 from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.builders import build_lake
 from tests.durability.cli_runs import final_weights
 from tests.flows.runs import tiny_config
 from tests.helpers.prefect_runs import step_stage_runs

@@ -1,5 +1,5 @@
 """Pre-flight checks that the configured model can serve the configured domains, run before
-any flow run or lake write (`preflight` in tasks/runtime.py calls them).
+any flow run or lake write (`preflight` in controller/preflight.py calls them).
 
 What it checks: a model folder's config.json has a buildable attention shape (hidden size,
 heads, key/value heads, head size), a vocabulary that covers its tokenizer, and positions

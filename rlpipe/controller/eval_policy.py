@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlpipe.agents.policy import Generation, PolicyOptions, RenderedPrompt
+from rlpipe.controller.preflight import engine_python
 from rlpipe.core.config import RunConfig, load_config
 from rlpipe.engines.sampling import SamplingParams
-from rlpipe.tasks.runtime import engine_python
 from rlpipe.workers.client import EngineClient, WorkerSpec
 
 

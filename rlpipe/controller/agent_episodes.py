@@ -5,7 +5,7 @@ the warm-start's oracle trajectories.
 - `is_multi_turn(env)`: the env runs episodes (envs/agent_tasks.py sets `multi_turn`).
 - `run_agent_episodes(runtime, tasks, params)`: group episodes of every task; each result
   carries its completion (the whole episode, loss-masked) and the verifier's verdict, so the
-  verify stage keeps these rows as they are (tasks/verify.py).
+  verify stage keeps these rows as they are (controller/verify.py).
 - `oracle_examples(runtime, tasks)`: the env's oracle replies played as real episodes in
   the pool (the observations are what the tools returned); every episode becomes ONE
   example for the supervised warm-start: (prompt, ((reply + stop, True), (observation,
@@ -35,11 +35,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlpipe.agents.episodes import EpisodeResult, EpisodeSettings, run_episodes
+from rlpipe.controller.runtime import Runtime
 from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import Completion, Segments, Task, Verdict, VerdictReason
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.qa.gate import guarded_verify
-from rlpipe.tasks.runtime import Runtime
 
 
 def is_multi_turn(env: object) -> bool:

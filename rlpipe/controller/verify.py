@@ -4,14 +4,14 @@ completion, fanned out inside that one task.
 Exact-answer domains are checked inline. Domains that run code go through the run's
 sandbox pool with `pool.map`: one pre-warmed sandbox per completion, as many at once as the
 pool holds, each sandbox reset before its next use, verdicts back in row order
-(tasks/verify_batch.py, shared with `rlpipe rescore` and the quality gate). A Prefect
+(controller/verify_batch.py, shared with `rlpipe rescore` and the quality gate). A Prefect
 task per completion would drown the server, so there is none. `verify_all` is the same
 fan-out for any list of (task, completion text) pairs (the held-out evaluation uses it).
 
 The rows go to the rollout task in memory; it stages them in the lake (tasks/rollout.py).
 Rows that arrive with a verdict are kept as they are: a multi-turn episode (agent_tasks) is
 judged by its verifier in its own sandbox at the end of the episode, in the generate stage
-(tasks/agent_episodes.py), since the final state lives only there.
+(controller/agent_episodes.py), since the final state lives only there.
 
 A sandbox that fails one verification gives that row a sandbox_error verdict (reward None,
 left out of advantages and means). When every sandboxed row of the batch failed so, the
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from rlpipe.controller.runtime import Runtime
+from rlpipe.controller.verify_batch import verify_batch
 from rlpipe.core.failpoints import failpoint
 from rlpipe.core.records import Task, Trajectory, Verdict
-from rlpipe.tasks.runtime import Runtime
-from rlpipe.tasks.verify_batch import verify_batch
 
 
 def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]:

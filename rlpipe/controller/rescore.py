@@ -5,7 +5,7 @@ into a new verdict table beside the old one, and say what flipped, by domain.
 it, a flow can wrap it later). It reads every committed part of the run through its step
 manifest (digests checked), rebuilds the run's domains from its stored config with today's
 code, and judges each completion again: exact domains inline, code on a sandbox pool of the
-run's sandbox settings (tasks/verify_batch.py, the verify stage's fan-out). A verifier that
+run's sandbox settings (controller/verify_batch.py, the verify stage's fan-out). A verifier that
 raises gives an unscored crash verdict instead of stopping the rescore.
 
 Verdicts are cached by (verifier version, task id, completion sha256): a completion already
@@ -44,8 +44,8 @@ from rlpipe.storage.rescores import (
     completion_sha256,
     flip_of,
 )
+from rlpipe.controller.verify_batch import verify_batch
 from rlpipe.storage.verdict_cache import CacheKey, VerdictCache
-from rlpipe.tasks.verify_batch import verify_batch
 
 Progress = Callable[["RescoreProgress"], None]
 EXAMPLE_TEXT_CHARS = 80
@@ -130,7 +130,8 @@ def rescore_run(lake: Lake, run_id: str, env: str | None = None, backend: str | 
                 progress: Progress | None = None, examples: int = 3, rescore_id: str | None = None) -> RescoreSummary:
     """Re-verify the committed trajectories of `run_id` (of domain `env` only, when given)
     with the current verifiers; write and commit the new verdict table; return the summary."""
-    from rlpipe.tasks.runtime import build_mixture, build_sandbox_pool  # mlflow comes with runtime.py
+    from rlpipe.controller.launch import build_sandbox_pool  # mlflow comes with launch.py
+    from rlpipe.controller.sample import build_mixture
 
     config = run_config_of(lake, run_id)
     domains = sorted(config.envs.domains)

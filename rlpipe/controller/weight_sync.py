@@ -1,7 +1,7 @@
 """Which weights the engine worker holds, and how it gets the version a step needs.
 
 Synchronous runs (rollout.max_staleness = 0) sync the trainer's weights straight into the
-engine (publish + load, tasks/runtime.py `sync_weights`). In async runs the trainer moves
+engine (`sync_weights`). In async runs the trainer moves
 on while the engine still generates with an older version, so the controller publishes the
 trainer's weights as a file on /dev/shm at the moment they are the version a later step
 needs (`publish_current`), and the rollout lane loads that file before generating the step
@@ -14,11 +14,38 @@ Not here: when any of this runs (flows/), the file format (workers/weights.py).
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
-from rlpipe.tasks.runtime import Runtime, sync_weights
+from rlpipe.controller.runtime import Runtime
+from rlpipe.workers.weight_stream import stream_weights
 
 _LOCK = threading.Lock()
+
+
+def sync_weights(runtime: Runtime) -> float:
+    """Bring the trainer's weights into the engine; returns the seconds it took. The engine's
+    acknowledged version is recorded. hf: streamed in bounded chunks copied in place
+    (workers/weight_stream.py); other engines: one whole file published, loaded, deleted."""
+    started = time.perf_counter()
+    if runtime.config.rollout.engine == "hf":
+        runtime.engine_version = stream_weights(runtime.trainer, runtime.engine).policy_version
+        return time.perf_counter() - started
+    published = runtime.trainer.publish_weights()
+    try:
+        runtime.engine_version = runtime.engine.load_weights_file(published.path, published.policy_version)
+    finally:
+        Path(published.path).unlink(missing_ok=True)
+    return time.perf_counter() - started
+
+
+def sync_if_behind(runtime: Runtime) -> dict[str, float]:
+    """Load the trainer's weights into the engine (unless it serves them already); returns
+    `sync/seconds` (publish + load, 0 when nothing was to do) and the engine's version."""
+    seconds = 0.0
+    if runtime.engine_version != runtime.policy_version:
+        seconds = sync_weights(runtime)
+    return {"sync/seconds": seconds, "sync/policy_version": float(runtime.engine_version)}
 
 
 def publish_current(runtime: Runtime) -> None:
@@ -53,7 +80,7 @@ def ensure_engine_version(runtime: Runtime, version: int) -> None:
 
 def restore_engine_version(runtime: Runtime) -> None:
     """A fresh engine worker: load the version the lane last asked for if it is published,
-    else the trainer's (tasks/runtime.py calls this from the engine client's restart hook)."""
+    else the trainer's (controller/launch.py makes this the engine client's restart hook)."""
     with _LOCK:
         path = runtime.published.get(runtime.engine_wanted) if runtime.engine_wanted is not None else None
     if path is not None:

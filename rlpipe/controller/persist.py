@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import time
 
+from rlpipe.controller.runtime import Runtime
 from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
 from rlpipe.rl.dynamic_sampling import select_groups
 from rlpipe.rl.rollout_metrics import rollout_metrics
 from rlpipe.rl.staleness import generation_version
 from rlpipe.storage.lake_records import StepManifest
-from rlpipe.tasks.runtime import Runtime
 
 
 def persist(runtime: Runtime, step: int, rounds: list[list[Trajectory]], overlong_filtered: int = 0) -> int:

@@ -9,10 +9,10 @@ import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 
+from rlpipe.controller.runtime import Runtime
 from rlpipe.core.records import Trajectory
 from rlpipe.rl.advantages import group_advantages
 from rlpipe.rl.dynamic_sampling import filter_overlong, groups_of, has_signal
-from rlpipe.tasks.runtime import Runtime
 
 
 @dataclass(frozen=True)
