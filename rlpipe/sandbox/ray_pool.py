@@ -16,7 +16,7 @@ Why actors, not Ray tasks or prefect-ray's RayTaskRunner: a sandbox is expensive
 pool is to reuse warm ones. A Ray task would build and tear down a sandbox per call (or per
 share); an actor keeps its pool warm across shares and across steps. RayTaskRunner runs
 Prefect tasks on Ray; our fan-out is inside one Prefect task (a task per completion would
-drown the server, DESIGN.md "Process model"), so there is nothing for it to run.
+drown the server: docs/ARCHITECTURE.md, "Process model"), so there is nothing for it to run.
 
 Failures: the cluster unreachable at start, an actor that died (its node lost, killed), no
 share back within `timeout_s`, or a pool an actor could not build all raise
