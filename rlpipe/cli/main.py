@@ -21,7 +21,7 @@ import typer
 from rlpipe.cli import sandbox as sandbox_cli
 from rlpipe.cli import services as services_cli
 from rlpipe.cli.consoles import literal, stdout_console
-from rlpipe.cli.errors import report_errors
+from rlpipe.cli.errors import report_errors, run_cli
 from rlpipe.cli.eval import eval_command
 from rlpipe.cli.eval_replay import replay_command
 from rlpipe.cli.export import export as export_command
@@ -305,5 +305,10 @@ def query(
     print_query(open_lake(config_for_lake(config, lake)), sql, json_out, console)
 
 
+def main() -> None:
+    """The `rlpipe` command (pyproject's entry point)."""
+    run_cli(app)
+
+
 if __name__ == "__main__":
-    app()
+    main()

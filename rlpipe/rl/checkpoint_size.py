@@ -68,14 +68,14 @@ def _folder_parameters(folder: Path) -> int:
 
 
 def _safetensors_parameters(path: Path) -> int:
-    """The elements of a safetensors file, from its header (the weights are not read)."""
-    with open(path, "rb") as stream:
-        (length,) = struct.unpack("<Q", stream.read(8))
-        header = json.loads(stream.read(length))
-    total = 0
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
-        total += (end - begin) // _DTYPE_BYTES.get(entry["dtype"], 4)
-    return total
+    """The elements of a safetensors file, from its header (the weights are not read); a
+    header that cannot be read (a truncated or foreign file, which the worker that loads it
+    will report) is sized from the file's bytes instead: this is an estimate for the disk."""
+    try:
+        with open(path, "rb") as stream:
+            (length,) = struct.unpack("<Q", stream.read(8))
+            header = json.loads(stream.read(min(length, 100 * 1024 * 1024)))
+        return sum((entry["data_offsets"][1] - entry["data_offsets"][0]) // _DTYPE_BYTES.get(entry["dtype"], 4)
+                   for name, entry in header.items() if name != "__metadata__")
+    except (OSError, struct.error, ValueError, AttributeError, KeyError, TypeError, IndexError):
+        return path.stat().st_size // 4
