@@ -74,3 +74,21 @@ def test_a_verifier_that_accepts_the_value_anywhere_is_caught_by_the_probes():
     probes = next(check for check in report.checks if check.name == "probes")
     fooled = {finding.answer for finding in probes.findings}
     assert not report.passed and {"probe:every_digit", "probe:tool_output_line", "probe:every_digit_on_lines"} <= fooled
+
+
+@pytest.mark.docker
+def test_the_hostile_agent_episodes_score_zero_in_docker_too():
+    """The same episodes through the RL episode path's verify (gate_verify: the multi-turn
+    episode played in a sandbox, then the env's verifier on its final state), on docker."""
+    from rlpipe.sandbox.docker_backend import DockerSandbox
+    from rlpipe.sandbox.pool import SandboxPool
+    from tests.helpers.docker_engine import require_docker_engine
+
+    require_docker_engine()
+    env = AgentTasksEnv()
+    task = env.tasks("train", 1, seed=4)[0]
+    with SandboxPool(lambda: DockerSandbox(Limits(timeout_s=10.0)), size=1) as pool:
+        hostile = {name: pool.map(lambda sandbox, text: gate_verify(env, task, text, sandbox), [text])[0]
+                   for name, text in hostile_episodes()}
+        assert pool.map(lambda sandbox, text: gate_verify(env, task, text, sandbox), [task.reference_answer])[0].passed
+    assert len(hostile) == len(AGENT_PROBES) and all(verdict.reward == 0.0 for verdict in hostile.values()), hostile
