@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from rlpipe.cli import sandbox as sandbox_cli
 from rlpipe.cli import services as services_cli
@@ -32,7 +34,18 @@ from rlpipe.cli.verify import verify as verify_command
 from rlpipe.core.config import RunConfig, config_changes, config_from_dict, hash_excluded, load_config, with_overrides
 from rlpipe.core.errors import ConfigError, LakeNotFoundError, RunNotFoundError
 
-app = typer.Typer(help="RL post-training with verifiable rewards, as durable Prefect flows.", no_args_is_help=True)
+USER_ORDER = ("train", "resume", "runs", "query", "export", "eval", "qa", "rescore", "verify", "sandbox", "up", "down")
+"""The order `rlpipe --help` lists the commands in: what a user does first, first."""
+
+
+class _UserOrderGroup(TyperGroup):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        known = [name for name in USER_ORDER if name in self.commands]
+        return known + [name for name in self.commands if name not in USER_ORDER]
+
+
+app = typer.Typer(help="RL post-training with verifiable rewards, as durable Prefect flows.", no_args_is_help=True,
+                  cls=_UserOrderGroup)
 runs_app = typer.Typer(help="Inspect runs stored in the lake.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
 app.add_typer(sandbox_cli.app, name="sandbox", help="Run commands in a sandbox; check its guarantees.")

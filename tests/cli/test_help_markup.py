@@ -1,5 +1,6 @@
-"""Help texts reach the user whole: Rich reads `[model]` as a markup tag and drops it
-("a run config TOML whose  and  tables"), so a bracketed word in a help must be escaped."""
+"""The help a user reads: every help text whole (Rich reads `[model]` as a markup tag and
+drops it: "a run config TOML whose  and  tables", so a bracketed word must be escaped), and
+the commands in the order a user needs them."""
 
 from __future__ import annotations
 
@@ -24,3 +25,14 @@ def test_no_help_text_holds_a_bracketed_word_that_rich_would_swallow():
     swallowed = [f"{where}: {match}" for where, text in _helps(typer.main.get_command(app), "rlpipe")
                  for match in BRACKETED_WORD.findall(text)]
     assert not swallowed, swallowed
+
+
+def test_the_commands_are_listed_in_the_order_a_user_needs_them():
+    """`rlpipe --help` lists what a user does first, first (train, resume, runs, query, ...),
+    and every command exactly once."""
+    from rlpipe.cli.main import USER_ORDER
+
+    command = typer.main.get_command(app)
+    listed = command.list_commands(None)
+    assert listed[:len(USER_ORDER)] == list(USER_ORDER)
+    assert sorted(listed) == sorted(command.commands)
