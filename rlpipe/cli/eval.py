@@ -47,6 +47,7 @@ from rlpipe.core.errors import ConfigError, InfraError, LakeNotFoundError
 from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.filesystem import open_lake_location
 from rlpipe.storage.lake import Lake
+from rlpipe.sandbox.docker_owners import reap_in_background
 
 console = stdout_console()
 DEFAULT_LAKE = StorageConfig().lake_uri
@@ -92,6 +93,7 @@ def eval_command(
     """Run an agent on every task; commit each trial to the lake; print each verdict and the success rate."""
     if ctx.invoked_subcommand is not None:
         return  # `rlpipe eval replay ...`
+    reap_in_background()  # containers a killed eval left, whatever this eval's backend (docker_owners.py)
     if workers < 1:
         raise ConfigError(f"--workers {workers} must be at least 1", hint="e.g. --workers 2")
     if max_attempts < 1:

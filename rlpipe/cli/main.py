@@ -33,6 +33,7 @@ from rlpipe.cli.rescore import rescore as rescore_command
 from rlpipe.cli.verify import verify as verify_command
 from rlpipe.core.config import RunConfig, config_changes, config_from_dict, hash_excluded, load_config, with_overrides
 from rlpipe.core.errors import ConfigError, LakeNotFoundError, RunNotFoundError
+from rlpipe.sandbox.docker_owners import reap_in_background
 
 USER_ORDER = ("train", "resume", "runs", "query", "export", "eval", "qa", "rescore", "verify", "sandbox", "up", "down")
 """The order `rlpipe --help` lists the commands in: what a user does first, first."""
@@ -132,6 +133,7 @@ def _train(run_config: RunConfig, run_id: str, verbose: bool):
     from rlpipe.controller.preflight import preflight
 
     preflight(run_config, run_id)  # bad input fails here, before a flow run or a lake write
+    reap_in_background()  # containers a killed eval left (docker_owners.py)
     _export_s3_keys(run_config)
     services_cli.export_service_env(verbose)
     if not verbose:

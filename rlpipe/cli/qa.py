@@ -26,6 +26,7 @@ import typer
 from rlpipe.cli.consoles import literal, stdout_console
 from rlpipe.cli.sandbox import Backend
 from rlpipe.core.errors import ConfigError
+from rlpipe.sandbox.docker_owners import reap_in_background
 
 GATE_FAILED_EXIT_CODE = 1
 SUITE = "suite"  # ENV for a terminal-task suite: the built-in one, or --tasks DIR
@@ -70,6 +71,7 @@ def qa(
     tasks: Optional[Path] = typer.Option(None, "--tasks", help="With ENV suite: a Harbor-format task folder, or a folder of them (default: the built-in suite)."),
 ) -> None:
     """Gate an environment: solvability, verifier consistency, reward-hack probes, difficulty."""
+    reap_in_background()  # containers a killed eval left (docker_owners.py)
     from rlpipe.qa.gate import PolicyOptions
     from rlpipe.qa.report import write_report
     from rlpipe.qa.standalone import GateRequest, build_env_for_gate, gate_env

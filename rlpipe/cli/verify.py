@@ -30,6 +30,7 @@ from rlpipe.core.errors import ConfigError, DatasetError
 from rlpipe.core.records import Task, Verdict
 from rlpipe.envs.mixture import build_env
 from rlpipe.sandbox.base import Limits
+from rlpipe.sandbox.docker_owners import reap_in_background
 
 PASS_AT_K = (1, 10, 100)
 console = stdout_console()
@@ -126,6 +127,7 @@ def verify(
     workers: Optional[int] = typer.Option(None, "--workers", help="Sandboxes in the pool (default: by cores and memory)."),
 ) -> None:
     """Score every completion in a sandbox; print per-sample verdicts and pass@k."""
+    reap_in_background()  # containers a killed eval left (docker_owners.py)
     environment = load_env(env)
     samples = read_samples(completions, environment)
     verdicts = verify_samples(environment, samples, backend, workers, show_progress=not json_out)

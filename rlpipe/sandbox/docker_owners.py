@@ -21,6 +21,7 @@ from another host, whose pids mean nothing here. A container labelled by an olde
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 
@@ -94,3 +95,25 @@ def reap_once(client, base_url: str | None) -> None:
         return
     if containers or snapshot_dirs:
         log.info("removed %d container(s) and %d snapshot dir(s) that dead processes left", containers, snapshot_dirs)
+
+
+def reap_in_background(wait_s: float = 5.0) -> None:
+    """Where a local docker engine may run (DOCKER_HOST set, or the default socket present),
+    do `reap_once` for it on a daemon thread and wait for it at most `wait_s`, so a command
+    that opens no docker sandbox itself (a bwrap `rlpipe train`, `qa`, `verify`, `eval`)
+    still removes what a killed eval left; an engine that does not answer within `wait_s`
+    does not hold the command up (the thread goes on while the command runs)."""
+    if not (os.environ.get("DOCKER_HOST") or os.path.exists("/var/run/docker.sock")):
+        return
+
+    def reap() -> None:
+        from rlpipe.core.errors import SandboxUnavailable
+
+        try:
+            reap_once(docker_client(None), None)
+        except SandboxUnavailable:  # no engine answers: nothing of ours can be running there
+            pass
+
+    thread = threading.Thread(target=reap, name="rlpipe-reap-containers", daemon=True)
+    thread.start()
+    thread.join(wait_s)

@@ -106,3 +106,22 @@ def test_a_container_whose_pid_now_belongs_to_another_process_is_an_orphan():
     finally:
         if _exists(client, container.id):
             container.remove(force=True)
+
+
+def test_a_command_that_opens_no_docker_sandbox_still_removes_a_killed_evals_container(tmp_path):
+    """`rlpipe verify` on bubblewrap (no docker sandbox of its own) removes, in the background,
+    the container a kill -9ed eval left: the next command cleans up whatever its backend."""
+    client = _client()
+    from tests.cli.cli_process import run_rlpipe
+    from tests.helpers.waiting import wait_until
+    from tests.sandbox._bwrap_support import require_bwrap
+
+    require_bwrap()
+    killed, orphan_id = _start_owner("eval-killed-before-verify")
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert _exists(client, orphan_id)
+    completions = tmp_path / "completions.jsonl"
+    completions.write_text('{"task_id": "arithmetic-0", "completion": "2"}\n')
+    run_rlpipe(["verify", "arithmetic", "--completions", str(completions)], cwd=tmp_path, timeout_s=120)
+    wait_until(lambda: not _exists(client, orphan_id), "the orphaned container to be removed", limit_s=60)
