@@ -33,6 +33,7 @@ from prefect.exceptions import MissingContextError
 from rlpipe.controller.runtime import Runtime
 from rlpipe.controller.sample import step_ratios
 from rlpipe.rl.heldout_regression import Regression
+from rlpipe.tasks.run_log import log_rl_step
 from rlpipe.workers.policy_export import export_policy
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, 
 def track(runtime: Runtime, step: int, extra: dict[str, float]) -> None:
     run_id = runtime.run_id
     metrics = log_step(runtime, step, extra)
+    log_rl_step(step, runtime.config.train.steps, metrics)  # the step's line in the flow run's logs
     if not runtime.step_metrics:
         runtime.step_metrics.extend(earlier_rows(runtime, step))
     runtime.step_metrics[:] = [row for row in runtime.step_metrics if row["step"] != step]  # a retried track
