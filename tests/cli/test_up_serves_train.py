@@ -131,7 +131,8 @@ def test_the_ui_on_a_port_other_than_4200_talks_to_its_own_api(up: Up) -> None:
 @pytest.mark.slow
 def test_a_run_started_from_the_served_deployment_finishes(up: Up, tmp_path: Path) -> None:
     """A file of 120 steps and the form's 2: the form wins, as `--set train.steps=2` would;
-    the flow run's logs, read back from up's server, say each RL step's reward and time."""
+    the flow run's logs, read back from up's server, say each RL step's reward and time; the
+    final policy is a registered logged model in up's MLflow server."""
     config_file = tmp_path / "long.toml"
     config_file.write_text(BASE_TOML)
     parameters = {"config_path": str(config_file), "config": _form(tmp_path / "lake")}
@@ -149,6 +150,10 @@ def test_a_run_started_from_the_served_deployment_finishes(up: Up, tmp_path: Pat
     mlflow = MlflowClient(tracking_uri=up.services.mlflow_uri)  # up's MLflow server: the config named none
     mlflow_run_id = lake.read_run_info(run_id).mlflow_run_id
     assert [point.step for point in mlflow.get_metric_history(mlflow_run_id, "reward/mean")] == [1, 2]
+    # the final policy: a logged model of the run in up's MLflow, registered as version 1 of the run id
+    experiment_id = mlflow.get_run(mlflow_run_id).info.experiment_id
+    logged = [model for model in mlflow.search_logged_models(experiment_ids=[experiment_id]) if model.source_run_id == mlflow_run_id]
+    assert len(logged) == 1 and mlflow.get_model_version(run_id, "1").run_id == mlflow_run_id
     assert [line.split(":")[0] for line in logs if line.startswith("RL step ")] == ["RL step 1/2", "RL step 2/2"], logs
     assert any(line.startswith("MLflow run: http") and mlflow_run_id in line for line in logs), logs  # up's UI
 
