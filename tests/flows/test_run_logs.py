@@ -35,7 +35,8 @@ def test_the_flow_runs_logs_say_where_the_warm_start_and_each_rl_step_are(tmp_pa
     steps = [line for line in messages if line.startswith("RL step ")]
     assert len(steps) == STEPS, messages
     for step, line in enumerate(steps, start=1):
-        assert re.fullmatch(rf"RL step {step}/{STEPS}: reward \d\.\d{{3}}, loss -?\d+\.\d{{4}}, \d+\.\d s", line), line
+        # the loss is left out of a step whose groups all lacked a signal (no update)
+        assert re.fullmatch(rf"RL step {step}/{STEPS}: reward \d\.\d{{3}}(, loss \S+)?, \d+\.\d s", line), line
 
 
 def test_warm_start_lines_come_at_most_every_interval_and_at_the_end() -> None:
