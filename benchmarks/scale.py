@@ -30,48 +30,8 @@ bf16 (model.dtype = bfloat16: the engine's and the trainer's weights in bf16, bu
 keeps fp32 master weights, fp32 gradients and fp32 AdamW states, rl/precision.py), lora (rank 8 on
 every linear layer: only the adapter has gradients and AdamW states).
 
-Measured 2026-12-01 on the shared 2-core, 24 GiB machine (fp32 weights 1.84 GiB, 6x = 11.04
-GiB; OMP_NUM_THREADS=2, nice 10; `--variant fp32 --variant gc --keep DIR`):
-- lora (before the chunked sync): step 48.0 s; VmHWM sum 9.47 GiB = 5.15x, UNDER; private
-  5.39 GiB = 2.93x.
-- fp32 with the whole-file sync (load average 9-15): step 81.6 s (generate 10.8, update 62.2,
-  sync 8.3); VmHWM trainer 7.93, engine 2.33, controller 0.71, Prefect 0.22: sum 11.18 GiB =
-  6.08x, OVER; private 10.71 GiB = 5.82x as printed, but that run's /dev/shm column was the
-  machine-wide /dev/shm delta (0.06 GiB, confounded by other jobs' files), which missed the
-  1.84 GiB sync file that coexisted with the engine's weights: counting it, 12.49 GiB = 6.79x.
-- fp32 with the chunked sync, fused AdamW and gradients freed after the step (load 6-10):
-  step 79.1 s (generate 10.3, update 59.7, sync 8.9); VmHWM trainer 7.93, engine 2.33,
-  controller 0.70, Prefect 0.19: sum 11.15 GiB = 6.06x, OVER by 0.11 GiB; private 10.64 GiB
-  = 5.78x, UNDER (sync folder peak 0.06 GiB: one 64 MiB chunk).
-- fp32 again once chunks were read straight into the engine's parameters (readinto, no
-  buffer; load 5-6): step 75.8 s (generate 10.3, update 61.4, sync 3.8); VmHWM 7.94 + 2.29 +
-  0.70 + 0.19 = 11.12 GiB = 6.04x, OVER by 0.08 GiB; private 10.68 GiB = 5.81x, UNDER.
-- gc, with the chunked sync before readinto (load 4-8): step 18.0 s (generate 1.7, update 13.3, sync 2.9); VmHWM 7.93 +
-  2.37 + 0.70 + 0.22 = 11.23 GiB = 6.10x, OVER by 0.19 GiB; private 10.69 GiB = 5.81x, UNDER.
-Measured 2026-12-02 on the same machine with nothing else heavy running (OMP_NUM_THREADS=2;
-`--model` the folder built by a first run; a /proc poller every 0.1 s traced the trainer):
-- fp32 with torch's default AdamW kernel, two runs: trainer VmHWM 8.95 and 8.94 GiB, sum
-  11.86-11.87 GiB = 6.45x, OVER. The trace shows why: RssAnon climbs from 6.5 to 7.9 GiB
-  inside the optimizer step, and VmHWM tops out ~1.0 GiB above where the step ends: the
-  default CPU kernel's two temporaries the size of the parameter being stepped (sqrt of the
-  second moment, then its quotient), 2 x 519 MiB for the tied embedding. (So the "7.93 GiB
-  with either kernel" of the rows above did not hold: those runs cannot be told apart now.)
-  A standalone check (one 519 MiB parameter): peak +1037 MiB over the step's start with the
-  default kernel, +0 with fused.
-- fp32 with the fused kernel (rl/trainer.py, since 2026-12-02): step 12.6 s (generate 1.0,
-  update 9.6, sync 1.9; update 11.2 s with the default kernel); VmHWM trainer 7.93 + engine
-  2.30 + controller 0.42 + Prefect 0.22 = 10.87 GiB = 5.91x, UNDER; private 10.46 GiB = 5.68x.
-- gc (fused): step 13.7 s; VmHWM 7.94 + 2.31 + 0.42 + 0.22 = 10.89 GiB = 5.92x, UNDER;
-  private 5.68x.
-- bf16 (fused): step 33.3 s (bf16 matmuls are slow on this CPU); VmHWM trainer 8.90 (bf16
-  weights 0.5x + fp32 masters, gradients and moments 4x), engine 3.16 (the fp32 file mapped
-  while the bf16 copy is made; RssAnon 2.25): 12.69 GiB = 6.89x, OVER; private 6.27x. bf16
-  is for GPUs, where the masters are the price of not rounding small steps away.
-- lora (fused): step 3.6 s; VmHWM 4.39 + 2.33 + 0.41 + 0.22 = 7.36 GiB = 4.00x (both
-  workers keep the base weights as from_pretrained's mapped file: RssAnon 2.39 and 0.34);
-  private 3.23 GiB = 1.76x.
-What remains above the trainer's 4x (weights, gradients, two moments: fp32 AdamW's floor)
-is ~0.5 GiB of libraries per worker and ~0.6 GiB for the controller and Prefect.
+What it measured, with the machine, date and load of each run: docs/RESULTS.md,
+"Memory of one RL step at Qwen2.5-0.5B's shape".
 
 What it does not do: assert anything, measure a GPU, or measure more than one step (the first
 step includes no warm-up beyond the engine's own).

@@ -5,8 +5,8 @@ warm-started policy, so that a machine's changing load hits both alike:
   1. plain: the step's two task functions called directly (`task.fn`), no Prefect;
   2. tasks: `rl_step` as the train flow runs it: `rollout-step-N` and `train-step-N`, two
      task runs of the run's flow run.
-(Until 2026-12-02 each stage was a task run of its own, eight per step, and until
-2026-12-01 each step a nested flow run: docs/ARCHITECTURE.md keeps their figures.)
+(Earlier layouts, a task run per stage and a nested flow run per step: their figures are in
+docs/RESULTS.md, "What orchestration costs".)
 Prints seconds per stage (plain, from the step's StageClock) and the ratio tasks/plain,
 i.e. what orchestration costs. Uses configs/quickstart.toml with fewer steps by default.
 Prefect's API is the temporary server `rlpipe train` starts (tasks/prefect_server.py; a

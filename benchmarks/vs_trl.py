@@ -32,27 +32,8 @@ stages make, WITHOUT the Prefect orchestration and the lake writes
 (the flow adds those per step; see benchmarks/step_breakdown.py). TRL runs its own loop
 (model.generate, its loss with the fused LM head) on the same CPU threads.
 
-Why TRL once looked 4x slower per step (13.5 s vs 3.4 wall; measured again 2026-12-01 with
-cProfile and with process CPU time, 1 thread, same machine, same warm start): TRL's
-settings are not the cause. Its HF path uses the KV cache (model.generate, DynamicCache,
-all 1024 sequences in one call, no logits processor beyond temperature), keeps 1 torch
-thread (accelerate does not change it), has no reference model (beta 0), no gradient
-checkpointing, logging off, top_k off, and stops at the EOS the warm-start taught. Two
-things add up instead:
-1. Per RL step TRL costs about 2x rlpipe's CPU: 2.5-2.7 CPU s against 1.2 (the `cpu s/step`
-   column of the 240 s race at 1 thread, 2026-12-01). TRL runs one extra no-grad forward over the 1024
-   completions for the old logprobs (steps_per_generation 4 > gradient_accumulation_steps
-   1 makes the later mini-batches off-policy; rlpipe reuses the sampler's logprobs,
-   computed at the same temperature), and its backward per mini-batch took ~0.36 s
-   against rlpipe's ~0.19 s (cProfile; not taken further). Its generation is the faster
-   one (cProfile: 1.1 s per step against rlpipe's 2.1 s, whose engine decodes every
-   sequence's text after every token for the stop check and grows tensors with torch.cat).
-2. The load of the shared 2-core machine: the same 4 TRL steps (identical rewards and
-   token counts both times) took 20 s wall beside a load of ~8 and 61 s inside a race at a
-   load of 14-17, which rose while TRL ran after rlpipe. At a load of 25, 240 wall
-   seconds give each side ~25 CPU seconds. Hence the interleaving, the CPU column and
-   `--clock cpu`: a race measured in wall time alone ranks whichever side ran in the
-   quieter minutes.
+Why TRL once looked 4x slower per step (profiled): docs/RESULTS.md, "Why TRL once looked
+4x slower per step".
 
 Prints, per size (`--sizes`, prompts x group per step; the settings above are the 128 x 8
 case, 8 x 8 changes only the two counts), one row per run (accuracy, RL steps, wall and CPU

@@ -16,32 +16,8 @@ step; they do not change the numbers). `--warm-cache DIR` keeps the warm-started
 (seed, threads, model and warm-start settings), so ablations of the RL recipe skip the
 warm-start; a warm-start setting in `--set` makes another cache entry.
 
-Findings (2026-12-01, 1 thread, beside a load of 15-30 on 2 cores; held-out = the run's
-1000 words, 3/4/5-letter about 34/31/35%). It reproduces the flow: seed 1, shipped config,
-0.414 -> 0.604 (+19.0), as `rlpipe train` measured. What decides the gain is the warm
-start's accuracy on 5-letter words, which the stop at 30% training accuracy leaves to the
-seed; from ~2-3% RL never lifts them, from ~7-10% it does (an after of 0.80 needs about
-half of the 5-letter words right, as 3/4-letter words are 65% of the total at most):
-
-    seed  before  warm start 3/4/5-letter   after   gain   (after, gain: the README's flow runs)
-    0     0.287   0.51 / 0.29 / 0.096       0.824   +53.7
-    3     0.350   0.85 / 0.17 / 0.066       0.801   +45.1
-    4     0.337   0.70 / 0.31 / 0.029       0.658   +32.1
-    2     0.311   0.76 / 0.19 / 0.017       0.575   +26.4
-    1     0.414   0.70 / 0.53 / 0.029       0.604   +19.0
-
-Seed 1 gains least because its warm start also overshot on 3/4-letter words (0.22 -> 0.395
-training accuracy between two checks), so its plateau (3/4-letter words mastered, 5-letter
-ones not) is only ~19 points above its start. Ablations on seed 1, full 120 steps (after,
-gain, 5-letter accuracy after): shipped 0.604 +19.0 [0.014]; group 16 x 64 prompts 0.622
-+20.8 [0.040]; temperature 1.0 0.617 +20.3 [0.037]; group 16 x 128 prompts (twice the
-samples and time) 0.635 +22.1 [0.057]. Warm-start target 0.5: start 0.545 [0.034], i.e. a
-later stop raises the start on 3/4-letter words, not the 5-letter accuracy, and leaves less
-headroom. The shipped run's curve is flat from step 80 (0.604) to 120 (0.604), so more
-steps do not help. Every RL-side change ends on the same plateau (3/4-letter words at
-0.87-0.99, 5-letter at 0.01-0.06), 1-3 points above the shipped one: within the noise of
-one seed, not a fix. A fix has to give every seed a warm start that is right on some
-5-letter words (e.g. a stop criterion per word length), which is code, not config.
+Findings (the warm start's accuracy on 5-letter words decides a seed's gain; ablations of
+the RL recipe): docs/RESULTS.md, "The seed ablation".
 """
 
 from __future__ import annotations

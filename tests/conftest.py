@@ -36,8 +36,8 @@ from prefect.testing.utilities import prefect_test_harness
 from tests.helpers.prefect_db import snapshot_database
 from tests.helpers.s3_server import start_moto_server
 
-# The files that took longest in CI, longest first (seconds in a fresh-clone run,
-# 2026-12-02, load 2-3: the order matters, not the figures). Started first, they leave the
+# The files that took longest in CI, longest first (seconds in a fresh-clone run at
+# load 2-3: the order matters, not the figures). Started first, they leave the
 # short files to fill the end of both workers' time.
 LONGEST_FILES = (
     "tests/cli/test_up_serves_train.py",  # 169

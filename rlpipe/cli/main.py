@@ -87,6 +87,7 @@ def train(
     if resume is not None:
         config_given = config is not None or bool(set_)
         run_id, run_config = resume, _resumed_config(run_config, resume, run_config if config_given else None)
+        _stop_if_finished(run_config, run_id)
     else:
         run_id = run_id or _new_run_id(config)
         _refuse_existing(run_config, run_id)
@@ -104,7 +105,26 @@ def resume(
 ) -> None:
     """Resume a run: replay committed steps from the lake, then go on (to train.steps)."""
     base = config_for_lake(None, lake)
-    _run_train(_resumed_config(base, run_id, None, set_), run_id, verbose)
+    run_config = _resumed_config(base, run_id, None, set_)
+    _stop_if_finished(run_config, run_id)
+    _run_train(run_config, run_id, verbose)
+
+
+def _stop_if_finished(run_config: RunConfig, run_id: str) -> None:
+    """A run that finished at train.steps has nothing left to train: say so and exit 0, before
+    any worker or server starts (a larger train.steps extends it instead)."""
+    from rlpipe.storage.lake_records import RunState
+
+    lake = open_lake(run_config)
+    status = lake.read_status(run_id)
+    if status is None or status.state != RunState.FINISHED or status.step != run_config.train.steps:
+        return
+    after = lake.read_json(run_id, "evals/after_rl.json") or {}
+    accuracy = f", held-out accuracy {after['accuracy']:.3f}" if isinstance(after.get("accuracy"), (int, float)) else ""
+    console.print(f"run {literal(run_id)} already finished at step {status.step} of {run_config.train.steps}{accuracy}: "
+                  f"nothing to resume (to train on: rlpipe resume {literal(run_id)} --set train.steps=N, N > {status.step})",
+                  soft_wrap=True)
+    raise typer.Exit(0)
 
 
 def _run_train(run_config: RunConfig, run_id: str, verbose: bool) -> None:

@@ -46,8 +46,8 @@ SERVED_DEPLOYMENTS = ("rl-train/train", "rl-eval/eval", "rl-qa/qa", "rl-rescore/
 MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 """The MLflow UI of `up` runs one uvicorn worker and no job runner (MLflow's GenAI jobs,
 unused here): with MLflow's defaults (4 workers, a huey job runner and its consumers) its
-server was 15 processes and 3.5 GB resident (2.6 GB proportional set) on a 2-core machine;
-now `up` is 3 processes and 768 MB with Prefect's (measured 2026-12-02)."""
+server is 15 processes and several GB resident on a small machine (docs/RESULTS.md,
+"`rlpipe up`'s MLflow UI")."""
 
 
 def up(

@@ -2,6 +2,12 @@
 loaded from a sparse TOML file plus `--set a.b=c` overrides; its hash (what a resume may
 change) and the checks that span tables.
 
+The one merge rule (`merge_config`), for the CLI's `--set` and the Prefect form alike: the
+file (or none) is the base, each change `section.key = value` replaces that key there (a
+table-valued key such as `envs.domains` whole; the last change of a key wins), then the
+whole is validated. The form's changes are its values that differ from the defaults
+(flows/run_parameters.py).
+
 Unknown keys and bad values are rejected with a ConfigError that names the field path and
 says what to do. Library code never sees RunConfig: builders in controller/ (launch.py, sample.py) turn its
 sections into flat constructor arguments. Units are in field names (timeout_s, memory_mb).
@@ -13,6 +19,7 @@ import difflib
 import hashlib
 import json
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +36,7 @@ __all__ = [
     "AlgoConfig", "CheckpointConfig", "ClusterConfig", "CurriculumConfig", "EnvConfig", "EvalConfig", "FileDomainConfig",
     "ModelConfig", "QaConfig", "ReasoningGymDomainConfig", "RolloutConfig", "RunConfig", "SandboxConfig", "StorageConfig",
     "TrackingConfig", "TrainConfig", "WarmstartConfig", "check_attention_shape", "config_changes", "config_from_dict",
-    "hash_excluded", "load_config", "with_overrides",
+    "hash_excluded", "load_config", "merge_config", "parse_override", "with_overrides",
 ]
 
 
@@ -91,14 +98,21 @@ def with_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
     """`config` with `a.b=c` overrides applied, validated (S3 keys, never dumped, are kept)."""
     data = config.model_dump(mode="json")
     for override in overrides:
-        _apply_override(data, override)
+        _set_key(data, *parse_override(override))
     updated = config_from_dict(data)
     keys = {"s3_access_key": config.storage.s3_access_key, "s3_secret_key": config.storage.s3_secret_key}
     return updated.model_copy(update={"storage": updated.storage.model_copy(update=keys)})
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
-    """Read a sparse TOML file (or none), apply `a.b=c` overrides, validate."""
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a sparse TOML file (or none), apply `a.b=c` overrides (`--set`), validate."""
+    return merge_config(path, [parse_override(override) for override in overrides])
+
+
+def merge_config(path: str | Path | None, changes: Sequence[tuple[str, Any]]) -> RunConfig:
+    """The run config of a sparse TOML file (or none) with `changes` on top: each
+    (`section.key`, value) replaces that key in the file's data, the last one of a key
+    winning; then validated. The one rule of `--set` and of the Prefect form."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -108,8 +122,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}", "fix the syntax at that line") from exc
-    for override in overrides:
-        _apply_override(data, override)
+    for key, value in changes:
+        _set_key(data, key, value)
     return config_from_dict(data)
 
 
@@ -177,7 +191,8 @@ def check_attention_shape(hidden_size: int, num_heads: int, num_kv_heads: int, h
         )
 
 
-def _apply_override(data: dict[str, Any], override: str) -> None:
+def parse_override(override: str) -> tuple[str, Any]:
+    """`section.key=value` -> (`section.key`, value): the value read as TOML, a bare word as a string."""
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"bad override {override!r}", "write it as section.key=value, e.g. --set train.steps=5")
@@ -185,12 +200,16 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # a bare word: take it as a string
-    *parents, leaf = key.strip().split(".")
+    return key.strip(), value
+
+
+def _set_key(data: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
     node = data
     for part in parents:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"bad override {override!r}: {part} is not a section", "override a leaf key")
+            raise ConfigError(f"bad override {key}={value!r}: {part} is not a section", "override a leaf key")
     node[leaf] = value
 
 

@@ -293,8 +293,11 @@ class TrackingConfig(Section):
     log_model: bool = True
     """At the end of a run, log the final policy to its MLflow run as the artifact folder
     `model/`: a Hugging Face folder (config, safetensors weights, tokenizer; a LoRA run's
-    merged weights) that `AutoModelForCausalLM.from_pretrained` loads once downloaded. It
-    doubles the model's storage; off, `rlpipe export RUN DIR` writes the same folder from the lake."""
+    merged weights) that `AutoModelForCausalLM.from_pretrained` loads once downloaded; and
+    as an MLflow logged model (a pyfunc of the same folder: greedy completions of prompts)
+    registered as a version of the registered model named by the run id. It stores the
+    weights twice more beside the lake's; off, `rlpipe export RUN DIR` writes the same
+    folder from the lake."""
     log_model_timeout_s: float = Field(600.0, gt=0)
     """How long the end of a run waits for that upload; a slower or failed upload is a
     warning (the run is finished all the same) and goes on in the background until the

@@ -2,15 +2,20 @@
 UI draws it as a form, from the pydantic schema), an optional TOML file on the worker, and
 an optional run id. This module turns them into the (RunConfig, run id) a run needs.
 
-The rule for a config given both ways (`config` and `config_path`):
+The rule for a config given both ways (`config` and `config_path`) is `--set`'s
+(core/config.py `merge_config`, the one function both use):
 
-- The file is the base. The form's values that differ from RunConfig's defaults go on top
-  of it (a key is `section.field`, e.g. `train.steps`; a table-valued field such as
-  `envs.domains` is one key). A form left at its defaults therefore means "the file as is".
-- A key that the file sets and the form changes to another value is an error naming both
-  values: nobody has to guess which one won. Setting a key back to its default from the
-  form while the file changes it is not possible (the form cannot tell "default" from
-  "unset"): edit the file, or clear config_path.
+- The file is the base. The form's values that differ from RunConfig's defaults are the
+  changes, and each goes on top of the file as `--set section.field=value` would (a
+  table-valued field such as `envs.domains` is one key, replaced whole). The form's values
+  win: `config_path=configs/quickstart.toml` with `{"train": {"steps": 5}}` is the
+  quickstart for 5 steps, as `rlpipe train configs/quickstart.toml --set train.steps=5` is.
+- A form left at its defaults therefore means "the file as is". Setting a key back to its
+  default from the form while the file changes it is not possible (the form cannot tell
+  "default" from "unset"): edit the file, or clear config_path.
+
+The served deployment's form names the quickstart's file in config_path (QUICKSTART_CONFIG,
+flows/serve.py), so its Run button as drawn trains the quickstart, a run of minutes.
 
 Run ids: an explicit `run_id` is used as is (one that exists in the lake resumes). An empty
 one is derived from the flow run: `{file stem or "run"}-{expected start, UTC}-{flow run id[:8]}`,
@@ -28,39 +33,20 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rlpipe.core.config import RunConfig, config_from_dict, load_config, with_overrides
-from rlpipe.core.errors import ConfigError
+from rlpipe.core.config import RunConfig, merge_config
 
 DEFAULT_RUN_PREFIX = "run"
+QUICKSTART_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml"
+"""The quickstart's file in this checkout (the served form's default config_path), where the
+package runs from a checkout or the image's /opt/rlpipe; absent from an installed wheel."""
 
 
 def resolve_config(config: RunConfig, config_path: str | None) -> RunConfig:
     """The run's config from the form (`config`) and the file (`config_path`), by the rule
     of the module docstring; validated with the cross-table checks of core/config.py."""
-    if not config_path:
-        return with_overrides(config, [])  # the checks that span tables (pydantic checked each table)
-    path = Path(config_path).expanduser().absolute()  # relative to where the flow runs: name it whole in errors
-    from_file = load_config(path)
-    changed = _changed_keys(config, RunConfig())
-    conflicts = [
-        f"{key} = {form_value!r} in the form but {_value_at(from_file, key)!r} in {path}"
-        for key, form_value in changed.items()
-        if key in _keys_in_file(path) and _value_at(from_file, key) != form_value
-    ]
-    if conflicts:
-        raise ConfigError(
-            "the run config disagrees with config_path: " + "; ".join(conflicts),
-            "set each key in one place: change it in the file, or leave it at its default in the form (or clear config_path)",
-        )
-    data = from_file.model_dump(mode="json")
-    for key, value in changed.items():
-        section, _, field = key.partition(".")
-        if field:
-            data[section][field] = value
-        else:
-            data[section] = value
-    merged = config_from_dict(data)
-    keys = {name: getattr(config.storage, name) or getattr(from_file.storage, name) for name in ("s3_access_key", "s3_secret_key")}
+    path = Path(config_path).expanduser().absolute() if config_path else None  # named whole in errors
+    merged = merge_config(path, list(form_changes(config).items()))
+    keys = {name: getattr(config.storage, name) or getattr(merged.storage, name) for name in ("s3_access_key", "s3_secret_key")}
     return merged.model_copy(update={"storage": merged.storage.model_copy(update=keys)})
 
 
@@ -72,43 +58,18 @@ def derive_run_id(flow_run_id: str | None, expected_start: datetime | None, conf
     return f"{prefix}-{when:%Y%m%d-%H%M%S}-{suffix}"
 
 
-def _changed_keys(config: RunConfig, defaults: RunConfig) -> dict[str, Any]:
-    """`section.field` (or a top-level field) -> the form's value, where it differs from the default."""
+def form_changes(config: RunConfig) -> dict[str, Any]:
+    """`section.field` (or a top-level field) -> the form's value as JSON data, where it
+    differs from RunConfig's default: what `--set` would change."""
+    defaults = RunConfig()
+    as_json = config.model_dump(mode="json")  # S3 keys (exclude=True) are not in it: carried over separately
     changed: dict[str, Any] = {}
     for name in RunConfig.model_fields:
         value, default = getattr(config, name), getattr(defaults, name)
         if isinstance(value, BaseModel):
-            for field in type(value).model_fields:
-                if type(value).model_fields[field].exclude:
-                    continue  # S3 keys: never dumped, carried over separately
+            for field in as_json[name]:
                 if getattr(value, field) != getattr(default, field):
-                    changed[f"{name}.{field}"] = _plain(getattr(value, field))
+                    changed[f"{name}.{field}"] = as_json[name][field]
         elif value != default:
-            changed[name] = _plain(value)
+            changed[name] = as_json[name]
     return changed
-
-
-def _keys_in_file(path: Path) -> set[str]:
-    import tomllib
-
-    data = tomllib.loads(path.read_text())
-    return {f"{name}.{field}" for name, table in data.items() if isinstance(table, dict) for field in table} | {
-        name for name, value in data.items() if not isinstance(value, dict)}
-
-
-def _value_at(config: RunConfig, key: str) -> Any:
-    section, _, field = key.partition(".")
-    value = getattr(config, section)
-    return _plain(getattr(value, field) if field else value)
-
-
-def _plain(value: Any) -> Any:
-    """Models inside a field (envs.files.<name>) as JSON data, so values compare and print plainly."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
-

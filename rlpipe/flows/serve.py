@@ -5,7 +5,10 @@ server (PREFECT_API_URL points at it) and stopped by `rlpipe down`.
 Served deployments (named `<flow>/<deployment>` in the UI and the API):
 
 - `rl-train/train`: a training run from a form (the RunConfig tables with their defaults,
-  an optional TOML file path, an optional run id: flows/train.py). Each flow run runs in a
+  an optional TOML file path, an optional run id: flows/train.py). The form's config_path
+  names the quickstart's file (flows/run_parameters.py QUICKSTART_CONFIG, where the
+  checkout has it), so Run as drawn trains the quickstart, and the form's changes go on top
+  of it as `--set` would (e.g. train.steps = 5). Each flow run runs in a
   subprocess of this one; its worker processes are its own children. A retry of a failed or
   crashed flow run (the UI's Retry button) runs it again here and resumes from the lake.
   The nightly schedule is declared inactive: turn it on in the UI.
@@ -28,6 +31,7 @@ from rlpipe.flows.eval import rl_eval
 from rlpipe.flows.offline_checks import rl_qa, rl_rescore
 from rlpipe.flows.operations import NIGHTLY_CRON, TRAIN_CONCURRENCY, TRAIN_TAGS
 from rlpipe.flows.operations import main as apply_operations_main
+from rlpipe.flows.run_parameters import QUICKSTART_CONFIG
 from rlpipe.flows.train import train
 
 RUNNER_LIMIT = 2
@@ -38,8 +42,11 @@ def served_deployments() -> list[RunnerDeployment]:
     return [
         train.to_deployment(
             name="train",
-            description="GRPO training from a form: edit the config tables (defaults shown) or name a TOML file on "
-                        "this machine; an empty run_id starts a new run, an existing one resumes it.",
+            description="GRPO training from a form. config_path is a TOML file on this machine (the quickstart's, "
+                        "as drawn; clear it to start from the defaults alone); the values you change in the config "
+                        "tables go on top of the file's, as `--set` does on the command line (the form's win). "
+                        "An empty run_id starts a new run, an existing one resumes it.",
+            parameters=_train_form_defaults(),
             tags=list(TRAIN_TAGS),
             concurrency_limit=TRAIN_CONCURRENCY,
             schedules=[Cron(NIGHTLY_CRON, timezone="UTC", active=False)],
@@ -60,6 +67,11 @@ def served_deployments() -> list[RunnerDeployment]:
             tags=["rlpipe", "rescore"],
         ),
     ]
+
+
+def _train_form_defaults() -> dict[str, str]:
+    """What the train form shows before anyone edits it: the quickstart's file, a run of minutes."""
+    return {"config_path": str(QUICKSTART_CONFIG)} if QUICKSTART_CONFIG.is_file() else {}
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ keeps storage, engine, RL, env and sandbox code out).
 Parameters are typed (flows/run_parameters.py): `config` is a RunConfig, so the Prefect UI
 draws a form with every table's defaults and docs, and `prefect deployment run --param`
 or `--params '{"config": {"train": {"steps": 5}}}'` work; `config_path` names a TOML file on
-the worker; an empty `run_id` gets a new id per flow run (a nightly schedule starts a new
+the worker, under the form's changes (the rule of `--set`); an empty `run_id` gets a new id per flow run (a nightly schedule starts a new
 run each night). `rlpipe train` calls this same flow with a RunConfig and its run id.
 No `from __future__ import annotations` here: a served flow is pickled into its flow-run
 subprocess, where Prefect validates the parameters against the annotations; as strings,
@@ -90,8 +90,8 @@ def train(config: RunConfig = RunConfig(), run_id: str = "", config_path: str | 
 
     Args:
         config: The run config (every table with its defaults). With config_path, the values
-            changed here from the defaults go on top of the file's; a key both set to different
-            values is an error.
+            changed here from the defaults go on top of the file's, as `--set` does on the
+            command line: the form's values win.
         run_id: The run's id. Empty: a new id per flow run ({file stem or "run"}-{date}-{flow run
             id}); a retry of the same flow run resumes it. An id that exists in the lake resumes
             that run (its config must compute the same: see `rlpipe resume`).

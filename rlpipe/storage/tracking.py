@@ -42,6 +42,7 @@ from rlpipe.core.errors import RunNotFoundError, StorageUnavailable, UserError
 from rlpipe.storage.artifact_checks import bucket_of, check_proxied_store, check_s3_bucket
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.local_services import live_mlflow_uri, url_answers
+from rlpipe.storage.mlflow_model import LoggedPolicy, log_policy_model
 
 MAX_PARAM_CHARS = 6000
 PARAMS_PER_BATCH = 100
@@ -257,6 +258,13 @@ class Tracker:
         root = self.check_artifact_store(mlflow_run_id)
         with _artifact_errors(self.uri, root, f"logging artifact {local_path}"):
             self._client.log_artifact(mlflow_run_id, str(local_path), artifact_path)
+
+    def log_policy_model(self, mlflow_run_id: str, folder: Path, name: str, step: int) -> LoggedPolicy:
+        """The HF folder `folder` as a logged model of the run, registered as a version of
+        `name` (storage/mlflow_model.py)."""
+        root = self.check_artifact_store(mlflow_run_id)
+        with _artifact_errors(self.uri, root, f"logging the model {name!r}"):
+            return log_policy_model(self._client, self.experiment_id, mlflow_run_id, folder, name, step)
 
     def log_text(self, mlflow_run_id: str, text: str, artifact_file: str) -> None:
         root = self.check_artifact_store(mlflow_run_id)

@@ -21,6 +21,7 @@ from prefect.utilities.urls import url_for
 
 from rlpipe.controller.runtime import Runtime
 from rlpipe.storage.lake_records import RunState, RunStatus
+from rlpipe.tasks.run_log import WarmStartLines, log_links
 from rlpipe.tasks.track import link_runs
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ def record_links(runtime: Runtime) -> dict[str, str | None]:
     except Exception as exc:  # noqa: BLE001 - best effort
         log.warning("could not write the links of run %s: %s", run_id, exc)
     link_runs(runtime, links)  # MLflow tags/description <-> a Prefect artifact (tasks/track.py)
+    log_links(links)  # the MLflow run's URL in the flow run's logs (tasks/run_log.py)
     return links
 
 
@@ -132,11 +134,13 @@ class WarmStartProgress:
         }
         self._losses: list[tuple[int, float]] = []
         self._written_at = 0.0
+        self._lines = WarmStartLines(max_steps)  # the flow run's log lines (tasks/run_log.py)
         self.write(force=True)
 
     def step(self, step: int, loss: float) -> None:
         self.document.update(steps_done=step, loss=loss)
         self._losses.append((step, loss))
+        self._lines.step(step, loss)
         if len(self._losses) >= self.LOG_EVERY:
             self._flush_losses()
         self.write()
@@ -153,6 +157,7 @@ class WarmStartProgress:
 
     def finish(self) -> None:
         self.document["finished"] = True
+        self._lines.finish()
         self._flush_losses()
         self.write(force=True)
 

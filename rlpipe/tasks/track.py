@@ -14,7 +14,8 @@ rebuilds the rows of the steps before it from the lake (manifests and TRAIN.json
 `link_runs` cross-links a run's records once its flow run starts (MLflow tags and
 description -> the Prefect flow run and the lake; a Prefect artifact -> the MLflow run), and
 `log_final_policy` logs the final policy to the MLflow run as the artifact folder `model/`
-(a Hugging Face folder, workers/policy_export.py) at the end of a run. Both are best effort:
+(a Hugging Face folder, workers/policy_export.py) and as a logged model registered under the
+run id (storage/mlflow_model.py) at the end of a run. Both are best effort:
 what cannot be recorded is a warning, never a failed or hanging run."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from prefect.exceptions import MissingContextError
 from rlpipe.controller.runtime import Runtime
 from rlpipe.controller.sample import step_ratios
 from rlpipe.rl.heldout_regression import Regression
+from rlpipe.tasks.run_log import log_rl_step
 from rlpipe.workers.policy_export import export_policy
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, 
 def track(runtime: Runtime, step: int, extra: dict[str, float]) -> None:
     run_id = runtime.run_id
     metrics = log_step(runtime, step, extra)
+    log_rl_step(step, runtime.config.train.steps, metrics)  # the step's line in the flow run's logs
     if not runtime.step_metrics:
         runtime.step_metrics.extend(earlier_rows(runtime, step))
     runtime.step_metrics[:] = [row for row in runtime.step_metrics if row["step"] != step]  # a retried track
@@ -157,8 +160,9 @@ def log_final_policy(runtime: Runtime, step: int | None) -> bool:
 
 def upload_policy(tracker: Tracker, lake: Lake, run_id: str, mlflow_run_id: str, step: int, timeout_s: float) -> bool:
     """Export the policy of `run_id` at checkpoint `step` from the lake into a temporary
-    folder and upload it as the artifact folder `model/` of MLflow run `mlflow_run_id`, then
-    tag the run rlpipe.model_step. True when done. A failed upload, or one still going after
+    folder and upload it as the artifact folder `model/` of MLflow run `mlflow_run_id` and
+    as an MLflow logged model (pyfunc, storage/mlflow_model.py) registered under the run id,
+    then tag the run rlpipe.model_step, rlpipe.logged_model_id and rlpipe.registered_model. True when done. A failed upload, or one still going after
     `timeout_s` (it goes on in the background until the process ends), is a warning and
     False: the run is finished whatever happens here."""
     failures: list[BaseException] = []
@@ -168,7 +172,9 @@ def upload_policy(tracker: Tracker, lake: Lake, run_id: str, mlflow_run_id: str,
             with tempfile.TemporaryDirectory(prefix="rlpipe-model-") as folder:
                 exported = export_policy(lake, run_id, Path(folder) / MODEL_ARTIFACT, step)
                 tracker.log_artifact(mlflow_run_id, exported.folder)  # a folder: uploaded as model/
-            tracker.set_tags(mlflow_run_id, {"rlpipe.model_step": str(step)})
+                logged = tracker.log_policy_model(mlflow_run_id, exported.folder, run_id, step)  # "Logged models", registered
+            tracker.set_tags(mlflow_run_id, {"rlpipe.model_step": str(step), "rlpipe.logged_model_id": logged.model_id,
+                                             "rlpipe.registered_model": f"{logged.registered_name}/{logged.version}"})
         except Exception as exc:  # noqa: BLE001 - reported below
             failures.append(exc)
 

@@ -1,6 +1,7 @@
 """Models out: `rlpipe export RUN [--step K] DIR` writes an HF folder from a local or S3 lake
-(workers/policy_export.py), and the end of a run logs the same folder to MLflow
-(tasks/track.py `upload_policy`; the train flow's own run is checked in
+(workers/policy_export.py), and the end of a run logs the same folder to MLflow, as an
+artifact folder and as a registered logged model whose pyfunc generates greedily
+(tasks/track.py `upload_policy`, storage/mlflow_model.py; the train flow's own run is checked in
 tests/flows/test_train_flow.py).
 
 The lakes here hold real checkpoints of tiny models, written by the trainer's own code
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+import mlflow.pyfunc
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -190,6 +192,21 @@ def test_upload_policy_logs_the_hf_folder_to_mlflow(lakes: Lakes, tmp_path: Path
     assert client.get_run(mlflow_run_id).data.tags["rlpipe.model_step"] == "2"
     folder = Path(client.download_artifacts(mlflow_run_id, MODEL_ARTIFACT, str(tmp_path / "download")))
     assert torch.equal(_loaded_logits(folder, lakes.token_ids), lakes.logits[("full", 2)])
+    # the same policy as a logged model of the run (MLflow's "Logged models"), registered as version 1 of "full"
+    [logged] = client.search_logged_models(experiment_ids=[tracker.experiment_id])
+    assert (logged.name, logged.source_run_id, str(logged.status.value)) == ("full", mlflow_run_id, "READY")
+    assert [output.model_id for output in client.get_run(mlflow_run_id).outputs.model_outputs] == [logged.model_id]
+    version = client.get_model_version("full", "1")
+    assert version.run_id == mlflow_run_id and version.source == logged.artifact_location
+    tags = client.get_run(mlflow_run_id).data.tags
+    assert (tags["rlpipe.logged_model_id"], tags["rlpipe.registered_model"]) == (logged.model_id, "full/1")
+    # its pyfunc answers a prompt as plain transformers does with the exported folder: greedily
+    model = mlflow.pyfunc.load_model(version.source)
+    tokenizer, policy = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+    ids = tokenizer(PROMPT, return_tensors="pt")
+    expected = tokenizer.decode(policy.generate(**ids, max_new_tokens=4, do_sample=False)[0, ids["input_ids"].shape[1]:],
+                                skip_special_tokens=True)
+    assert model.predict([PROMPT], params={"max_new_tokens": 4}) == [expected]
 
 
 def test_a_failed_upload_is_a_warning_and_returns(lakes: Lakes, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -1,6 +1,6 @@
 """Resuming a run with a new train.steps extends it (and says so), through the real CLI:
 2 steps, then `train CONFIG --resume RUN --set train.steps=3`, then `resume RUN --set
-train.steps=4`. The final held-out evaluation is taken again for the longer run; what the run
+train.steps=4`. Resuming a finished run as it is answers at once that it finished. The final held-out evaluation is taken again for the longer run; what the run
 computes may not change on a resume, and no committed step may be dropped.
 
 The run folder is nested past 200 characters and the console is 40 columns wide: the train
@@ -62,6 +62,14 @@ def test_resume_with_more_steps_extends_the_run_and_evaluates_it_again(long_tmp:
     lake = Lake.open(str(lake_path))
     before_rl = lake.read_json(run_id, "evals/before_rl.json")
     assert lake.read_json(run_id, "evals/after_rl.json")["policy_version"] == 2
+
+    # A finished run resumed as it is: answered from the lake, nothing started, nothing written.
+    status = lake.read_status(run_id)
+    finished = run_rlpipe(["resume", run_id, "--lake", str(lake_path)], long_tmp, **env)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert f"run {run_id} already finished at step 2 of 2, held-out accuracy" in finished.stdout, finished.stdout
+    assert lake.read_status(run_id) == status  # no flow ran: it would have rewritten status.json
+    assert "finished run" not in finished.stdout  # no train summary, as if it had trained
 
     extended = run_rlpipe(["train", str(config), "--resume", run_id, "--set", "train.steps=3"], long_tmp, timeout_s=600, **env)
     assert extended.returncode == 0, extended.stderr[-3000:]

@@ -15,10 +15,8 @@ server and the MLflow server from `up`'s state file (no PREFECT_API_URL, no
 tracking.mlflow_uri in the config), and after ^C in an RL step it exits 130 with one resume
 line, the run is interrupted in the lake, KILLED in `up`'s MLflow server and ended in `up`'s
 Prefect server, and nothing of the CLI's is left; then `rlpipe resume` finishes it, and its
-Prefect step table holds every step. (This is the suite's ^C with a Prefect server: until
-2026-12-03 tests/cli/test_signals.py ran the same against the session's harness, one CLI
-run and resume more for CI.) (Its own module until 2026-12-02: one `up` for all
-of these saves a start of the three servers.)
+Prefect step table holds every step. (This is the suite's ^C with a Prefect server; one
+`up` for all of these saves a start of the three servers.)
 
 Last, `down` while a served run trains (holding the one `rlpipe-trainer` slot) stops the run
 and its workers too.
@@ -44,6 +42,8 @@ from typing import NamedTuple
 import pytest
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.sorting import LogSort
 from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -70,15 +70,22 @@ RUN_TIMEOUT_S = 300  # a hang guard, not a speed check
 EVAL_TASKS = ("fix-median-bug", "order-totals", "log-count-errors")
 
 
+BASE_TOML = f"""
+[train]
+steps = 120
+[rollout]
+prompts_per_step = {PROMPTS}
+group_size = {GROUP}
+[warmstart]
+steps = 5
+[envs]
+heldout_size = 10
+"""
+
+
 def _form(lake: Path) -> dict:
-    """What a user changes in the UI's form: a partial RunConfig (the rest: defaults)."""
-    return {
-        "train": {"steps": STEPS},
-        "rollout": {"prompts_per_step": PROMPTS, "group_size": GROUP},
-        "warmstart": {"steps": 5},
-        "envs": {"heldout_size": 10},
-        "storage": {"lake_uri": str(lake)},
-    }
+    """What a user changes in the UI's form: a partial RunConfig (the rest: the file's, then defaults)."""
+    return {"train": {"steps": STEPS}, "storage": {"lake_uri": str(lake)}}
 
 
 class Up(NamedTuple):
@@ -91,7 +98,9 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     """`rlpipe up` once for the module; `rlpipe down` after, which must leave no process."""
     folder = tmp_path_factory.mktemp("up")
     marker = f"rlpipe-up-test-{uuid.uuid4().hex}"
-    env = cli_env(Where(folder, folder / "unused.toml"), prefect_api_url=None, RLPIPE_UP_TEST_MARKER=marker)
+    # Prefect's INFO lines, as a user's `up` has them: the flow runs' progress lines are INFO
+    env = cli_env(Where(folder, folder / "unused.toml"), prefect_api_url=None, RLPIPE_UP_TEST_MARKER=marker,
+                  PREFECT_LOGGING_LEVEL="INFO")
     env.pop("PREFECT_API_URL", None)
     env.pop("MLFLOW_TRACKING_URI", None)
     started = run_cli(["up", "--prefect-port", str(free_port()), "--mlflow-port", str(free_port())], env, folder)
@@ -121,12 +130,19 @@ def test_the_ui_on_a_port_other_than_4200_talks_to_its_own_api(up: Up) -> None:
 
 @pytest.mark.slow
 def test_a_run_started_from_the_served_deployment_finishes(up: Up, tmp_path: Path) -> None:
+    """A file of 120 steps and the form's 2: the form wins, as `--set train.steps=2` would;
+    the flow run's logs, read back from up's server, say each RL step's reward and time; the
+    final policy is a registered logged model in up's MLflow server."""
+    config_file = tmp_path / "long.toml"
+    config_file.write_text(BASE_TOML)
+    parameters = {"config_path": str(config_file), "config": _form(tmp_path / "lake")}
     with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):
-        flow_run = run_deployment("rl-train/train", parameters={"config": _form(tmp_path / "lake")}, timeout=RUN_TIMEOUT_S)
+        flow_run = run_deployment("rl-train/train", parameters=parameters, timeout=RUN_TIMEOUT_S)
         assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state
-        run_id = flow_run.name  # flow_run_name is the run id, derived here: run-<date>-<flow run id>
-        assert run_id.startswith("run-") and run_id.endswith(str(flow_run.id).replace("-", "")[:8])
+        run_id = flow_run.name  # flow_run_name is the run id, derived here: <file stem>-<date>-<flow run id>
+        assert run_id.startswith("long-") and run_id.endswith(str(flow_run.id).replace("-", "")[:8])
         stored = asyncio.run(_stored_parameters(flow_run.id))
+        logs = asyncio.run(_flow_run_logs(flow_run.id))
     assert stored["config"] == _form(tmp_path / "lake") and "run_id" not in stored  # as sent: no JSON string
     lake = build_lake(load_config(None, [f'storage.lake_uri="{tmp_path / "lake"}"']))
     assert lake.committed_steps(run_id) == [1, 2]
@@ -134,6 +150,12 @@ def test_a_run_started_from_the_served_deployment_finishes(up: Up, tmp_path: Pat
     mlflow = MlflowClient(tracking_uri=up.services.mlflow_uri)  # up's MLflow server: the config named none
     mlflow_run_id = lake.read_run_info(run_id).mlflow_run_id
     assert [point.step for point in mlflow.get_metric_history(mlflow_run_id, "reward/mean")] == [1, 2]
+    # the final policy: a logged model of the run in up's MLflow, registered as version 1 of the run id
+    experiment_id = mlflow.get_run(mlflow_run_id).info.experiment_id
+    logged = [model for model in mlflow.search_logged_models(experiment_ids=[experiment_id]) if model.source_run_id == mlflow_run_id]
+    assert len(logged) == 1 and mlflow.get_model_version(run_id, "1").run_id == mlflow_run_id
+    assert [line.split(":")[0] for line in logs if line.startswith("RL step ")] == ["RL step 1/2", "RL step 2/2"], logs
+    assert any(line.startswith("MLflow run: http") and mlflow_run_id in line for line in logs), logs  # up's UI
 
 
 @pytest.mark.slow
@@ -264,6 +286,19 @@ async def _pool_view() -> tuple[dict, dict[str, int], dict[str, int]]:
     limits = {limit.name: limit.limit for limit in global_limits if not limit.name.startswith("deployment:")}
     assert {limit.tag: limit.concurrency_limit for limit in tag_limits} == {"verify": 4}
     return train, {queue.name: queue.priority for queue in queues}, limits
+
+
+async def _flow_run_logs(flow_run_id, last_line: str = "RL step 2/2") -> list[str]:
+    """The flow run's log lines, once `last_line` arrived: its process ships them in batches,
+    the last ones possibly after its final state."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    async with get_client() as client:
+        while True:
+            logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), sort=LogSort.TIMESTAMP_ASC)
+            messages = [log.message for log in logs]
+            if any(line.startswith(last_line) for line in messages) or time.monotonic() > deadline:
+                return messages
+            await asyncio.sleep(1.0)
 
 
 async def _stored_parameters(flow_run_id) -> dict:

@@ -9,7 +9,8 @@ a mix of right and wrong answers, so some groups have signal and some do not.
 
 The kill lands in the lane (the 5th verify call of the run, somewhere in steps 2-4's
 rounds, while the flow's thread trains). A kill inside the update of step 4 in the flow's
-thread was a second scenario; it passed (2026-12-01) and was dropped for CI time. The resume restores the trainer to the version that generates the step
+thread is not a scenario here (CI's time): the synchronous kills of test_kill_resume.py
+cover the update. The resume restores the trainer to the version that generates the step
 after the last commit and trains the committed steps after it from the lake. Same CLI
 subprocesses and checks as test_kill_resume.py.
 """

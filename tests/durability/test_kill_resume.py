@@ -20,8 +20,8 @@ the lake, where the killed run staged them (tasks/rollout.py); `update` and
 anything of the step is staged, was a scenario of its own until CI's time ran short: its
 resume computes step 4 with nothing staged, as `lost-files`' resume does once the staged
 rows are gone; tests/workers/test_worker_death.py still kills the engine worker inside a
-generate mid-run. So was `verify`, a kill in step 4's verify with checkpoint 2 bit-rotted,
-until 2026-12-03: `lost-files` kills at the same point, and `part-write` took the bit rot.)
+generate mid-run. A kill in step 4's verify is `lost-files`' point, and the bit rot of a
+checkpoint is `part-write`'s.)
 `lost-files` kills in `verify` of step 4 and deletes checkpoint 2's weights file and the
 staged rows of step 4 before its resume: the resume falls back to checkpoint 0 and computes
 step 4's stages again.

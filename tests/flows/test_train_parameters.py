@@ -1,7 +1,8 @@
 """The train flow's parameters are typed: Prefect's parameter schema is a form of the
 RunConfig tables (defaults and docs from the pydantic models), a deployment run with a
 partial config is accepted by the server and validates into a RunConfig, a config file on
-the worker merges under the form's values (flows/run_parameters.py), and an empty run id
+the worker merges under the form's values as under `--set` (flows/run_parameters.py), the
+served form names the quickstart's file, and an empty run id
 becomes a new id per flow run (stable across retries of one flow run).
 
 No run is trained here: the schema, the server's validation and the merge rule are what is
@@ -19,10 +20,12 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import PrefectHTTPStatusError
 from prefect.utilities.callables import parameter_schema
 
-from rlpipe.core.config import RunConfig
+from rlpipe.core.config import RunConfig, load_config
 from rlpipe.core.errors import ConfigError
-from rlpipe.flows.run_parameters import derive_run_id, resolve_config
+from rlpipe.flows.run_parameters import QUICKSTART_CONFIG, derive_run_id, resolve_config
+from rlpipe.flows.serve import served_deployments
 from rlpipe.flows.train import train
+from tests.cli.cli_process import REPO_ROOT
 
 
 def test_parameter_schema_is_a_form_of_the_run_config_tables() -> None:
@@ -81,12 +84,35 @@ def test_file_is_the_base_and_the_form_changes_go_on_top(tmp_path: Path) -> None
     assert resolve_config(RunConfig(), str(path)).rollout.prompts_per_step == RunConfig().rollout.prompts_per_step
 
 
-def test_a_key_set_differently_in_the_form_and_the_file_is_an_error(tmp_path: Path) -> None:
-    path = tmp_path / "nightly.toml"
-    path.write_text('[train]\nsteps = 7\n')
-    with pytest.raises(ConfigError, match=r"train.steps = 9 in the form but 7 in .*nightly.toml") as raised:
-        resolve_config(RunConfig.model_validate({"train": {"steps": 9}}), str(path))
-    assert "one place" in raised.value.hint
+def test_the_form_merges_over_the_file_as_set_does(tmp_path: Path) -> None:
+    """The form's values that differ from the defaults win over the file's, key by key,
+    exactly as `--set` does on the command line (core/config.py merge_config)."""
+    path = tmp_path / "quick.toml"
+    path.write_text('[train]\nsteps = 120\nlr = 5e-4\n[envs]\ndomains = { reverse = 1.0 }\n[rollout]\ngroup_size = 8\n')
+    form = RunConfig.model_validate({"train": {"steps": 5}, "envs": {"domains": {"arithmetic": 0.5, "reverse": 0.5}},
+                                     "rollout": {"prompts_per_step": 2}})
+    from_the_form = resolve_config(form, str(path))
+    with_set = load_config(path, ["train.steps=5", "envs.domains={arithmetic = 0.5, reverse = 0.5}",
+                                  "rollout.prompts_per_step=2"])
+    assert from_the_form == with_set
+    assert (from_the_form.train.steps, from_the_form.train.lr, from_the_form.rollout.group_size) == (5, 5e-4, 8)
+    assert from_the_form.envs.domains == {"arithmetic": 0.5, "reverse": 0.5}  # a table-valued key is replaced whole
+
+
+def test_without_a_file_the_form_is_the_config() -> None:
+    form = RunConfig.model_validate({"seed": 3, "train": {"steps": 5}, "envs": {"reasoning_gym": {"legs": {"dataset": "leg_counting", "heldout_fraction": 0.3}}},
+                                     "storage": {"s3_access_key": "key", "s3_secret_key": "secret"}})
+    resolved = resolve_config(form, None)
+    assert resolved == form
+    assert (resolved.storage.s3_access_key, resolved.storage.s3_secret_key) == ("key", "secret")  # never dumped, kept
+
+
+def test_the_served_form_defaults_to_the_quickstart() -> None:
+    """Run as drawn trains the quickstart (minutes), not the defaults' 300-step warm start."""
+    train_deployment = next(deployment for deployment in served_deployments() if deployment.name == "train")
+    assert train_deployment.parameters == {"config_path": str(QUICKSTART_CONFIG)}
+    assert resolve_config(RunConfig(), str(QUICKSTART_CONFIG)) == load_config(REPO_ROOT / "configs" / "quickstart.toml")
+    assert "--set" in train_deployment.description and "quickstart" in train_deployment.description
 
 
 def test_a_missing_config_file_is_a_config_error(tmp_path: Path) -> None:

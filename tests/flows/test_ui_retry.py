@@ -16,9 +16,7 @@ run is made to end badly twice:
    left Running (it was: `persist-step-2`, forever, on a Completed flow run). The run id
    was derived from the flow run, so each retry must land on the same run id to resume it.
 
-One run, three flow-run processes: the cheapest way to cover both ends (measured 2026-12-02:
-85 s of CPU for the module, the runner and its flow runs included; 120 s wall on a shared
-2-core machine).
+One run, three flow-run processes: the cheapest way to cover both ends.
 """
 
 from __future__ import annotations

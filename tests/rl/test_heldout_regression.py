@@ -34,7 +34,7 @@ def test_the_window_limits_how_far_back_the_best_is_taken():
 
 
 def test_a_significant_fall_near_0_1_is_a_regression_that_the_absolute_threshold_misses():
-    """The multi-domain run of 2026-12-02 (configs/multidomain.toml): rg_sub 0.095 -> 0.020
+    """A multi-domain run (configs/multidomain.toml, docs/RESULTS.md): rg_sub 0.095 -> 0.020
     on 200 tasks each is (0.075) / sqrt(2 * 0.0575 * 0.9425 / 200) = 3.22 standard errors;
     arithmetic's 0.215 -> 0.135 on the same counts is 2.10: noise at z = 3."""
     best = Evaluation("step_000025", 25, {"rg_sub": 0.095, "arithmetic": 0.215})
