@@ -63,7 +63,8 @@ def main() -> None:
             try:
                 return _steps(runtime)
             finally:
-                peaks.update(engine_worker=_peak_rss_mb(runtime.workers.engine.pid), trainer_worker=_peak_rss_mb(runtime.workers.trainer.pid))
+                workers = runtime.workers
+                peaks.update(engine_worker=_peak_rss_mb(workers.engine.pid), trainer_worker=_peak_rss_mb(workers.trainer.pid))
                 runtime.close()
 
         def _steps(runtime) -> dict[str, list[float]]:

@@ -66,6 +66,7 @@ def earlier_evaluations(runtime: Runtime, current: Evaluation) -> list[Evaluatio
     every = runtime.config.eval.every_steps
     steps = range(every, current.policy_version, every) if every else range(0)  # every_steps 0: no evaluation mid-run
     names = ["before_rl", *(f"step_{step:06d}" for step in steps)]
-    stored = ((name, runtime.records.lake.read_json(runtime.run_id, f"evals/{name}.json")) for name in names if name != current.name)
+    lake = runtime.records.lake
+    stored = ((name, lake.read_json(runtime.run_id, f"evals/{name}.json")) for name in names if name != current.name)
     return [Evaluation.from_result(name, int(doc["policy_version"]), {k: v for k, v in doc.items() if k != "policy_version"})
             for name, doc in stored if doc is not None and int(doc["policy_version"]) < current.policy_version]

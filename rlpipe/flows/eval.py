@@ -44,7 +44,7 @@ def rl_eval(eval_id: str, lake_uri: str, workers: int = 2, max_attempts: int = 3
         raise ConfigError(f"workers {workers} and max_attempts {max_attempts} must be at least 1",
                           hint="e.g. --workers 2 --max-attempts 3")
     if trial_backend is not None and not callable(getattr(trial_backend, "open", None)):
-        raise ConfigError(f"trial_backend {trial_backend!r} is not a TrialBackend object (tests and benchmarks pass one in process)",
+        raise ConfigError(f"trial_backend {trial_backend!r} is not a TrialBackend object (tests pass one in process)",
                           hint="leave trial_backend empty: the trials use the backend the eval names")
     runtime: EvalRuntime | None = None
     try:

@@ -76,7 +76,8 @@ class DockerWorkDir:
     def read_file(self, path: str) -> bytes:
         self.wipe_if_needed()
         most = self.limits.disk_mb * 1024 * 1024  # what bwrap's read_file returns at most, too
-        raw = self._container.run(["python3", "-I", "-S", "-c", _WORK, "cat", "/work/" + _checked_relative(path), str(most)], b"", 60.0, None)
+        argv = ["python3", "-I", "-S", "-c", _WORK, "cat", "/work/" + _checked_relative(path), str(most)]
+        raw = self._container.run(argv, b"", 60.0, None)
         if raw.exit_code != 0:
             raise FileNotFoundError(f"{path} cannot be read in the sandbox: {raw.stderr[-300:].decode(errors='replace')}")
         return raw.stdout

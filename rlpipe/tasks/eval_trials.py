@@ -134,8 +134,8 @@ def open_eval(eval_id: str, lake_uri: str, backend: TrialBackend | None = None) 
                        options, lake.uri, histories, factory=factory, engine=engine)
 
 
-@task(name="trial", task_run_name="{task_id}", cache_policy=NO_CACHE, persist_result=False, retry_delay_seconds=STAGE_RETRY_DELAYS,
-      retry_jitter_factor=STAGE_RETRY_JITTER, retry_condition_fn=retry_infra_errors_only)
+@task(name="trial", task_run_name="{task_id}", cache_policy=NO_CACHE, persist_result=False,
+      retry_delay_seconds=STAGE_RETRY_DELAYS, retry_jitter_factor=STAGE_RETRY_JITTER, retry_condition_fn=retry_infra_errors_only)
 def trial(runtime: EvalRuntime, task_id: str) -> str:
     """One attempt of the task, committed to the lake; its verdict. Raises
     TrialInfrastructureFailure after committing an infrastructure verdict (Prefect retries)."""
@@ -154,7 +154,8 @@ def trial(runtime: EvalRuntime, task_id: str) -> str:
 
 
 @task(name="summarize-eval", cache_policy=NO_CACHE, **STAGE_OPTIONS)
-def summarize_eval(runtime: EvalRuntime, workers: int, mlflow_uri: str | None, experiment: str, track: bool = True) -> EvalSummary:
+def summarize_eval(runtime: EvalRuntime, workers: int, mlflow_uri: str | None, experiment: str,
+                   track: bool = True) -> EvalSummary:
     """The report from the committed attempts, logged to MLflow; Prefect artifacts of it."""
     eval_id = runtime.recorder.info.eval_id
     recorded = runtime.recorder.attempts()  # the lake is the truth

@@ -1,7 +1,8 @@
-"""Stage `track` (the last of the `train` task, tasks/step_tasks.py): store a committed step's after-commit metrics (the update's, the
-timings) in the lake beside its manifest (TRAIN.json), log all its metrics to MLflow
-(timestamps from the step manifest, so a retried or resumed step adds no duplicate point)
-and refresh the Prefect table artifact of step metrics.
+"""Stage `track` (the last of the `train` task, tasks/step_tasks.py): store a committed
+step's after-commit metrics (the update's, the timings) in the lake beside its manifest
+(TRAIN.json), log all its metrics to MLflow (timestamps from the step manifest, so a
+retried or resumed step adds no duplicate point) and refresh the Prefect table artifact of
+step metrics.
 
 With the curriculum on, the step's domain ratios are logged and kept in TRAIN.json too
 (`curriculum/ratio/<domain>`).

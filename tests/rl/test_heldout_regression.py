@@ -96,7 +96,8 @@ def test_the_alert_is_an_artifact_a_tag_and_a_warning(prefect_api_url, caplog):
         alert_regressions(runtime, find_regressions([STEP_10, STEP_20], now, threshold=0.1, window=2))
 
     alert()
-    assert list(runtime.records.tracker.tags) == ["regression.a"] and "0.700 at step_000010" in runtime.records.tracker.tags["regression.a"]
+    tags = runtime.records.tracker.tags
+    assert list(tags) == ["regression.a"] and "0.700 at step_000010" in tags["regression.a"]
     assert any(record.levelname == "WARNING" and "regression: held-out accuracy of a fell" in record.getMessage()
                for record in caplog.records)
     markdown = asyncio.run(_artifact("rlpipe-regression-run-1"))
