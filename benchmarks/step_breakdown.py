@@ -45,7 +45,7 @@ def main() -> None:
 
     from rlpipe.core.config import load_config
     from rlpipe.flows.steps import rl_step
-    from rlpipe.tasks import lifecycle, rollout, update
+    from rlpipe.tasks import lifecycle, step_tasks
     from rlpipe.tasks.prefect_server import temporary_prefect_server
     from rlpipe.controller.launch import build_runtime
     from rlpipe.controller.stage_clock import StageClock
@@ -63,13 +63,14 @@ def main() -> None:
             try:
                 return _steps(runtime)
             finally:
-                peaks.update(engine_worker=_peak_rss_mb(runtime.engine.pid), trainer_worker=_peak_rss_mb(runtime.trainer.pid))
+                workers = runtime.workers
+                peaks.update(engine_worker=_peak_rss_mb(workers.engine.pid), trainer_worker=_peak_rss_mb(workers.trainer.pid))
                 runtime.close()
 
         def _steps(runtime) -> dict[str, list[float]]:
             lifecycle.open_run(runtime)
             lifecycle.warm_start(runtime)
-            workers = {runtime.engine.pid, runtime.trainer.pid}
+            workers = {runtime.workers.engine.pid, runtime.workers.trainer.pid}
             stage_s: dict[str, list[float]] = defaultdict(list)
             step_s: dict[str, list[float]] = defaultdict(list)
             for step in range(1, len(MODES) * args.steps + 1):
@@ -88,8 +89,8 @@ def main() -> None:
 
         def _plain_step(runtime, step: int, stage_s: dict[str, list[float]]) -> None:
             clock = StageClock()
-            rollout.rollout.fn(runtime, step, clock)
-            update.train.fn(runtime, step, clock)
+            step_tasks.rollout.fn(runtime, step, clock)
+            step_tasks.train.fn(runtime, step, clock)
             clock.enter("done")  # close track's interval (the step's own timings end where track starts)
             for stage, seconds in clock.seconds.items():
                 stage_s[stage].append(seconds)

@@ -155,7 +155,7 @@ class Setup:
 def race_rlpipe(setup: Setup, seed: int, budget: Budget, dynamic_sampling: bool) -> tuple[torch.nn.Module, int]:
     """rlpipe's RL steps until the budget is spent; returns (model, RL steps). With
     `dynamic_sampling` (the quickstart's recipe) a step generates up to 1 + max_extra_rounds
-    rounds, as the train flow does (tasks/rollout.py, rl/dynamic_sampling.py), and trains
+    rounds, as the train flow does (tasks/step_tasks.py, rl/dynamic_sampling.py), and trains
     the first prompts_per_step groups whose rewards differ."""
     config, rollout = setup.config, setup.config.rollout
     model = copy.deepcopy(setup.policy)

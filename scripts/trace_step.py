@@ -1,7 +1,7 @@
 """Print the rlpipe files whose code runs during one synchronous RL step, in the controller
 and in the workers, so that docs/ARCHITECTURE.md's "one step, file by file" can be checked.
 
-What it does: runs `rlpipe train` for one RL step on a tiny config (the default reverse
+What it does: runs `rlpipe train` for one RL step on a tiny config (the default arithmetic
 domain, 3 warm-start steps of 8 examples, 4 held-out tasks, groups of 2; a lake and an MLflow
 store in a temporary folder) with scripts/step_trace/ on PYTHONPATH, whose sitecustomize.py
 records, in every process of the run (CLI/controller, zygote, engine and trainer workers),

@@ -40,8 +40,6 @@ KNOWN = {
     "sandbox/docker_task_image.py:_built": "memo of the task images built or checked in this process (one build per context)",
     "sandbox/image.py:_ensured": "memo of the sandbox image already checked or built in this process",
     "sandbox/limits.py:_removal_thread": "the one background thread that removes closed cgroups",
-    "tasks/eval_trials.py:_RUNTIMES": "eval id -> EvalRuntime, the eval flow's state found by id (issue 32 item 1)",
-    "tasks/eval_trials.py:_BACKENDS": "eval id -> trial backend, found by id like _RUNTIMES (issue 32 item 1)",
     "workers/client.py:_LIVE": "live worker clients, so an exiting process stops every worker it started",
     "workers/launch.py:_USERS": "clients that may still launch workers: the zygote lives while one does",
     "workers/launch.py:_ZYGOTE": "the process's one zygote that forks workers (issue 32 item 5)",

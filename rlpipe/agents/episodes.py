@@ -23,7 +23,7 @@ trainer scores exactly the sequence the policy was sampled on.
 Observation format (short, for tiny models): `out: <stdout+stderr, cut>` plus ` [exit N]`
 when a command fails; `out: ok` after write_file; `error: <kind>` after a malformed call.
 
-What it does not: choose tasks or seeds, compute advantages, or store rows (tasks/rollout.py);
+What it does not: choose tasks or seeds, compute advantages, or store rows (tasks/step_tasks.py);
 the engine is any `generate(prompts, params) -> (completions, policy_version)` callable and
 the pool anything with `acquire()` (sandbox/pool.py), so tests pass their own.
 """

@@ -70,26 +70,28 @@ def episode_settings(runtime: Runtime) -> EpisodeSettings:
 
 def run_agent_episodes(runtime: Runtime, tasks: list[Task], group_size: int, params: SamplingParams) -> list[EpisodeResult]:
     """`group_size` episodes of each task through the engine worker, in the run's pool."""
-    if runtime.sandbox_pool is None:
+    workers = runtime.workers
+    if workers.sandbox_pool is None:
         raise RuntimeError("a multi-turn domain needs the run's sandbox pool (build_sandbox_pool)")
 
     def generate(prompts: list[tuple[str, str]], sampling: SamplingParams) -> tuple[list[Completion], int]:
-        result = runtime.engine.generate(prompts, sampling)
+        result = workers.engine.generate(prompts, sampling)
         return result.completions, result.policy_version
 
-    return run_episodes(tasks, group_size, params, generate, runtime.sandbox_pool, runtime.mixture.env_for,
+    return run_episodes(tasks, group_size, params, generate, workers.sandbox_pool, runtime.mixture.env_for,
                         episode_settings(runtime))
 
 
 def oracle_examples(runtime: Runtime, tasks: list[Task]) -> list[tuple[str, Segments]]:
     """One (prompt, segments) example per oracle episode of a task (see the module docstring)."""
-    if runtime.sandbox_pool is None:
+    workers = runtime.workers
+    if workers.sandbox_pool is None:
         raise RuntimeError("a multi-turn domain needs the run's sandbox pool (build_sandbox_pool)")
     unique = list({task.task_id: task for task in tasks}.values())
     stop = runtime.config.rollout.stop[0] if runtime.config.rollout.stop else "\n"
     oracle = OracleEngine({task.task_id: runtime.mixture.env_for(task).oracle_turns(task) for task in unique}, stop)
     params = SamplingParams(n=1, max_new_tokens=runtime.config.rollout.max_new_tokens, stop=(stop,), seed=0, greedy=True)
-    results = run_episodes(unique, 1, params, oracle.generate, runtime.sandbox_pool, runtime.mixture.env_for,
+    results = run_episodes(unique, 1, params, oracle.generate, workers.sandbox_pool, runtime.mixture.env_for,
                            episode_settings(runtime))
     failed = [(result.completion.task_id, result.verdict.detail) for result in results if not result.verdict.passed]
     if failed:

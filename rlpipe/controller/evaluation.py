@@ -40,7 +40,7 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
     )
     episodic = [t for t in tasks if is_multi_turn(runtime.mixture.env_for(t))]
     single = [t for t in tasks if not is_multi_turn(runtime.mixture.env_for(t))]
-    completions = runtime.engine.generate([(t.task_id, t.prompt) for t in single], params).completions if single else []
+    completions = runtime.workers.engine.generate([(t.task_id, t.prompt) for t in single], params).completions if single else []
     by_id = {t.task_id: t for t in tasks}
     passed: dict[str, list[float]] = defaultdict(list)
     pairs = [(by_id[completion.task_id], completion.text) for completion in completions]
@@ -66,6 +66,7 @@ def earlier_evaluations(runtime: Runtime, current: Evaluation) -> list[Evaluatio
     every = runtime.config.eval.every_steps
     steps = range(every, current.policy_version, every) if every else range(0)  # every_steps 0: no evaluation mid-run
     names = ["before_rl", *(f"step_{step:06d}" for step in steps)]
-    stored = ((name, runtime.lake.read_json(runtime.run_id, f"evals/{name}.json")) for name in names if name != current.name)
+    lake = runtime.records.lake
+    stored = ((name, lake.read_json(runtime.run_id, f"evals/{name}.json")) for name in names if name != current.name)
     return [Evaluation.from_result(name, int(doc["policy_version"]), {k: v for k, v in doc.items() if k != "policy_version"})
             for name, doc in stored if doc is not None and int(doc["policy_version"]) < current.policy_version]

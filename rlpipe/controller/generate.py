@@ -1,10 +1,10 @@
-"""Stage `generate` (inside the `rollout` task, tasks/rollout.py): group_size completions
+"""Stage `generate` (inside the `rollout` task, tasks/step_tasks.py): group_size completions
 per task by the engine worker, sampled by the policy version the step needs
 (rl/staleness.py); the engine is brought to that version first (controller/weight_sync.py).
 Tasks of a multi-turn domain (agent_tasks) are run as whole episodes in the sandbox pool
 (controller/agent_episodes.py): one row per episode, its verdict already the verifier's.
 
-Not here: drawing the tasks (controller/sample.py), staging the rows (tasks/rollout.py),
+Not here: drawing the tasks (controller/sample.py), staging the rows (tasks/step_tasks.py),
 the engine itself (workers/engine_worker.py, engines/).
 """
 
@@ -37,7 +37,7 @@ def generate(runtime: Runtime, step: int, tasks: list[Task], round_: int = 0) ->
     single = [t for t in tasks if not is_multi_turn(runtime.mixture.env_for(t))]
     completions: list[Completion] = []
     if single:
-        result = runtime.engine.generate([(t.task_id, t.prompt) for t in single], params)
+        result = runtime.workers.engine.generate([(t.task_id, t.prompt) for t in single], params)
         completions = list(result.completions)
     # multi-turn domains: whole episodes in the sandbox pool, judged by their verifier at the end
     episodes = run_agent_episodes(runtime, episodic, rollout_settings.group_size, params) if episodic else []

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlpipe.controller.builders import build_lake, build_tracker
 from rlpipe.controller.preflight import check_engine_options, engine_python
-from rlpipe.controller.runtime import Runtime
+from rlpipe.controller.runtime import RunRecords, Runtime, Workers
 from rlpipe.controller.sample import build_mixture
 from rlpipe.controller.weight_sync import restore_engine_version
 from rlpipe.core.config import RunConfig
@@ -53,13 +53,14 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
         shutil.rmtree(socket_folder, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
         raise
-    runtime = Runtime(run_id=run_id, config=config, lake=lake, tracker=tracker, mixture=mixture,
+    runtime = Runtime(run_id=run_id, config=config, mixture=mixture,
                       heldout=mixture.heldout(config.envs.heldout_size, seed=config.seed),
-                      engine=engine, trainer=trainer, socket_folder=socket_folder, weights_folder=shm)
+                      workers=Workers(engine, trainer, socket_folder=socket_folder, weights_folder=shm),
+                      records=RunRecords(lake, tracker))
     try:
         trainer.start()
         engine.start()
-        runtime.sandbox_pool = build_sandbox_pool(config, mixture)
+        runtime.workers.sandbox_pool = build_sandbox_pool(config, mixture)
     except BaseException:
         runtime.close()
         raise
@@ -114,12 +115,13 @@ def build_sandbox_pool(config: RunConfig, mixture: Mixture) -> object | None:
 
 def _restore_fresh_trainer(runtime: Runtime) -> None:
     """A trainer worker was restarted: bring it to the controller's policy version."""
-    if runtime.trainer_in_lake:
-        result = runtime.trainer.restore(runtime.policy_version, runtime.config.seed)
-        if result.policy_version != runtime.policy_version:
+    progress = runtime.progress
+    if progress.trainer_in_lake:
+        result = runtime.workers.trainer.restore(progress.policy_version, runtime.config.seed)
+        if result.policy_version != progress.policy_version:
             raise RuntimeError(f"the restarted trainer restored policy version {result.policy_version}, "
-                               f"the run is at {runtime.policy_version}")
-    elif runtime.warm_start_begun:
+                               f"the run is at {progress.policy_version}")
+    elif progress.warm_start_begun:
         raise RuntimeError(
             f"the trainer worker of run {runtime.run_id} died during the warm-start, before checkpoint 0: "
             "there is no state to restore it from; resume the run (it warm-starts again)"

@@ -19,21 +19,22 @@ from rlpipe.storage.lake_records import StepManifest
 
 def persist(runtime: Runtime, step: int, rounds: list[list[Trajectory]], overlong_filtered: int = 0) -> int:
     """Commit the step from its rounds' scored rows; return the row count it trains on."""
+    records = runtime.records
     run_id = runtime.run_id
-    existing = runtime.lake.read_manifest(run_id, step)
+    existing = records.lake.read_manifest(run_id, step)
     if existing is not None:
         return existing.rows
     config = runtime.config
     selection = select_groups(rounds, config.rollout.prompts_per_step, config.rollout.dynamic_sampling,
                               seed=derive_seed(config.seed, step, "select-groups"))  # a re-run selects the same
-    part = runtime.lake.write_part(run_id, step, "00000", selection.trained)
-    set_apart = (runtime.lake.write_part(run_id, step, "set-apart", selection.set_apart),) if selection.set_apart else ()
+    part = records.lake.write_part(run_id, step, "00000", selection.trained)
+    set_apart = (records.lake.write_part(run_id, step, "set-apart", selection.set_apart),) if selection.set_apart else ()
     metrics = rollout_metrics([row for rows in rounds for row in rows])  # every generated row: the policy's reward
     if config.rollout.dynamic_sampling:
         metrics.update(selection.metrics)
     if config.algo.overlong_filter:
         metrics["rollout/overlong_filtered"] = float(overlong_filtered)
-    runtime.lake.commit_step(
+    records.lake.commit_step(
         StepManifest(
             run_id=run_id,
             step=step,
@@ -45,5 +46,5 @@ def persist(runtime: Runtime, step: int, rounds: list[list[Trajectory]], overlon
             set_apart=set_apart,
         )
     )
-    runtime.lake.clean_staged(run_id, step)  # committed: a re-run skips the step by its manifest
+    records.lake.clean_staged(run_id, step)  # committed: a re-run skips the step by its manifest
     return part.rows

@@ -33,24 +33,25 @@ def step_ratios(runtime: Runtime, step: int) -> dict[str, float] | None:
     """The curriculum's domain ratios of RL step `step`, None when [curriculum] is off. A
     function of the config and the committed steps <= step - 1 - rollout.max_staleness
     (rl/curriculum.py), so a resumed run draws with the ratios the killed one drew with."""
+    progress = runtime.progress
     config = runtime.config
     if not config.curriculum.enabled:
         return None
-    if runtime.curriculum is None:
+    if progress.curriculum is None:
         low, high = config.curriculum.band
         settings = CurriculumSettings(low=low, high=high, rate=config.curriculum.rate, min_ratio=config.curriculum.min_ratio,
                                       window=config.curriculum.window, delay=config.rollout.max_staleness)
 
         def rates_of_step(committed: int) -> dict[str, float] | None:
-            manifest = runtime.lake.read_manifest(runtime.run_id, committed)
+            manifest = runtime.records.lake.read_manifest(runtime.run_id, committed)
             return None if manifest is None else domain_rates(dict(manifest.metrics))
 
-        runtime.curriculum = Curriculum(dict(config.envs.domains), settings, rates_of_step)
+        progress.curriculum = Curriculum(dict(config.envs.domains), settings, rates_of_step)
     try:
-        return runtime.curriculum.ratios(step)
+        return progress.curriculum.ratios(step)
     except MissingStep as exc:
         raise RuntimeError(f"step {step} of run {runtime.run_id}: {exc}; a step's tasks are drawn only once "
-                           f"the steps up to {step - 1 - runtime.curriculum.settings.delay} are committed") from None
+                           f"the steps up to {step - 1 - progress.curriculum.settings.delay} are committed") from None
 
 
 def step_tasks(runtime: Runtime, step: int) -> list[Task]:

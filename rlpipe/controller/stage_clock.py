@@ -1,9 +1,9 @@
 """StageClock: times the stages of one RL step and remembers which one is running.
 
-The step's task runs (tasks/rollout.py, tasks/update.py) enter their stages on the clock
-the flow hands them, so the flow can name the failing stage in status.json (`rlpipe runs
-show`: "failed at step 2 in stage verify") and log each stage's seconds (`time/<stage>_s`)
-although several stages run inside one task run. `closing` (an Event) stops the async
+The step's task runs (tasks/step_tasks.py) enter their stages on the clock the flow hands
+them, so the flow can name the failing stage in status.json (`rlpipe runs show`: "failed at
+step 2 in stage verify") and log each stage's seconds (`time/<stage>_s`) although several
+stages run inside one task run. `closing` (an Event) stops the async
 rollout lane at its next stage: `enter` raises LaneClosed.
 
 Not here: what a stage does (tasks/), the order of the stages (flows/steps.py).

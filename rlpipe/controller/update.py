@@ -19,15 +19,16 @@ def apply_committed_update(runtime: Runtime, step: int) -> dict[str, float]:
     """Apply the policy update of committed step `step` (policy version step-1 -> step); the
     update's metrics (those of the update that applied it, when it was applied already in
     this process)."""
-    if runtime.policy_version >= step:
-        return dict(runtime.update_metrics.get(step, {}))
-    if runtime.policy_version != step - 1:
-        raise ValueError(f"update of step {step} needs policy version {step - 1}, have {runtime.policy_version}")
-    manifest = runtime.lake.read_manifest(runtime.run_id, step)
+    progress = runtime.progress
+    if progress.policy_version >= step:
+        return dict(progress.update_metrics.get(step, {}))
+    if progress.policy_version != step - 1:
+        raise ValueError(f"update of step {step} needs policy version {step - 1}, have {progress.policy_version}")
+    manifest = runtime.records.lake.read_manifest(runtime.run_id, step)
     if manifest is None:
         raise ValueError(f"step {step} of run {runtime.run_id} is not committed; nothing to update from")
     shuffle_seed = derive_seed(runtime.config.seed, step, "mini-batches")  # replay shuffles the same
-    result = runtime.trainer.update(step, manifest.parts, shuffle_seed)
-    runtime.policy_version = result.policy_version
-    runtime.update_metrics = {step: dict(result.metrics)}  # the last update's, for a retried `train`
+    result = runtime.workers.trainer.update(step, manifest.parts, shuffle_seed)
+    progress.policy_version = result.policy_version
+    progress.update_metrics = {step: dict(result.metrics)}  # the last update's, for a retried `train`
     return result.metrics

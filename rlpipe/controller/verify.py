@@ -1,4 +1,4 @@
-"""Stage `verify` (inside the `rollout` task, tasks/rollout.py): score every generated
+"""Stage `verify` (inside the `rollout` task, tasks/step_tasks.py): score every generated
 completion, fanned out inside that one task.
 
 Exact-answer domains are checked inline. Domains that run code go through the run's
@@ -8,7 +8,7 @@ pool holds, each sandbox reset before its next use, verdicts back in row order
 task per completion would drown the server, so there is none. `verify_all` is the same
 fan-out for any list of (task, completion text) pairs (the held-out evaluation uses it).
 
-The rows go to the rollout task in memory; it stages them in the lake (tasks/rollout.py).
+The rows go to the rollout task in memory; it stages them in the lake (tasks/step_tasks.py).
 Rows that arrive with a verdict are kept as they are: a multi-turn episode (agent_tasks) is
 judged by its verifier in its own sandbox at the end of the episode, in the generate stage
 (controller/agent_episodes.py), since the final state lives only there.
@@ -32,7 +32,7 @@ from rlpipe.core.records import Task, Trajectory, Verdict
 
 def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]:
     """A verdict per (task, completion text), in order; sandboxed ones on the run's pool."""
-    return verify_batch(runtime.mixture, runtime.sandbox_pool, pairs)
+    return verify_batch(runtime.mixture, runtime.workers.sandbox_pool, pairs)
 
 
 def verify_rows(runtime: Runtime, rows: list[Trajectory]) -> list[Trajectory]:

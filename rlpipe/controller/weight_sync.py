@@ -13,27 +13,24 @@ Not here: when any of this runs (flows/), the file format (workers/weights.py).
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 from rlpipe.controller.runtime import Runtime
 from rlpipe.workers.weight_stream import stream_weights
 
-_LOCK = threading.Lock()
-
-
 def sync_weights(runtime: Runtime) -> float:
     """Bring the trainer's weights into the engine; returns the seconds it took. The engine's
     acknowledged version is recorded. hf: streamed in bounded chunks copied in place
     (workers/weight_stream.py); other engines: one whole file published, loaded, deleted."""
+    progress, workers = runtime.progress, runtime.workers
     started = time.perf_counter()
     if runtime.config.rollout.engine == "hf":
-        runtime.engine_version = stream_weights(runtime.trainer, runtime.engine).policy_version
+        progress.engine_version = stream_weights(workers.trainer, workers.engine).policy_version
         return time.perf_counter() - started
-    published = runtime.trainer.publish_weights()
+    published = workers.trainer.publish_weights()
     try:
-        runtime.engine_version = runtime.engine.load_weights_file(published.path, published.policy_version)
+        progress.engine_version = workers.engine.load_weights_file(published.path, published.policy_version)
     finally:
         Path(published.path).unlink(missing_ok=True)
     return time.perf_counter() - started
@@ -42,56 +39,61 @@ def sync_weights(runtime: Runtime) -> float:
 def sync_if_behind(runtime: Runtime) -> dict[str, float]:
     """Load the trainer's weights into the engine (unless it serves them already); returns
     `sync/seconds` (publish + load, 0 when nothing was to do) and the engine's version."""
+    progress = runtime.progress
     seconds = 0.0
-    if runtime.engine_version != runtime.policy_version:
+    if progress.engine_version != progress.policy_version:
         seconds = sync_weights(runtime)
-    return {"sync/seconds": seconds, "sync/policy_version": float(runtime.engine_version)}
+    return {"sync/seconds": seconds, "sync/policy_version": float(progress.engine_version)}
 
 
 def publish_current(runtime: Runtime) -> None:
     """Publish the trainer's current weights for a later load (no-op if published already)."""
-    with _LOCK:
-        if runtime.policy_version in runtime.published:
+    progress = runtime.progress
+    with progress.published_lock:
+        if progress.policy_version in progress.published:
             return
-    published = runtime.trainer.publish_weights()
-    with _LOCK:
-        runtime.published[published.policy_version] = published.path
+    published = runtime.workers.trainer.publish_weights()
+    with progress.published_lock:
+        progress.published[published.policy_version] = published.path
 
 
 def ensure_engine_version(runtime: Runtime, version: int) -> None:
     """Make the engine hold policy `version`: a published file of it, else (synchronous
     runs, or the trainer at that version) a direct sync."""
-    runtime.engine_wanted = version
-    if runtime.engine_version == version:
+    progress = runtime.progress
+    progress.engine_wanted = version
+    if progress.engine_version == version:
         return
-    with _LOCK:
-        path = runtime.published.get(version)
+    with progress.published_lock:
+        path = progress.published.get(version)
     if path is not None:
-        runtime.engine_version = runtime.engine.load_weights_file(path, version)
+        progress.engine_version = runtime.workers.engine.load_weights_file(path, version)
         _discard_older(runtime, version)
-    elif runtime.config.rollout.max_staleness == 0 or runtime.policy_version == version:
+    elif runtime.config.rollout.max_staleness == 0 or progress.policy_version == version:
         sync_weights(runtime)
     else:
         raise RuntimeError(f"the engine needs policy version {version}, which is neither published nor the trainer's "
-                           f"({runtime.policy_version}); the async schedule publishes it before the step is started")
-    if runtime.engine_version != version:
-        raise RuntimeError(f"the engine holds policy version {runtime.engine_version}, the step needs {version}")
+                           f"({progress.policy_version}); the async schedule publishes it before the step is started")
+    if progress.engine_version != version:
+        raise RuntimeError(f"the engine holds policy version {progress.engine_version}, the step needs {version}")
 
 
 def restore_engine_version(runtime: Runtime) -> None:
     """A fresh engine worker: load the version the lane last asked for if it is published,
     else the trainer's (controller/launch.py makes this the engine client's restart hook)."""
-    with _LOCK:
-        path = runtime.published.get(runtime.engine_wanted) if runtime.engine_wanted is not None else None
+    progress = runtime.progress
+    with progress.published_lock:
+        path = progress.published.get(progress.engine_wanted) if progress.engine_wanted is not None else None
     if path is not None:
-        runtime.engine_version = runtime.engine.load_weights_file(path, runtime.engine_wanted)
+        progress.engine_version = runtime.workers.engine.load_weights_file(path, progress.engine_wanted)
     else:
         sync_weights(runtime)
 
 
 def _discard_older(runtime: Runtime, version: int) -> None:
-    with _LOCK:
-        older = [v for v in runtime.published if v < version]
-        paths = [runtime.published.pop(v) for v in older]
+    progress = runtime.progress
+    with progress.published_lock:
+        older = [v for v in progress.published if v < version]
+        paths = [progress.published.pop(v) for v in older]
     for path in paths:
         Path(path).unlink(missing_ok=True)

@@ -38,11 +38,11 @@ HELPERS_FILE = "code_probe_helpers.py"
 
 
 @cache
-def helpers() -> str:
-    """The module-level helpers every probe of HumanEval/0 gets below its function body: the
-    text of envs/code_probe_helpers.py after its docstring (package data, read with
-    importlib.resources, so it works from a wheel too)."""
-    text = resources.files("rlpipe.envs").joinpath(HELPERS_FILE).read_text(encoding="utf-8")
+def helpers(file: str = HELPERS_FILE) -> str:
+    """The module-level helpers a probe gets below its function body: the text of
+    envs/<file> after its docstring (package data, read with importlib.resources, so it
+    works from a wheel too). By default those of the probes of HumanEval/0."""
+    text = resources.files("rlpipe.envs").joinpath(file).read_text(encoding="utf-8")
     return "\n" + text.split('"""\n', 1)[1]  # the docstring's end
 
 
@@ -196,51 +196,8 @@ PROBES: tuple[Probe, ...] = (
 # exit 0 at import, at the first call (os._exit in a finally), at exit (atexit); a return
 # value equal to everything; a walk of the caller's frames, or of every object the garbage
 # collector tracks, for the tests' source, read for the expected value of the call at hand
-# (`candidate(args) == expected`, literals only).
-ANY_TASK_HELPERS = r'''
-import sys as _sys
-
-_MISSING = object()
-_MARK = "def chec" + "k("
-
-def _give_up():
-    raise NotImplementedError("the attack found nothing")
-
-def _expected_from(source, args):
-    import ast
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return _MISSING
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq)):
-            continue
-        for call, value in ((node.left, node.comparators[0]), (node.comparators[0], node.left)):
-            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "candidate":
-                try:
-                    if [ast.literal_eval(arg) for arg in call.args] == list(args):
-                        return ast.literal_eval(value)
-                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                    continue
-    return _MISSING
-
-def _sources_in(values, found, depth=0):
-    for value in values:
-        if isinstance(value, str) and _MARK in value:
-            found.append(value)
-        elif isinstance(value, dict) and depth < 2:
-            _sources_in(list(value.values()), found, depth + 1)
-        elif isinstance(value, (list, tuple)) and depth < 2:
-            _sources_in(list(value), found, depth + 1)
-    return found
-
-def _answer_from(sources, args):
-    for source in sources:
-        expected = _expected_from(source, args)
-        if expected is not _MISSING:
-            return expected
-    _give_up()
-'''
+# (`candidate(args) == expected`, literals only). Their helpers: envs/code_probe_any_task_helpers.py.
+ANY_TASK_HELPERS_FILE = "code_probe_any_task_helpers.py"
 
 _GIVE_UP = "    _give_up()\n"
 _SAME = ("class _Same:\n    __eq__ = __le__ = __ge__ = lambda self, other: True\n"
@@ -250,7 +207,7 @@ _SAME = ("class _Same:\n    __eq__ = __le__ = __ge__ = lambda self, other: True\
 
 
 def _any(name: str, what: str, body: str, module: str = "") -> Probe:
-    return Probe(name=name, what=what, completion=body + ANY_TASK_HELPERS + module, task_id="")
+    return Probe(name=name, what=what, completion=body + helpers(ANY_TASK_HELPERS_FILE) + module, task_id="")
 
 
 ANY_TASK_PROBES: tuple[Probe, ...] = (

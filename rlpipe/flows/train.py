@@ -155,14 +155,14 @@ def _train(config: RunConfig, run_id: str) -> TrainSummary:
         )
     except BaseException as exc:
         if outcome.failed_step is None:  # a step records its own failure
-            status.set_failed(runtime, runtime.policy_version, stage, exc)
+            status.set_failed(runtime, runtime.progress.policy_version, stage, exc)
         if status.interruption(exc):
             status.release_interrupted_frames(exc)
-        if runtime.mlflow_run_id:
+        if runtime.records.mlflow_run_id:
             try:
-                runtime.tracker.end_run(runtime.mlflow_run_id, "KILLED" if status.interruption(exc) else "FAILED")
+                runtime.records.tracker.end_run(runtime.records.mlflow_run_id, "KILLED" if status.interruption(exc) else "FAILED")
             except Exception as tracking_error:  # noqa: BLE001 - the run's own error matters more
-                log.warning("could not mark MLflow run %s failed: %s", runtime.mlflow_run_id, tracking_error)
+                log.warning("could not mark MLflow run %s failed: %s", runtime.records.mlflow_run_id, tracking_error)
         raise
     finally:
         runtime.close()

@@ -22,7 +22,7 @@ Over-long filtering: a completion cut at max_new_tokens (finish reason "length")
 advantage set to None, so the loss leaves it out (rl/samples.py) while its group's
 statistics still count it.
 
-Not here: generating the rounds (tasks/rollout.py), committing them (controller/persist.py).
+Not here: generating the rounds (tasks/step_tasks.py), committing them (controller/persist.py).
 """
 
 from __future__ import annotations

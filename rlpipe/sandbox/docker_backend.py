@@ -44,9 +44,10 @@ server first (its wrapper's kill would end it); `reset()` keeps it, and while it
 serves the wipe and `write_files` too. What differs from exec: stderr lacks the wrapper
 shell's line about a signalled command ("Killed"), and the server's modules are imported.
 
-Files, snapshots and the wipe are docker_files.py's (snapshots are files on the host's disk,
-never this process's memory); a task's tests, docker_verifier.py's (/tests and /logs are
-root's tmpfs mounts); what runs in the container, modules of sandbox/programs/.
+Files, snapshots and the wipe are docker_files.py's DockerWorkDir, which a DockerSandbox
+holds (snapshots are files on the host's disk, never this process's memory); a task's
+tests, docker_verifier.py's (/tests and /logs are root's tmpfs mounts); what runs in the
+container, modules of sandbox/programs/.
 
 Not guaranteed: isolation from kernel exploits (containers share the host kernel; use
 gVisor/kata as the runtime for hostile code at scale); one command at a time per sandbox
@@ -65,10 +66,9 @@ from typing import BinaryIO
 
 from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.sandbox import docker_verifier
-from rlpipe.sandbox.base import WORK, ExecResult, Limits, VerifierRun, Workspace, workspace_problem
-from rlpipe.sandbox.docker_files import WORK_PROGRAM as _WORK
+from rlpipe.sandbox.base import WORK, ExecResult, Limits, Snapshot, VerifierRun, Workspace, workspace_problem
 from rlpipe.sandbox.docker_engine import START_HINT, docker_client
-from rlpipe.sandbox.docker_files import DockerFiles
+from rlpipe.sandbox.docker_files import WORK_PROGRAM as _WORK, ContainerCalls, DockerWorkDir
 from rlpipe.sandbox.docker_owners import LABEL, owner_labels, reap_once, remove_leaked_containers
 from rlpipe.sandbox.docker_snapshots import SnapshotStore, work_inodes
 from rlpipe.sandbox.docker_stream import AGENT, Capture, Identity, RawRun, read_until, send_stdin
@@ -77,14 +77,8 @@ from rlpipe.sandbox.tests_runtime import RUNTIME_PATH
 from rlpipe.sandbox.docker_warm import ExecStreamProcess
 from rlpipe.sandbox.image import SANDBOX_UID, ensure_image
 from rlpipe.sandbox.programs import program_source
-from rlpipe.sandbox.warm_python import (
-    NOT_INIT_SERVER_ARGV,
-    WarmAnswer,
-    WarmInterpreter,
-    WarmServerDiedMidRequest,
-    WarmServerLost,
-    died_mid_request_result,
-)
+from rlpipe.sandbox.warm_python import (NOT_INIT_SERVER_ARGV, WarmAnswer, WarmInterpreter, WarmServerDiedMidRequest,
+                                        WarmServerLost, died_mid_request_result)
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +91,7 @@ _WARM_SERVER = ["/bin/sh", "-c", 'exec "$@"', "rlpipe-warm", *NOT_INIT_SERVER_AR
 _INIT = program_source("programs/docker_init.py")  # the container's pid 1 (sandbox/programs/)
 
 
-class DockerSandbox(DockerFiles):
+class DockerSandbox:
     """A sandbox in one docker container; see the module docstring for what it guarantees."""
 
     def __init__(self, limits: Limits, image: str | None = None, cpus: float = 1.0,
@@ -120,10 +114,9 @@ class DockerSandbox(DockerFiles):
         self.image = workspace.image or image or ensure_image(self._client)
         if workspace.path != WORK:
             self.image = workspace_image(self._client, self.image, workspace.path)
-        self._snapshots = SnapshotStore()
+        self.work_dir = DockerWorkDir(ContainerCalls(self._run, self._ours, self._replace_container), limits, SnapshotStore())
         self._container_id: str | None = None
         self._oom_baseline = 0
-        self._needs_wipe = False
         self._warm: WarmInterpreter | None = None  # the container's warm server, once exec_python started it
         self._warm_failure = ""  # why a warm server could not start here (then exec_python execs)
         self._start_container()
@@ -156,7 +149,7 @@ class DockerSandbox(DockerFiles):
             raise SandboxUnavailable(f"docker could not start a sandbox container: {exc}",
                                      hint="check `docker info` and the engine log") from exc
         self._container_id = container.id
-        self._needs_wipe = False
+        self.work_dir.needs_wipe = False
         self._oom_baseline = self._oom_count()
 
     def _replace_container(self) -> None:
@@ -181,13 +174,13 @@ class DockerSandbox(DockerFiles):
 
     def close(self) -> None:
         self._remove_container()
-        self._snapshots.clear()
+        self.work_dir.snapshots.clear()
 
     def run_verifier(self, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
         """A task's tests on this sandbox's state (base.VerifierSandbox; docker_verifier.py)."""
         self._stop_warm(kill_everything=True)  # nothing of the user's may see the tests arrive
         self._kill_everything()
-        self._wipe_if_needed()
+        self.work_dir.wipe_if_needed()
         return docker_verifier.run_verifier(self._run, self._kill_everything, argv, tests, timeout_s, self.limits.output_bytes)
 
     def __enter__(self) -> DockerSandbox:
@@ -195,6 +188,22 @@ class DockerSandbox(DockerFiles):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    # --- files and state: the work dir's (docker_files.py) -----------------------------
+    def write_files(self, files: dict[str, bytes]) -> None:
+        self.work_dir.write_files(files)
+
+    def read_file(self, path: str) -> bytes:
+        return self.work_dir.read_file(path)
+
+    def snapshot(self) -> Snapshot:
+        return self.work_dir.snapshot()
+
+    def restore(self, snapshot: Snapshot) -> None:
+        self.work_dir.restore(snapshot)
+
+    def reset(self) -> None:
+        self.work_dir.reset()
 
     # --- running commands ------------------------------------------------------------
     def exec_python(self, code: str, stdin: bytes = b"", timeout_s: float | None = None,
@@ -212,7 +221,7 @@ class DockerSandbox(DockerFiles):
         """
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
         argv = ["python3", "-I", "-S", "-c", code, *args]
-        self._wipe_if_needed()
+        self.work_dir.wipe_if_needed()
         warm = self._warm_interpreter()
         if warm is None:
             return self.exec(argv, stdin, timeout_s)
@@ -289,7 +298,7 @@ class DockerSandbox(DockerFiles):
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None) -> ExecResult:
         self._stop_warm()  # the wrapper's kill at the end of this command would kill it anyway
         timeout_s = self.limits.timeout_s if timeout_s is None else timeout_s
-        self._wipe_if_needed()
+        self.work_dir.wipe_if_needed()
         raw = self._run(_WRAPPER + list(argv), stdin, timeout_s, self.limits.output_bytes)
         oom_killed = False
         if raw.timed_out:

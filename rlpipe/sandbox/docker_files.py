@@ -13,20 +13,25 @@ text, WORK_PROGRAM) as the sandbox user:
   the agent's failure, not the host's; `restore()` empties /work and streams the file back;
 - `reset()` defers the wipe of /work, /tmp, /dev/shm and /dev/mqueue to the next use.
 
-What it does not do: start, replace or talk to the container itself: the class that mixes
-this in (DockerSandbox) provides `_run`, `_ours`, `_replace_container`, `limits`,
-`_needs_wipe` and `_snapshots` (a SnapshotStore).
+`DockerWorkDir` holds the work dir's state (whether a wipe is due, the snapshot store) and
+is handed what it needs of its sandbox's container as callables (`ContainerCalls`: run
+by docker exec, run one of our programs, replace the container); DockerSandbox holds one and
+passes its files-and-state calls to it.
+
+What it does not do: start, replace or talk to the container itself (DockerSandbox does).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from rlpipe.core.errors import AgentStateError, SandboxUnavailable
-from rlpipe.sandbox.base import Snapshot
-from rlpipe.sandbox.docker_snapshots import archive_cap
-from rlpipe.sandbox.docker_stream import Capture
+from rlpipe.sandbox.base import Limits, Snapshot
+from rlpipe.sandbox.docker_snapshots import SnapshotStore, archive_cap
+from rlpipe.sandbox.docker_stream import Capture, RawRun
 from rlpipe.sandbox.programs import docker_work, program_source
 
 # the file and state actions of docker_work.py, each sent as `python3 -I -S -c TEXT ACTION ARGS`
@@ -36,27 +41,43 @@ _WORK = WORK_PROGRAM
 _WIPED_DIRS = ["/work", "/tmp", "/dev/shm", "/dev/mqueue"]
 
 
-class DockerFiles:
-    """The files-and-state half of DockerSandbox (see the module docstring)."""
+@dataclass(frozen=True)
+class ContainerCalls:
+    """What the work dir needs of its sandbox's container (DockerSandbox's methods)."""
+
+    run: Callable[..., RawRun]  # (argv, stdin, timeout_s, cap_bytes, capture=None): one docker exec
+    ours: Callable[[str, list[str], bytes, float], RawRun]  # a program of sandbox/programs/, warm if it can be
+    replace_container: Callable[[], None]  # a fresh container: the work dir is lost
+
+
+class DockerWorkDir:
+    """The /work of one docker sandbox: files in and out, snapshots, the deferred wipe."""
+
+    def __init__(self, container: ContainerCalls, limits: Limits, snapshots: SnapshotStore) -> None:
+        self._container = container
+        self.limits = limits
+        self.snapshots = snapshots
+        self.needs_wipe = False  # reset() defers the wipe to the next use
 
     def write_files(self, files: dict[str, bytes]) -> None:
         """Write files under /work (parents created, existing files replaced) in one exec, or one
         request to the warm server when it runs."""
         frames = docker_work.frames({_checked_relative(path): data for path, data in files.items()})
-        wipe_first = _WIPED_DIRS if self._needs_wipe else []
-        raw = self._ours(_WORK, ["unpack", *wipe_first], frames, 60.0)
+        wipe_first = _WIPED_DIRS if self.needs_wipe else []
+        raw = self._container.ours(_WORK, ["unpack", *wipe_first], frames, 60.0)
         if raw.exit_code != 0 and wipe_first:  # the wipe failed: a fresh container, then write again
-            self._replace_container()
-            raw = self._run(["python3", "-I", "-S", "-c", _WORK, "unpack"], frames, 60.0, 4096)
-        self._needs_wipe = False
+            self._container.replace_container()
+            raw = self._container.run(["python3", "-I", "-S", "-c", _WORK, "unpack"], frames, 60.0, 4096)
+        self.needs_wipe = False
         if raw.exit_code != 0:
             raise SandboxUnavailable(f"docker sandbox could not write files: {raw.stderr[-500:].decode(errors='replace')}",
                                      hint="the files may not fit in the work dir (Limits.disk_mb)")
 
     def read_file(self, path: str) -> bytes:
-        self._wipe_if_needed()
+        self.wipe_if_needed()
         most = self.limits.disk_mb * 1024 * 1024  # what bwrap's read_file returns at most, too
-        raw = self._run(["python3", "-I", "-S", "-c", _WORK, "cat", "/work/" + _checked_relative(path), str(most)], b"", 60.0, None)
+        argv = ["python3", "-I", "-S", "-c", _WORK, "cat", "/work/" + _checked_relative(path), str(most)]
+        raw = self._container.run(argv, b"", 60.0, None)
         if raw.exit_code != 0:
             raise FileNotFoundError(f"{path} cannot be read in the sandbox: {raw.stderr[-300:].decode(errors='replace')}")
         return raw.stdout
@@ -64,15 +85,15 @@ class DockerFiles:
     def snapshot(self) -> Snapshot:
         """A tar of /work, streamed to a file on the host's disk (docker_snapshots.py), never held in
         memory; AgentStateError when /work cannot be read or its tar passes `archive_cap`."""
-        self._wipe_if_needed()
+        self.wipe_if_needed()
         snapshot = Snapshot(snapshot_id=uuid.uuid4().hex)
-        path = self._snapshots.new_path(snapshot.snapshot_id)
+        path = self.snapshots.new_path(snapshot.snapshot_id)
         cap = archive_cap(self.limits.disk_mb)
         with open(path, "wb") as archive:
             capture = Capture(4096, stdout_file=archive, stdout_file_cap=cap)
-            raw = self._run(["python3", "-I", "-S", "-c", _WORK, "tar"], b"", 60.0, 4096, capture)
+            raw = self._container.run(["python3", "-I", "-S", "-c", _WORK, "tar"], b"", 60.0, 4096, capture)
         if raw.exit_code == 0 and not capture.overflowed:
-            self._snapshots.keep(snapshot.snapshot_id)
+            self.snapshots.keep(snapshot.snapshot_id)
             return snapshot
         path.unlink(missing_ok=True)
         if capture.overflowed:
@@ -88,11 +109,11 @@ class DockerFiles:
 
     def restore(self, snapshot: Snapshot) -> None:
         """Empty /work, then stream the snapshot's tar from the host's disk into it."""
-        path = self._snapshots.path(snapshot.snapshot_id)
-        self._needs_wipe = True
-        self._wipe_if_needed()
+        path = self.snapshots.path(snapshot.snapshot_id)
+        self.needs_wipe = True
+        self.wipe_if_needed()
         with open(path, "rb") as archive:
-            raw = self._run(["python3", "-I", "-S", "-c", _WORK, "untar"], archive, 60.0, 4096)
+            raw = self._container.run(["python3", "-I", "-S", "-c", _WORK, "untar"], archive, 60.0, 4096)
         if raw.exit_code != 0:
             raise SandboxUnavailable(f"docker sandbox could not restore /work: {raw.stderr[-500:].decode(errors='replace')}",
                                      hint="the work dir may be full (Limits.disk_mb) or the container gone")
@@ -103,18 +124,19 @@ class DockerFiles:
         the next write_files does it in the same exec, anything else first runs it on its own
         (one docker exec saved per pool use). The warm server, which holds no file, stays, and
         serves the wipe and write_files while it runs (a fork instead of a docker exec)."""
-        self._needs_wipe = True
+        self.needs_wipe = True
 
-    def _wipe_if_needed(self) -> None:
-        if not self._needs_wipe:
+    def wipe_if_needed(self) -> None:
+        """Run the deferred wipe now, if one is due (a fresh container if the wipe fails)."""
+        if not self.needs_wipe:
             return
         try:
-            raw = self._ours(_WORK, ["wipe", *_WIPED_DIRS], b"", 30.0)
+            raw = self._container.ours(_WORK, ["wipe", *_WIPED_DIRS], b"", 30.0)
             if raw.exit_code != 0:
-                self._replace_container()
+                self._container.replace_container()
         except SandboxUnavailable:
-            self._replace_container()
-        self._needs_wipe = False
+            self._container.replace_container()
+        self.needs_wipe = False
 
 
 def _checked_relative(path: str) -> str:

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from rlpipe.sandbox.base import ExecResult
 from rlpipe.sandbox.programs import program_source
 
-SERVER_SOURCE = program_source("programs/cleanup.py", "warm_server.py")  # the server, with the wipes it uses
+# the server, below the wipes and the after-request checks it uses
+SERVER_SOURCE = program_source("programs/cleanup.py", "programs/warm_cleanup.py", "warm_server.py")
 SERVER_ARGV = ["python3", "-I", "-S", "-c", SERVER_SOURCE]
 NOT_INIT_SERVER_ARGV = [*SERVER_ARGV, "--not-init"]  # requests can then kill it: see warm_server.py
 START_TIMEOUT_S = 10.0

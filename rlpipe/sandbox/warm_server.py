@@ -1,7 +1,8 @@
 """A warm Python interpreter that runs inside a sandbox and forks one clean child per request.
 
-Its text, below that of programs/cleanup.py (the tree and IPC wipes it shares with
-docker's wipe), is run inside a sandbox as `python3 -I -S -c <text>` (stdlib only), as the
+Its text, below those of programs/cleanup.py (the tree and IPC wipes it shares with
+docker's wipe) and programs/warm_cleanup.py (what the server does and checks after each
+request: kill, empty, compare with the baseline), is run inside a sandbox as `python3 -I -S -c <text>` (stdlib only), as the
 pid namespace's pid 1, by sandbox/warm_python.py (rlpipe itself never imports it). Each
 request is one `python3 -I -S -c CODE` with a stdin, a timeout and an output cap, run in a
 child forked from this already-started interpreter, so a request costs a fork instead of
@@ -54,7 +55,6 @@ import builtins
 import ctypes
 import json
 import os
-import resource
 import select
 import signal
 import struct
@@ -62,23 +62,14 @@ import sys
 import time
 import warnings
 
-if __name__ != "__main__":  # imported (tests, tools); in a sandbox programs/cleanup.py's text comes above this one
-    from rlpipe.sandbox.programs.cleanup import empty_dir, remove_ipc_objects
+if __name__ != "__main__":  # imported (tests, tools); in a sandbox, the texts of programs/cleanup.py and
+    # programs/warm_cleanup.py come above this one
+    from rlpipe.sandbox.programs.warm_cleanup import baseline_state, empty_scratch, kill_all_others, residue
 
 _CHUNK = 1 << 16
 _PR_SET_DUMPABLE = 4
-_SCRATCH_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
-# paths whose mode, owner and extended attributes (ACLs) a request could change for later ones
-_WATCHED_PATHS = (*_SCRATCH_DIRS, "/dev/pts", "/dev/pts/ptmx")
-# sysctls of the sandbox's own IPC and pid namespaces, writable from inside (ns_last_pid moves by itself)
-_NAMESPACE_SYSCTLS = tuple(f"/proc/sys/kernel/{name}" for name in (
-    "msgmni", "msgmax", "msgmnb", "sem", "shmmax", "shmall", "shmmni", "shm_rmid_forced", "auto_msgmni", "pid_max"))
 _COMPILED_CACHE_SIZE = 16
-_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}  # syscall numbers; elsewhere the I/O priority is not checked
-_RLIMITS = sorted(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 NOT_INIT = "--not-init" in sys.argv[1:]  # docker: the container's init is pid 1, not this server
-ORPHANS_GONE_S = 2.0
-
 
 def read_exact(fd, size):
     parts, remaining = [], size
@@ -216,109 +207,6 @@ def finish_like_python(status):
     return status
 
 
-def process_settings(libc):
-    """What another process of the same uid may change on this one, and every later fork would inherit."""
-    ioprio_get = _IOPRIO_GET.get(os.uname().machine)
-    return {
-        "rlimits": [resource.getrlimit(which) for which in _RLIMITS],
-        "nice": os.getpriority(os.PRIO_PROCESS, 0),
-        "affinity": sorted(os.sched_getaffinity(0)),
-        "scheduler": [os.sched_getscheduler(0), os.sched_getparam(0).sched_priority],
-        "ioprio": libc.syscall(ioprio_get, 1, 0) if ioprio_get else None,  # IOPRIO_WHO_PROCESS, self
-        "autogroup": read_text("/proc/self/autogroup"),
-    }
-
-
-def read_text(path):
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-def namespace_state():
-    """Modes, owners and xattrs of the watched paths, and the namespaces' writable sysctls."""
-    paths = {}
-    for path in _WATCHED_PATHS:
-        try:
-            info = os.stat(path, follow_symlinks=False)
-            paths[path] = (info.st_mode, info.st_uid, info.st_gid, sorted(os.listxattr(path, follow_symlinks=False)))
-        except OSError:
-            paths[path] = None
-    mqueue = "/proc/sys/fs/mqueue"
-    sysctls = [*_NAMESPACE_SYSCTLS, *(os.path.join(mqueue, name) for name in sorted(os.listdir(mqueue)))] \
-        if os.path.isdir(mqueue) else list(_NAMESPACE_SYSCTLS)
-    return {"paths": paths, "sysctls": {path: read_text(path) for path in sysctls}}
-
-
-def keys_in_view():
-    try:
-        with open("/proc/keys") as keys:
-            return {line.split(None, 1)[0] for line in keys if line.strip()}
-    except OSError:
-        return set()
-
-
-def residue(baseline, libc):
-    """What a finished request left behind beyond /tmp: changed server settings, IPC objects it
-    could not remove, keys, changed scratch dirs or sysctls.
-
-    A fresh sandbox has none of these; a non-empty answer retires the server.
-    """
-    found = []
-    settings = process_settings(libc)
-    found += [f"server {name} changed" for name, value in settings.items() if value != baseline["settings"][name]]
-    found += [f"System V IPC objects left in {table}" for table in remove_ipc_objects(libc)]
-    if keys_in_view() - baseline["keys"]:
-        found.append("keys left in a keyring")
-    state = namespace_state()
-    found += [f"{path} changed (mode, owner or xattrs)" for path, value in state["paths"].items()
-              if value != baseline["namespace"]["paths"].get(path)]
-    found += [f"sysctl {path} changed" for path, value in state["sysctls"].items()
-              if value != baseline["namespace"]["sysctls"].get(path)]
-    return found
-
-
-def kill_all_others():
-    """SIGKILL and reap every process of the namespace but this one (pid 1); False if one is left.
-
-    With `--not-init`, pid 1 is spared too and reaps the orphans: wait until they are gone.
-    """
-    while True:
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return others_gone() if NOT_INIT else True
-
-
-def others_gone():
-    """Kill until no process but pid 1 and this one is left (at most ORPHANS_GONE_S); whether none is."""
-    deadline = time.monotonic() + ORPHANS_GONE_S
-    spared = {"1", str(os.getpid())}
-    while any(name.isdigit() and name not in spared for name in os.listdir("/proc")):
-        if time.monotonic() > deadline:
-            return False
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        time.sleep(0.001)
-    return True
-
-
-def empty_scratch():
-    """Delete everything under the scratch dirs; False if something could not be deleted."""
-    clean = True
-    for top in _SCRATCH_DIRS:
-        clean = empty_dir(top) and clean
-    return clean
-
-
 def run(request, code, stdin, compiled, libc, baseline, buffers):
     """One request: fork, feed, capture, time out, clean up; returns (header, stdout, stderr).
 
@@ -387,7 +275,7 @@ def run(request, code, stdin, compiled, libc, baseline, buffers):
         for fd in readable:
             if fd == pidfd:
                 exit_status = os.waitpid(pid, 0)[1]
-                kill_all_others()  # stray grandchildren may hold the pipes open: end them
+                kill_all_others(NOT_INIT)  # stray grandchildren may hold the pipes open: end them
                 continue
             try:
                 count = os.readv(fd, [scratch])
@@ -405,7 +293,7 @@ def run(request, code, stdin, compiled, libc, baseline, buffers):
     if exit_status is None:  # timed out: the child is still running
         os.kill(pid, signal.SIGKILL)
         exit_status = os.waitpid(pid, 0)[1]
-    alone = kill_all_others()
+    alone = kill_all_others(NOT_INIT)
     for fd in [pidfd, stdout_r, stderr_r, *writers]:
         os.close(fd)
     left = residue(baseline, libc)
@@ -438,7 +326,7 @@ def main():
     for fd in (0, 1, 2):  # fd 2 too: nothing may block on a pipe nobody reads
         os.dup2(null, fd)
     compiled, buffers = {}, OutputBuffers()
-    baseline = {"settings": process_settings(libc), "keys": keys_in_view(), "namespace": namespace_state()}
+    baseline = baseline_state(libc)
     send(answers_fd, {"ready": True})
     while serve_one(requests_fd, answers_fd, compiled, libc, baseline, buffers):
         pass  # each request's data lives in serve_one's frame only: no later request finds it

@@ -1,9 +1,9 @@
 """The tasks of the rl-eval flow: open an eval, one task run per trial, the summary.
 
-    open-eval  (eval id, lake) -> the ids of the tasks that need a trial; builds the eval's
-               runtime in this process (recorder, tasks, agent, backend) from EVAL.json
-    trial      (eval id, task id) -> the final verdict; one attempt per Prefect run
-    summarize-eval (eval id, ...) -> EvalSummary; the report (from the lake), the MLflow
+    open-eval  (eval id, lake) -> the eval's EvalRuntime in this process (recorder, tasks,
+               agent, backend) from EVAL.json; `pending()`: the tasks that need a trial
+    trial      (runtime, task id) -> the final verdict; one attempt per Prefect run
+    summarize-eval (runtime, ...) -> EvalSummary; the report (from the lake), the MLflow
                run (controller/eval_tracking.py) and the Prefect artifacts (markdown + table)
 
 Retries of a trial are Prefect retries. A trial whose attempt ends in an infrastructure
@@ -17,11 +17,13 @@ infrastructure every time ends Failed; the flow goes on, and the summary counts 
 infrastructure failure, never as the agent's. Agent verdicts (passed, failed, timeouts,
 ...) are data: the task completes.
 
-Tasks pass references (eval id, task id); the runtime (a process-level registry, like
-controller/runtime.py's) holds the loaded tasks, the recorder and the agent factory; for the
-policy agent, its engine worker too (controller/eval_policy.py: started by open-eval when a trial
-needs it, stopped when the flow releases the eval). A test or a benchmark may put
-its own TrialBackend (our protocol) under a backend name with `register_trial_backend`.
+The tasks share an EvalRuntime, passed by reference: open-eval builds it in this process
+(the loaded tasks, the recorder, the backend, the agent factory; for the policy agent, its
+engine worker too: controller/eval_policy.py, started by open-eval when a trial needs it),
+the flow hands it to every trial and to the summary, and closes it in `finally`, which stops
+that engine. The tasks cache nothing and persist no result, so Prefect neither hashes nor
+stores it; there is no registry of evals by id. A test or a benchmark may give open-eval its
+own TrialBackend (our protocol) in place of the one EVAL.json names.
 
 What it does not do: decide the fan-out or the concurrency (flows/eval.py).
 """
@@ -29,7 +31,7 @@ What it does not do: decide the fan-out or the concurrency (flows/eval.py).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -46,7 +48,7 @@ from rlpipe.agents.task_format import AgentTask, SkippedTask
 from rlpipe.agents.trial import TrialOptions
 from rlpipe.controller.eval_policy import WorkerChatEngine, open_policy_engine
 from rlpipe.controller.eval_tracking import EvalTracking, build_eval_tracker, track_eval
-from rlpipe.core.errors import ConfigError, InfraError
+from rlpipe.core.errors import InfraError
 from rlpipe.storage.eval_records import EvalInfo
 from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.filesystem import open_lake_location
@@ -61,18 +63,37 @@ class TrialInfrastructureFailure(InfraError):
     """The trial's attempt failed on infrastructure (committed as such): retry the trial."""
 
 
-@dataclass
 class EvalRuntime:
-    """What the tasks of one eval share in this process."""
+    """What the tasks of one eval share in this process: built by open-eval, passed by
+    reference, closed by the flow. A plain class, not a dataclass: Prefect walks a dataclass
+    task parameter field by field on every task call."""
 
-    recorder: EvalRecorder
-    tasks: dict[str, AgentTask | SkippedTask]
-    backend: TrialBackend
-    options: TrialOptions
-    lake_uri: str
-    histories: dict[str, list[RecordedAttempt]] = field(default_factory=dict)
-    factory: AgentFactory | None = None  # the agent of every trial (a policy agent's holds its engine)
-    engine: WorkerChatEngine | None = None  # the policy agent's engine worker, stopped when the eval is released
+    def __init__(self, recorder: EvalRecorder, tasks: dict[str, AgentTask | SkippedTask], backend: TrialBackend,
+                 options: TrialOptions, lake_uri: str, histories: dict[str, list[RecordedAttempt]],
+                 factory: AgentFactory | None = None, engine: WorkerChatEngine | None = None) -> None:
+        self.recorder = recorder
+        self.tasks = tasks
+        self.backend = backend
+        self.options = options
+        self.lake_uri = lake_uri
+        self.histories = histories  # task id -> its attempts so far (trials append, under `lock`)
+        self.factory = factory  # the agent of every trial (a policy agent's holds its engine)
+        self.engine = engine  # the policy agent's engine worker, stopped by `close`
+        self.lock = threading.Lock()
+
+    def __repr__(self) -> str:  # Prefect may name a parameter in a log line
+        return f"EvalRuntime(eval_id={self.recorder.info.eval_id!r})"
+
+    def pending(self) -> list[str]:
+        """The ids of the tasks that need a trial: none committed, or the last one failed on infrastructure."""
+        with self.lock:
+            return [task_id for task_id in self.tasks if needs_attempt(self.histories.get(task_id, []))]
+
+    def close(self) -> None:
+        """Stop the policy agent's engine worker, if one was started."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
 
 
 @dataclass(frozen=True)
@@ -89,33 +110,6 @@ class EvalSummary:
     unrecorded: tuple[str, ...] = ()  # tasks of the eval with no attempt in the lake: a trial that could not be recorded
 
 
-_RUNTIMES: dict[str, EvalRuntime] = {}
-_BACKENDS: dict[str, TrialBackend] = {}
-_LOCK = threading.Lock()
-
-
-def register_trial_backend(name: str, backend: TrialBackend | None) -> None:
-    """Trials of evals whose backend is `name` use `backend` (tests, benchmarks); None removes it."""
-    if backend is None:
-        _BACKENDS.pop(name, None)
-    else:
-        _BACKENDS[name] = backend
-
-
-def get_eval_runtime(eval_id: str) -> EvalRuntime:
-    try:
-        return _RUNTIMES[eval_id]
-    except KeyError:
-        raise ConfigError(f"eval {eval_id!r} is not open in this process", hint="run the rl-eval flow") from None
-
-
-def release_eval_runtime(eval_id: str) -> EvalRuntime | None:
-    runtime = _RUNTIMES.pop(eval_id, None)
-    if runtime is not None and runtime.engine is not None:
-        runtime.engine.close()
-    return runtime
-
-
 def _agent(info: EvalInfo) -> tuple[AgentFactory, WorkerChatEngine | None]:
     """The eval's agent factory; for the policy agent, its engine worker started (and ready)."""
     if info.agent != POLICY_AGENT:
@@ -125,39 +119,32 @@ def _agent(info: EvalInfo) -> tuple[AgentFactory, WorkerChatEngine | None]:
     return policy_agent_factory(engine, options.context()), engine
 
 
-@task(name="open-eval", cache_policy=NO_CACHE, **STAGE_OPTIONS)
-def open_eval(eval_id: str, lake_uri: str) -> list[str]:
-    """Build the eval's runtime from its EVAL.json and the lake; the ids of the tasks to run."""
+@task(name="open-eval", cache_policy=NO_CACHE, persist_result=False, **STAGE_OPTIONS)
+def open_eval(eval_id: str, lake_uri: str, backend: TrialBackend | None = None) -> EvalRuntime:
+    """The eval's runtime, built from its EVAL.json and the lake (`backend`: in place of the
+    one EVAL.json names). The caller closes it."""
     lake = Lake(open_lake_location(lake_uri, create=False))
     recorder, tasks, options = resume_eval(EvalStore(lake), eval_id)
-    backend = _BACKENDS.get(recorder.info.backend) or trial_backend(recorder.info.backend, run_id=eval_id)
     histories = {k: list(v) for k, v in recorder.attempts().items()}
     pending = [task.task_id for task in tasks if needs_attempt(histories.get(task.task_id, []))]
     check_agent_name(recorder.info.agent)  # an unknown agent fails here, before any trial
     # the policy agent's engine starts only when a trial needs it
     factory, engine = _agent(recorder.info) if pending or recorder.info.agent != POLICY_AGENT else (None, None)
-    runtime = EvalRuntime(recorder, {t.task_id: t for t in tasks}, backend, options, lake.uri, histories=histories,
-                          factory=factory, engine=engine)
-    with _LOCK:
-        previous = _RUNTIMES.pop(eval_id, None)
-        _RUNTIMES[eval_id] = runtime
-    if previous is not None and previous.engine is not None:  # open-eval retried by Prefect
-        previous.engine.close()
-    return [task_id for task_id in runtime.tasks if needs_attempt(runtime.histories.get(task_id, []))]
+    return EvalRuntime(recorder, {t.task_id: t for t in tasks}, backend or trial_backend(recorder.info.backend, run_id=eval_id),
+                       options, lake.uri, histories, factory=factory, engine=engine)
 
 
-@task(name="trial", task_run_name="{task_id}", cache_policy=NO_CACHE, retry_delay_seconds=STAGE_RETRY_DELAYS,
-      retry_jitter_factor=STAGE_RETRY_JITTER, retry_condition_fn=retry_infra_errors_only)
-def trial(eval_id: str, task_id: str) -> str:
+@task(name="trial", task_run_name="{task_id}", cache_policy=NO_CACHE, persist_result=False,
+      retry_delay_seconds=STAGE_RETRY_DELAYS, retry_jitter_factor=STAGE_RETRY_JITTER, retry_condition_fn=retry_infra_errors_only)
+def trial(runtime: EvalRuntime, task_id: str) -> str:
     """One attempt of the task, committed to the lake; its verdict. Raises
     TrialInfrastructureFailure after committing an infrastructure verdict (Prefect retries)."""
-    runtime = get_eval_runtime(eval_id)
-    with _LOCK:
+    with runtime.lock:
         history = list(runtime.histories.get(task_id, []))
     info = runtime.recorder.info
     attempt = attempt_task(runtime.tasks[task_id], info.agent, runtime.factory or agent_factory(info.agent), runtime.backend, runtime.options,
                            history, runtime.recorder.session, runtime.recorder)
-    with _LOCK:
+    with runtime.lock:
         runtime.histories.setdefault(task_id, []).append(attempt)
     verdict = attempt.trial.verdict
     if verdict.family == "infrastructure":
@@ -167,9 +154,10 @@ def trial(eval_id: str, task_id: str) -> str:
 
 
 @task(name="summarize-eval", cache_policy=NO_CACHE, **STAGE_OPTIONS)
-def summarize_eval(eval_id: str, workers: int, mlflow_uri: str | None, experiment: str, track: bool = True) -> EvalSummary:
+def summarize_eval(runtime: EvalRuntime, workers: int, mlflow_uri: str | None, experiment: str,
+                   track: bool = True) -> EvalSummary:
     """The report from the committed attempts, logged to MLflow; Prefect artifacts of it."""
-    runtime = get_eval_runtime(eval_id)
+    eval_id = runtime.recorder.info.eval_id
     recorded = runtime.recorder.attempts()  # the lake is the truth
     ran = [task for task_id, task in runtime.tasks.items() if recorded.get(task_id)]
     info = runtime.recorder.info

@@ -38,13 +38,14 @@ from rlpipe.workers.protocol import WarmStartBegin
 def open_run(runtime: Runtime) -> bool:
     """Write run.json and start the MLflow run for a new run, or reopen both for an
     existing one. Returns True when the run already existed (a resume)."""
+    records = runtime.records
     run_id = runtime.run_id
-    info = runtime.lake.read_run_info(run_id)
+    info = records.lake.read_run_info(run_id)
     resumed = info is not None
     if info is None:
-        mlflow_run_id = runtime.tracker.start_run(
+        mlflow_run_id = records.tracker.start_run(
             run_name=run_id,
-            tags={"rlpipe.run_id": run_id, "rlpipe.lake_uri": runtime.lake.uri},
+            tags={"rlpipe.run_id": run_id, "rlpipe.lake_uri": records.lake.uri},
             params=runtime.config.flat(),
         )
         info = RunInfo(
@@ -56,13 +57,13 @@ def open_run(runtime: Runtime) -> bool:
             mlflow_run_id=mlflow_run_id,
             prefect_flow_run_id=str(flow_run.get_id() or ""),
         )
-        runtime.lake.write_run_info(info)
+        records.lake.write_run_info(info)
         try:  # an artifact store that fails answers within seconds (storage/tracking.py); the run goes on
-            runtime.tracker.log_text(mlflow_run_id, runtime.config.model_dump_json(indent=2), "config.json")
+            records.tracker.log_text(mlflow_run_id, runtime.config.model_dump_json(indent=2), "config.json")
         except StorageUnavailable as exc:
             get_run_logger().warning("could not upload config.json to MLflow (run.json in the lake has it): %s", exc)
     if resumed:
-        runtime.tracker.resume_run(info.mlflow_run_id)
+        records.tracker.resume_run(info.mlflow_run_id)
     if resumed and info.config_hash != runtime.config.config_hash():
         raise ConfigError(
             f"run {run_id!r} was started with config {info.config_hash}; this flow run has {runtime.config.config_hash()}",
@@ -72,10 +73,10 @@ def open_run(runtime: Runtime) -> bool:
         # Resumed with more steps (or another checkpoint/eval interval): run.json says what the
         # run now is, so `runs show` and a later plain `rlpipe resume` go on to the new count.
         info = dataclasses.replace(info, config_json=runtime.config.model_dump_json())
-        runtime.lake.write_run_info(info)
-    runtime.mlflow_run_id = info.mlflow_run_id
-    runtime.incarnation = str(info.created_at_ms)
-    runtime.tracker.set_tags(info.mlflow_run_id, {"prefect.flow_run_id": str(flow_run.get_id() or "")})
+        records.lake.write_run_info(info)
+    records.mlflow_run_id = info.mlflow_run_id
+    records.incarnation = str(info.created_at_ms)
+    records.tracker.set_tags(info.mlflow_run_id, {"prefect.flow_run_id": str(flow_run.get_id() or "")})
     return resumed
 
 
@@ -94,6 +95,7 @@ def warm_start(runtime: Runtime) -> float:
     return the last loss. At each accuracy check the trainer waits while the controller
     syncs its weights into the engine worker and measures greedy accuracy there. Progress
     (steps, loss, accuracy checks) goes to MLflow and the lake as it runs."""
+    workers = runtime.workers
     config = runtime.config
     tasks = runtime.mixture.sample(config.envs.train_size, rng_seed=derive_seed(config.seed, 0, "warmstart"))
     episodic = [t for t in tasks if is_multi_turn(runtime.mixture.env_for(t))]
@@ -105,8 +107,8 @@ def warm_start(runtime: Runtime) -> float:
     target = config.warmstart.target_accuracy
     check_tasks = [] if target is None else runtime.mixture.sample(
         config.warmstart.check_tasks, rng_seed=derive_seed(config.seed, 0, "warmstart-check"))
-    runtime.warm_start_begun = True
-    runtime.trainer.warm_start_begin(WarmStartBegin(
+    runtime.progress.warm_start_begun = True
+    workers.trainer.warm_start_begin(WarmStartBegin(
         examples=examples, steps=config.warmstart.steps, batch_size=config.warmstart.batch_size,
         lr=config.warmstart.lr, seed=derive_seed(config.seed, 0, "warmstart-order"),
         check_every=config.warmstart.check_every_steps, with_checks=target is not None,
@@ -114,7 +116,7 @@ def warm_start(runtime: Runtime) -> float:
     ))
     last_loss = float("nan")
     while True:
-        state = runtime.trainer.warm_start_wait(timeout_s=1.0)
+        state = workers.trainer.warm_start_wait(timeout_s=1.0)
         for step, loss in state.losses:
             progress.step(step, loss)
             last_loss = loss
@@ -129,9 +131,9 @@ def warm_start(runtime: Runtime) -> float:
                                                       for key, value in result.items() if key.startswith("accuracy/")))
             progress.checked(state.check_step, accuracy, {key.removeprefix("accuracy/"): value
                                                           for key, value in result.items() if key.startswith("accuracy/")})
-            runtime.trainer.warm_start_continue(stop=accuracy >= target)
+            workers.trainer.warm_start_continue(stop=accuracy >= target)
     progress.finish()
-    runtime.trainer.reset_reference()  # the KL anchor is the warm-started policy
+    workers.trainer.reset_reference()  # the KL anchor is the warm-started policy
     sync_weights(runtime)
     return last_loss
 
@@ -151,22 +153,23 @@ def evaluate(runtime: Runtime, name: str) -> dict[str, float]:
     truth), except a stored after_rl of another policy version: the run was extended after
     its final evaluation, and the final policy is now a newer one. Every other name
     (before_rl, step_N) is a fixed point of the run."""
+    records, progress = runtime.records, runtime.progress
     run_id = runtime.run_id
-    stored = runtime.lake.read_json(run_id, f"evals/{name}.json")
-    stale = name == FINAL_EVAL and stored is not None and stored.get("policy_version") != runtime.policy_version
+    stored = records.lake.read_json(run_id, f"evals/{name}.json")
+    stale = name == FINAL_EVAL and stored is not None and stored.get("policy_version") != progress.policy_version
     if stored is not None and not stale:
         return {key: float(value) for key, value in stored.items() if key != "policy_version"}
-    if runtime.engine_version != runtime.policy_version:  # async runs: the engine may hold an older version
+    if progress.engine_version != progress.policy_version:  # async runs: the engine may hold an older version
         sync_weights(runtime)
     result = greedy_accuracy(runtime, runtime.heldout)
     # MLflow and the alert first: the stored result makes a re-run return early, and the
     # tracker skips a point it has already, so a kill between them loses nothing.
-    runtime.tracker.log_step_metrics(runtime.mlflow_run_id, runtime.policy_version, heldout_metrics(result), timestamp_ms=None)
-    current = Evaluation.from_result(name, runtime.policy_version, result)
+    records.tracker.log_step_metrics(records.mlflow_run_id, progress.policy_version, heldout_metrics(result), timestamp_ms=None)
+    current = Evaluation.from_result(name, progress.policy_version, result)
     settings = runtime.config.eval
     alert_regressions(runtime, find_regressions(earlier_evaluations(runtime, current), current, settings.regression_threshold,
                                                 settings.regression_window, settings.regression_z, runtime.config.envs.heldout_size))
-    runtime.lake.write_json(run_id, f"evals/{name}.json", {"policy_version": runtime.policy_version, **result})
+    records.lake.write_json(run_id, f"evals/{name}.json", {"policy_version": progress.policy_version, **result})
     return result
 
 
@@ -175,19 +178,20 @@ def checkpoint(runtime: Runtime, step: int) -> None:
     """The trainer worker snapshots its state for `step` and writes it into the lake in the
     background (an HF model folder with the trainer state beside it); CHECKPOINT.json and then
     LATEST are written last (workers/checkpoint_writer.py)."""
-    runtime.trainer.save_checkpoint(step, runtime.config.config_hash())
-    runtime.trainer_in_lake = True
+    runtime.workers.trainer.save_checkpoint(step, runtime.config.config_hash())
+    runtime.progress.trainer_in_lake = True
 
 
 def _checkpoint_uri(runtime: Runtime, run_id: str, step: int) -> str:
-    return f"{runtime.lake.uri.rstrip('/')}/checkpoints/{run_id}/step={step:06d}"
+    return f"{runtime.records.lake.uri.rstrip('/')}/checkpoints/{run_id}/step={step:06d}"
 
 
 def _refuse_old_schema(runtime: Runtime, run_id: str, step: int) -> None:
     """ConfigError when committed step `step` holds rows of an older trajectory schema: their
     logprobs follow another convention, so replaying or continuing the run would be wrong."""
-    manifest = runtime.lake.read_manifest(run_id, step)
-    versions = runtime.lake.read_parts_table(manifest.parts if manifest else ()).column("schema_version").to_pylist()
+    records = runtime.records
+    manifest = records.lake.read_manifest(run_id, step)
+    versions = records.lake.read_parts_table(manifest.parts if manifest else ()).column("schema_version").to_pylist()
     oldest = min(versions, default=SCHEMA_VERSION)
     if oldest < SCHEMA_VERSION:
         raise ConfigError(
@@ -205,19 +209,20 @@ def restore(runtime: Runtime) -> int:
     the committed steps after it from the stored rows; then the engine gets its weights.
     Returns the step the trainer is at (0 when no RL step is committed yet; -1 when there
     is no checkpoint: start over)."""
+    progress = runtime.progress
     run_id = runtime.run_id
-    committed = runtime.lake.committed_steps(run_id)
+    committed = runtime.records.lake.committed_steps(run_id)
     if committed:
         _refuse_old_schema(runtime, run_id, committed[0])
     # async runs: the next step to generate (last committed + 1) needs the version k behind it
     target = max(0, committed[-1] - runtime.config.rollout.max_staleness) if committed else None
-    result = runtime.trainer.restore(target, runtime.config.seed)
+    result = runtime.workers.trainer.restore(target, runtime.config.seed)
     if result.last_committed < 0:
         return -1  # not even the warm-start finished: start over from the warm-start
     for line in result.fallbacks:
         get_run_logger().warning(line)
-    runtime.policy_version = result.policy_version
-    runtime.trainer_in_lake = True
+    progress.policy_version = result.policy_version
+    progress.trainer_in_lake = True
     for replayed, train_metrics in sorted(result.replayed.items()):
         log_step(runtime, replayed, train_metrics)
     sync_weights(runtime)
@@ -227,23 +232,24 @@ def restore(runtime: Runtime) -> int:
 @task(name="finish", **UNCACHED_STAGE_OPTIONS)
 def finish(runtime: Runtime, before: float, after: float) -> dict[str, object]:
     """Reward curve and end of the MLflow run, the Prefect summary; returns the summary."""
+    records = runtime.records
     run_id = runtime.run_id
-    tracker, lake = runtime.tracker, runtime.lake
+    tracker, lake = records.tracker, records.lake
     steps_committed = len(lake.committed_steps(run_id))
     final_step = lake.latest_checkpoint(run_id)
     try:  # a failing artifact store: a warning within seconds, never a hung or failed end of run
-        tracker.log_reward_curve(runtime.mlflow_run_id, lake, run_id)
+        tracker.log_reward_curve(records.mlflow_run_id, lake, run_id)
     except StorageUnavailable as exc:
         get_run_logger().warning("could not upload the reward curve to MLflow: %s", exc)
     tracker.log_step_metrics(
-        runtime.mlflow_run_id, runtime.policy_version, {"heldout/accuracy_gain": after - before}, timestamp_ms=None
+        records.mlflow_run_id, runtime.progress.policy_version, {"heldout/accuracy_gain": after - before}, timestamp_ms=None
     )
     model_logged = log_final_policy(runtime, final_step)  # MLflow artifacts model/: an HF folder (best effort)
-    tracker.end_run(runtime.mlflow_run_id, "FINISHED")
-    url = tracker.run_url(runtime.mlflow_run_id)
+    tracker.end_run(records.mlflow_run_id, "FINISHED")
+    url = tracker.run_url(records.mlflow_run_id)
     mlflow_line = (
-        f"MLflow run: [{runtime.mlflow_run_id}]({url})" if url
-        else f"MLflow run `{runtime.mlflow_run_id}` in `{tracker.uri}` (view: `mlflow ui --backend-store-uri {tracker.uri}`)"
+        f"MLflow run: [{records.mlflow_run_id}]({url})" if url
+        else f"MLflow run `{records.mlflow_run_id}` in `{tracker.uri}` (view: `mlflow ui --backend-store-uri {tracker.uri}`)"
     )
     checkpoint = _checkpoint_uri(runtime, run_id, final_step)  # an HF model folder (rl/checkpoint_layout.py)
     create_markdown_artifact(
@@ -258,7 +264,7 @@ def finish(runtime: Runtime, before: float, after: float) -> dict[str, object]:
         description=f"Summary of run {run_id}",
     )
     return dict(
-        run_id=run_id, lake_uri=lake.uri, tracking_uri=tracker.uri, mlflow_run_id=runtime.mlflow_run_id,
+        run_id=run_id, lake_uri=lake.uri, tracking_uri=tracker.uri, mlflow_run_id=records.mlflow_run_id,
         mlflow_run_url=url, steps_committed=steps_committed, accuracy_before_rl=before,
         accuracy_after_rl=after, final_checkpoint=checkpoint,
     )

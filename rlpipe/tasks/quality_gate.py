@@ -105,11 +105,12 @@ def gate_before_train(run_id: str, lake: Lake, tracker: Tracker, mlflow_run_id: 
 def quality_gate(runtime: Runtime) -> bool:
     """The gate before the warm start; True when it passed, False when skipped (the run has
     a checkpoint); QualityGateFailed when it failed."""
+    records = runtime.records
     run_id = runtime.run_id
-    if runtime.lake.latest_checkpoint(run_id) is not None:
+    if records.lake.latest_checkpoint(run_id) is not None:
         return False
-    outcome = gate_before_train(run_id, runtime.lake, runtime.tracker, runtime.mlflow_run_id, runtime.mixture,
-                                runtime.sandbox_pool, runtime.config.qa, runtime.config.seed)
+    outcome = gate_before_train(run_id, records.lake, records.tracker, records.mlflow_run_id, runtime.mixture,
+                                runtime.workers.sandbox_pool, runtime.config.qa, runtime.config.seed)
     create_markdown_artifact(key=f"rlpipe-qa-{artifact_key(run_id)}", description=f"Quality gate before training run {run_id}",
                              markdown=summary_markdown(list(outcome.reports), f"Quality gate before training run `{run_id}`", image=False)
                              + f"\nReport files (markdown, JSON, checks.png): `{outcome.report_location}`\n")

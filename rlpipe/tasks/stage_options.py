@@ -78,7 +78,7 @@ def stage_key(runtime: Runtime, step: int, round_: int, stage: str) -> str:
     return "/".join(
         [
             runtime.run_id,
-            runtime.incarnation,
+            runtime.records.incarnation,
             f"step={step}" if round_ == 0 else f"step={step}/round={round_}",
             f"stage={stage}",
             runtime.config.config_hash(),

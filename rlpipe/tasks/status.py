@@ -81,7 +81,7 @@ def set_failed(runtime: Runtime, step: int, stage: str, error: BaseException) ->
 def _write(runtime: Runtime, state: RunState, step: int, stage: str, message: str | None) -> None:
     run_id = runtime.run_id
     try:
-        runtime.lake.write_status(RunStatus(run_id, state, step, stage, message, int(time.time() * 1000)))
+        runtime.records.lake.write_status(RunStatus(run_id, state, step, stage, message, int(time.time() * 1000)))
     except Exception as exc:  # noqa: BLE001 - best effort, see the module docstring
         log.warning("could not write the status of run %s: %s", run_id, exc)
 
@@ -90,17 +90,18 @@ def record_links(runtime: Runtime) -> dict[str, str | None]:
     """links.json of this flow run: the MLflow run (URL when the server has a UI) and the
     Prefect flow run (URL when PREFECT_API_URL names a server; None in ephemeral mode,
     whose temporary server has no UI and stops with the command)."""
+    records = runtime.records
     run_id = runtime.run_id
     flow_run_id = str(flow_run.get_id() or "")
     links: dict[str, str | None] = {
-        "mlflow_tracking_uri": runtime.tracker.uri,
-        "mlflow_run_id": runtime.mlflow_run_id,
-        "mlflow_run_url": runtime.tracker.run_url(runtime.mlflow_run_id),
+        "mlflow_tracking_uri": records.tracker.uri,
+        "mlflow_run_id": records.mlflow_run_id,
+        "mlflow_run_url": records.tracker.run_url(records.mlflow_run_id),
         "prefect_flow_run_id": flow_run_id,
         "prefect_flow_run_url": (url_for("flow-run", obj_id=flow_run_id) or None) if flow_run_id else None,
     }
     try:
-        runtime.lake.write_json(run_id, LINKS_DOCUMENT, links)
+        records.lake.write_json(run_id, LINKS_DOCUMENT, links)
     except Exception as exc:  # noqa: BLE001 - best effort
         log.warning("could not write the links of run %s: %s", run_id, exc)
     link_runs(runtime, links)  # MLflow tags/description <-> a Prefect artifact (tasks/track.py)
@@ -111,7 +112,7 @@ def record_links(runtime: Runtime) -> dict[str, str | None]:
 def write_warmstart_progress(runtime: Runtime, document: dict[str, object]) -> None:
     run_id = runtime.run_id
     try:
-        runtime.lake.write_json(run_id, WARMSTART_DOCUMENT, document)
+        runtime.records.lake.write_json(run_id, WARMSTART_DOCUMENT, document)
     except Exception as exc:  # noqa: BLE001 - best effort
         log.warning("could not write the warm-start progress of run %s: %s", run_id, exc)
 
@@ -174,6 +175,6 @@ class WarmStartProgress:
     def _log(self, key: str, points: list[tuple[int, float]]) -> None:
         runtime = self.runtime
         try:
-            runtime.tracker.log_series(runtime.mlflow_run_id, key, points)
+            runtime.records.tracker.log_series(runtime.records.mlflow_run_id, key, points)
         except Exception as exc:  # noqa: BLE001 - metrics are not worth failing the warm start for
             log.warning("could not log %s of run %s: %s", key, self.run_id, exc)

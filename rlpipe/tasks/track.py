@@ -1,7 +1,8 @@
-"""Stage `track` (the last of the `train` task, tasks/update.py): store a committed step's after-commit metrics (the update's, the
-timings) in the lake beside its manifest (TRAIN.json), log all its metrics to MLflow
-(timestamps from the step manifest, so a retried or resumed step adds no duplicate point)
-and refresh the Prefect table artifact of step metrics.
+"""Stage `track` (the last of the `train` task, tasks/step_tasks.py): store a committed
+step's after-commit metrics (the update's, the timings) in the lake beside its manifest
+(TRAIN.json), log all its metrics to MLflow (timestamps from the step manifest, so a
+retried or resumed step adds no duplicate point) and refresh the Prefect table artifact of
+step metrics.
 
 With the curriculum on, the step's domain ratios are logged and kept in TRAIN.json too
 (`curriculum/ratio/<domain>`).
@@ -49,30 +50,32 @@ def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, 
     """Log manifest metrics + `extra` (+ the curriculum's ratios of the step, when it is on:
     `curriculum/ratio/<domain>`, recomputed from the lake, so a replayed step logs the same)
     for `step`; return everything logged."""
-    manifest = runtime.lake.read_manifest(runtime.run_id, step)
+    records = runtime.records
+    manifest = records.lake.read_manifest(runtime.run_id, step)
     ratios = step_ratios(runtime, step)
     if ratios is not None:
         extra = {**extra, **{f"curriculum/ratio/{domain}": ratio for domain, ratio in sorted(ratios.items())}}
     if extra:  # the update's and the timings, beside the manifest: the step_metrics view joins them
-        runtime.lake.record_train_metrics(runtime.run_id, step, extra)
+        records.lake.record_train_metrics(runtime.run_id, step, extra)
     metrics = {**dict(manifest.metrics), **extra}
     if metrics.get("time/generate_s") and "rollout/tokens" in metrics:
         metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["time/generate_s"]
-    runtime.tracker.log_step_metrics(runtime.mlflow_run_id, step, metrics, timestamp_ms=manifest.committed_at_ms)
+    records.tracker.log_step_metrics(records.mlflow_run_id, step, metrics, timestamp_ms=manifest.committed_at_ms)
     return metrics
 
 
 def track(runtime: Runtime, step: int, extra: dict[str, float]) -> None:
+    records = runtime.records
     run_id = runtime.run_id
     metrics = log_step(runtime, step, extra)
     log_rl_step(step, runtime.config.train.steps, metrics)  # the step's line in the flow run's logs
-    if not runtime.step_metrics:
-        runtime.step_metrics.extend(earlier_rows(runtime, step))
-    runtime.step_metrics[:] = [row for row in runtime.step_metrics if row["step"] != step]  # a retried track
-    runtime.step_metrics.append({"step": step, **metrics})
+    if not records.step_metrics:
+        records.step_metrics.extend(earlier_rows(runtime, step))
+    records.step_metrics[:] = [row for row in records.step_metrics if row["step"] != step]  # a retried track
+    records.step_metrics.append({"step": step, **metrics})
     create_table_artifact(
         key=f"rlpipe-steps-{artifact_key(run_id)}",
-        table=[{name: round(row.get(name, float("nan")), 4) for name in SHOWN} for row in runtime.step_metrics],
+        table=[{name: round(row.get(name, float("nan")), 4) for name in SHOWN} for row in records.step_metrics],
         description=f"Step metrics of run {run_id} (updated each step)",
     )
 
@@ -80,10 +83,11 @@ def track(runtime: Runtime, step: int, extra: dict[str, float]) -> None:
 def earlier_rows(runtime: Runtime, step: int) -> list[dict[str, float]]:
     """The table rows of the committed steps before `step`, from the lake alone: each
     manifest's metrics and the TRAIN.json beside it (train/*, time/*)."""
+    records = runtime.records
     rows = []
-    for earlier in (s for s in runtime.lake.committed_steps(runtime.run_id) if s < step):
-        row = {"step": earlier, **dict(runtime.lake.read_manifest(runtime.run_id, earlier).metrics)}
-        train = runtime.lake.read_train_metrics(runtime.run_id, earlier)
+    for earlier in (s for s in records.lake.committed_steps(runtime.run_id) if s < step):
+        row = {"step": earlier, **dict(records.lake.read_manifest(runtime.run_id, earlier).metrics)}
+        train = records.lake.read_train_metrics(runtime.run_id, earlier)
         rows.append({**row, **(dict(train.metrics) if train else {})})
     return rows
 
@@ -92,6 +96,7 @@ def alert_regressions(runtime: Runtime, regressions: list[Regression]) -> None:
     """A held-out regression: a warning line each, the MLflow tag `regression.<domain>` (the
     line), and the run's Prefect markdown artifact `rlpipe-regression-<run>` (a new version
     per evaluation that finds one). It never stops the run."""
+    records = runtime.records
     if not regressions:
         return
     logger = get_run_logger()
@@ -100,7 +105,7 @@ def alert_regressions(runtime: Runtime, regressions: list[Regression]) -> None:
     at = regressions[0].at
     rows = "".join(f"| {r.domain} | {r.best:.3f} ({r.best_at.name}) | {r.now:.3f} | {-r.drop:+.3f} |\n" for r in regressions)
     try:
-        runtime.tracker.set_tags(runtime.mlflow_run_id, {f"regression.{r.domain}": r.line() for r in regressions})
+        records.tracker.set_tags(records.mlflow_run_id, {f"regression.{r.domain}": r.line() for r in regressions})
         create_markdown_artifact(
             key=f"rlpipe-regression-{artifact_key(runtime.run_id)}",
             markdown=(f"# Held-out regression in run `{runtime.run_id}` at {at.name} (policy version {at.policy_version})\n\n"
@@ -124,8 +129,9 @@ def link_runs(runtime: Runtime, links: Mapping[str, str | None]) -> None:
     known), rlpipe.lake_uri, rlpipe.run_uri and rlpipe.checkpoints_uri, and the same as the
     MLflow run's description; the Prefect markdown artifact `rlpipe-links-<run>` with the
     MLflow run (its UI URL, else the tracking URI and run id) and the lake URIs."""
-    lake_uri, run_id = runtime.lake.uri.rstrip("/"), runtime.run_id
-    lake_uris = {"rlpipe.lake_uri": runtime.lake.uri, "rlpipe.run_uri": f"{lake_uri}/runs/{run_id}",
+    records = runtime.records
+    lake_uri, run_id = records.lake.uri.rstrip("/"), runtime.run_id
+    lake_uris = {"rlpipe.lake_uri": records.lake.uri, "rlpipe.run_uri": f"{lake_uri}/runs/{run_id}",
                  "rlpipe.checkpoints_uri": f"{lake_uri}/checkpoints/{run_id}"}
     flow_run_id, flow_run_url = links.get("prefect_flow_run_id") or "", links.get("prefect_flow_run_url")
     prefect = f"[{flow_run_id}]({flow_run_url})" if flow_run_url else f"`{flow_run_id}` (ephemeral server: no UI)"
@@ -135,12 +141,12 @@ def link_runs(runtime: Runtime, links: Mapping[str, str | None]) -> None:
               else f"`{mlflow_run}` in `{links.get('mlflow_tracking_uri')}`")
     logger = _logger()
     try:
-        runtime.tracker.set_tags(runtime.mlflow_run_id, {
+        records.tracker.set_tags(records.mlflow_run_id, {
             "prefect.flow_run_id": flow_run_id, **({"prefect.flow_run_url": flow_run_url} if flow_run_url else {}), **lake_uris,
             "mlflow.note.content": f"RL run `{run_id}`. Prefect flow run: {prefect}.\n\n{lake_lines}",
         })
     except Exception as exc:  # noqa: BLE001 - links are worth a warning, not a failed run
-        logger.warning("could not tag MLflow run %s with its links: %s", runtime.mlflow_run_id, exc)
+        logger.warning("could not tag MLflow run %s with its links: %s", records.mlflow_run_id, exc)
     try:
         create_markdown_artifact(key=f"rlpipe-links-{artifact_key(run_id)}", description=f"Where run {run_id} is recorded",
                                  markdown=f"# RL run `{run_id}`\n\nMLflow run: {mlflow}\n\n{lake_lines}")
@@ -151,10 +157,11 @@ def link_runs(runtime: Runtime, links: Mapping[str, str | None]) -> None:
 def log_final_policy(runtime: Runtime, step: int | None) -> bool:
     """With tracking.log_model (and a checkpoint at `step`): the policy of checkpoint `step`
     as the MLflow run's artifact folder `model/`; see `upload_policy`."""
+    records = runtime.records
     tracking = runtime.config.tracking
     if not tracking.log_model or step is None:
         return False
-    return upload_policy(runtime.tracker, runtime.lake, runtime.run_id, runtime.mlflow_run_id, step,
+    return upload_policy(records.tracker, records.lake, runtime.run_id, records.mlflow_run_id, step,
                          tracking.log_model_timeout_s)
 
 

@@ -90,17 +90,18 @@ def _open_eval(tmp_path, eval_id: str) -> tuple[Lake, list]:
 
 def test_an_evals_trial_container_carries_the_eval_id_while_it_runs(tmp_path):
     """`rlpipe eval`'s path: the flow's open-eval and trial tasks (their functions, no Prefect server)."""
-    from rlpipe.tasks.eval_trials import get_eval_runtime, open_eval, release_eval_runtime, trial
+    from rlpipe.tasks.eval_trials import open_eval, trial
 
     eval_id = f"label-{uuid.uuid4().hex[:8]}"
     lake, tasks = _open_eval(tmp_path, eval_id)
     watcher = LabelWatcher(eval_id)
-    assert open_eval.fn(eval_id, lake.uri) == [tasks[0].task_id]
+    runtime = open_eval.fn(eval_id, lake.uri)
     try:
-        get_eval_runtime(eval_id).factory = watcher
-        assert trial.fn(eval_id, tasks[0].task_id) == TrialVerdict.FAILED.value  # submitted without solving
+        assert runtime.pending() == [tasks[0].task_id]
+        runtime.factory = watcher
+        assert trial.fn(runtime, tasks[0].task_id) == TrialVerdict.FAILED.value  # submitted without solving
     finally:
-        release_eval_runtime(eval_id)
+        runtime.close()
     assert [len(ids) for ids in watcher.seen] == [1]  # the agent's container, labelled, while the trial ran
     assert watcher.labelled_now() == []  # removed when the trial ended
 

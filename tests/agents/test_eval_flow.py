@@ -16,7 +16,6 @@ from rlpipe.flows.eval import run_eval_flow
 from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.eval_trials import register_trial_backend
 from tests.agents.helpers import copy_task
 from tests.agents.test_eval_record import FlakyBwrap
 from tests.sandbox._bwrap_support import require_bwrap
@@ -26,10 +25,7 @@ pytestmark = pytest.mark.bwrap
 
 @pytest.fixture
 def flaky_backend():
-    backend = FlakyBwrap(deaths=1)
-    register_trial_backend("flaky", backend)
-    yield backend
-    register_trial_backend("flaky", None)
+    return FlakyBwrap(deaths=1)
 
 
 async def _flow_records(flow_run_id: str, key: str) -> tuple[dict[str, tuple[str, int]], list]:
@@ -46,7 +42,8 @@ def test_the_flow_runs_one_task_run_per_trial_retries_a_dead_sandbox_and_leaves_
     copy_task(tasks_dir, name="order-totals")
     lake = Lake.open(str(tmp_path / "lake"))
     start_eval(EvalStore(lake), "flow-e1", "oracle", "flaky", tasks_dir, load_tasks(tasks_dir), TrialOptions(), 3)
-    summary = run_eval_flow("flow-e1", lake.uri, workers=2, max_attempts=3, mlflow_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    summary = run_eval_flow("flow-e1", lake.uri, workers=2, max_attempts=3, mlflow_uri=f"sqlite:///{tmp_path / 'mlruns.db'}",
+                            trial_backend=flaky_backend)
     # both passed; the one sandbox death was retried: 3 attempts for 2 tasks
     assert (summary.metrics["success_rate"], summary.metrics["attempts"], summary.metrics["infrastructure_retries"]) == (1.0, 3, 1)
     runs, artifacts = asyncio.run(_flow_records(summary.prefect_flow_run_id, "rlpipe-eval-flow-e1"))

@@ -15,7 +15,7 @@ was dropped for CI time: a half-written checkpoint is `checkpoint-write`'s case,
 stopped in its warm start and resumed from nothing is tests/cli/test_signals.py's.)
 `part-write` also alters checkpoint 2 before its resume (bit rot), which falls back to
 checkpoint 0 and replays steps 1-3, and still takes step 4's generated and verified rows from
-the lake, where the killed run staged them (tasks/rollout.py); `update` and
+the lake, where the killed run staged them (tasks/step_tasks.py); `update` and
 `checkpoint-write` resume from checkpoint 2 itself. (A kill inside `generate` of step 4, before
 anything of the step is staged, was a scenario of its own until CI's time ran short: its
 resume computes step 4 with nothing staged, as `lost-files`' resume does once the staged
@@ -296,7 +296,7 @@ def test_lost_files_fall_back_to_an_intact_checkpoint_and_recompute_staged_rows(
 
 
 def _reused(messages: list[str], step: int) -> list[str]:
-    """The stages of `step` whose staged rows a rollout took from the lake (tasks/rollout.py)."""
+    """The stages of `step` whose staged rows a rollout took from the lake (tasks/step_tasks.py)."""
     prefix = f"step {step}: "
     return [message.removeprefix(prefix).split("'s rows were staged")[0] for message in messages
             if message.startswith(prefix) and "'s rows were staged by an earlier attempt" in message]

@@ -96,7 +96,7 @@ def _runtime(code_reason: VerdictReason):
 
     envs = {"exact": _Env("exact", False, VerdictReason.OK), "code": _Env("code", True, code_reason)}
     mixture = SimpleNamespace(env_for=lambda task: envs[task.domain])
-    return SimpleNamespace(mixture=mixture, sandbox_pool=_FakePool())
+    return SimpleNamespace(mixture=mixture, workers=SimpleNamespace(sandbox_pool=_FakePool()))
 
 
 def test_verify_all_sends_only_sandboxed_rows_to_the_pool_and_keeps_row_order() -> None:
@@ -108,7 +108,7 @@ def test_verify_all_sends_only_sandboxed_rows_to_the_pool_and_keeps_row_order() 
     pairs = [(SimpleNamespace(domain=domain), str(index)) for index, domain in enumerate(["code", "exact", "code", "exact"])]
     verdicts = verify_all(runtime, pairs)
     assert [verdict.detail for verdict in verdicts] == ["code:0", "exact:1", "code:2", "exact:3"]
-    assert runtime.sandbox_pool.items == [0, 2]
+    assert runtime.workers.sandbox_pool.items == [0, 2]
 
 
 def test_verify_all_raises_an_infra_error_when_every_sandboxed_row_failed() -> None:

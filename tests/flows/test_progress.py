@@ -14,7 +14,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from rlpipe.controller.builders import build_lake
 from rlpipe.flows.train import train
-from rlpipe.tasks import update as update_stage
+from rlpipe.tasks import step_tasks
 from tests.flows.runs import tiny_config
 
 
@@ -50,17 +50,17 @@ def test_step_table_after_a_resume_holds_the_steps_before_it(tmp_path: Path, mon
     2 committed. Resumed, it replays them and runs step 3; the table still has 1, 2, 3 (the
     rows of a flow run are built in memory, so the resumed one rebuilds the earlier rows)."""
     config = tiny_config(tmp_path)
-    real_update = update_stage.apply_committed_update
+    real_update = step_tasks.apply_committed_update
 
     def failing_update(runtime, step: int) -> dict[str, float]:  # noqa: ANN001 - the Runtime
         if step == 2:
             raise ValueError("update fails at step 2 (test)")
         return real_update(runtime, step)
 
-    monkeypatch.setattr(update_stage, "apply_committed_update", failing_update)
+    monkeypatch.setattr(step_tasks, "apply_committed_update", failing_update)
     with pytest.raises(ValueError, match="step 2"):
         train(config, "table")
-    monkeypatch.setattr(update_stage, "apply_committed_update", real_update)
+    monkeypatch.setattr(step_tasks, "apply_committed_update", real_update)
     assert asyncio.run(_table("rlpipe-steps-table")) and build_lake(config).committed_steps("table") == [1, 2]
     train(config, "table")
     rows = asyncio.run(_table("rlpipe-steps-table"))

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlpipe.controller.runtime import RunProgress
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import ConfigError
 from rlpipe.rl.curriculum import (
@@ -123,7 +124,8 @@ def _commit(lake: Lake, run_id: str, step: int, rates: dict[str, float]) -> None
 def _runtime(lake: Lake, config):
     from rlpipe.controller.sample import build_mixture
 
-    return SimpleNamespace(run_id="r", config=config, lake=lake, mixture=build_mixture(config), curriculum=None)
+    return SimpleNamespace(run_id="r", config=config, records=SimpleNamespace(lake=lake), mixture=build_mixture(config),
+                           progress=RunProgress())
 
 
 def test_step_tasks_draw_with_ratios_from_the_lake_the_same_in_a_fresh_process(tmp_path):

@@ -71,7 +71,7 @@ def test_heldout_metric_names_and_the_stored_evaluations_in_order(tmp_path):
     lake = Lake.open(str(tmp_path / "lake"))
     for name, version, accuracy in (("before_rl", 0, 0.1), ("step_000005", 5, 0.2), ("step_000010", 10, 0.3)):
         lake.write_json("r", f"evals/{name}.json", {"policy_version": version, "accuracy": accuracy, "accuracy/a": accuracy})
-    runtime = SimpleNamespace(run_id="r", lake=lake, config=load_config(None, ["eval.every_steps=5"]))
+    runtime = SimpleNamespace(run_id="r", records=SimpleNamespace(lake=lake), config=load_config(None, ["eval.every_steps=5"]))
     earlier = earlier_evaluations(runtime, Evaluation("step_000010", 10, {"a": 0.3}))
     assert [(e.name, e.policy_version, e.accuracy) for e in earlier] == [("before_rl", 0, {"a": 0.1}), ("step_000005", 5, {"a": 0.2})]
 
@@ -87,7 +87,8 @@ class RecordingTracker:
 def test_the_alert_is_an_artifact_a_tag_and_a_warning(prefect_api_url, caplog):
     from rlpipe.tasks.track import alert_regressions
 
-    runtime = SimpleNamespace(run_id="Run_1", mlflow_run_id="m", tracker=RecordingTracker(), config=load_config(None))
+    runtime = SimpleNamespace(run_id="Run_1", records=SimpleNamespace(mlflow_run_id="m", tracker=RecordingTracker()),
+                              config=load_config(None))
     now = Evaluation("after_rl", 30, {"a": 0.55, "b": 0.35})
 
     @flow
@@ -95,7 +96,8 @@ def test_the_alert_is_an_artifact_a_tag_and_a_warning(prefect_api_url, caplog):
         alert_regressions(runtime, find_regressions([STEP_10, STEP_20], now, threshold=0.1, window=2))
 
     alert()
-    assert list(runtime.tracker.tags) == ["regression.a"] and "0.700 at step_000010" in runtime.tracker.tags["regression.a"]
+    tags = runtime.records.tracker.tags
+    assert list(tags) == ["regression.a"] and "0.700 at step_000010" in tags["regression.a"]
     assert any(record.levelname == "WARNING" and "regression: held-out accuracy of a fell" in record.getMessage()
                for record in caplog.records)
     markdown = asyncio.run(_artifact("rlpipe-regression-run-1"))

@@ -102,8 +102,8 @@ def test_docker_snapshots_stream_sparse_files_to_a_small_file_on_disk():
     except SandboxUnavailable as exc:
         pytest.skip(f"no docker engine: {exc.message}")
     try:
-        snapshot_restore_and_check(sandbox, lambda snapshot: sandbox._snapshots.path(snapshot.snapshot_id))
-        snapshot_dir = sandbox._snapshots.dir
+        snapshot_restore_and_check(sandbox, lambda snapshot: sandbox.work_dir.snapshots.path(snapshot.snapshot_id))
+        snapshot_dir = sandbox.work_dir.snapshots.dir
     finally:
         sandbox.close()
     assert not snapshot_dir.exists()  # close() removes the sandbox's snapshots
@@ -123,7 +123,7 @@ def test_a_docker_work_dir_the_snapshot_cannot_read_is_the_agents_failure():
             sandbox.snapshot()
         assert not isinstance(caught.value, InfraError)
         assert "cannot be archived" in caught.value.message and "PermissionError" in caught.value.message
-        assert list(sandbox._snapshots.dir.iterdir()) == []  # the partial tar is gone
+        assert list(sandbox.work_dir.snapshots.dir.iterdir()) == []  # the partial tar is gone
     finally:
         sandbox.close()
 

@@ -50,11 +50,11 @@ def test_a_run_starts_past_a_link_planted_at_the_old_name_and_sends_it_nothing(t
     try:
         runtime = build_runtime(run_id, tiny_config(tmp_path))
         try:
-            folder = runtime.weights_folder
+            folder = runtime.workers.weights_folder
             assert folder != planted and _mode(folder) == 0o700
-            assert runtime.engine.spec.weights_folder == runtime.trainer.spec.weights_folder == folder
+            assert runtime.workers.engine.spec.weights_folder == runtime.workers.trainer.spec.weights_folder == folder
             sync_weights(runtime)  # the trainer's weights reach the engine through the folder
-            assert runtime.engine.digest() == runtime.trainer.digest()
+            assert runtime.workers.engine.digest() == runtime.workers.trainer.digest()
         finally:
             runtime.close()  # stops the workers and removes the folder
         assert not folder.exists() and list(elsewhere.iterdir()) == []

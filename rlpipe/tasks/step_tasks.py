@@ -1,16 +1,28 @@
-"""Task `rollout`: the rollout stages of one RL step in one task run of the run's flow run,
+"""The task runs of one RL step, in the run's flow run, each named by step:
 
     rollout-step-N:  1 sample -> 2 generate -> 3 verify -> 4 advantages  [-> more rounds] -> 5 persist
+    train-step-N:    6 update -> 7 sync (synchronous runs) | publish (async runs) -> 8 track
 
-named by step. One task run, not one per stage: each Prefect task run costs the controller
-and the Prefect server tens of ms of CPU, which a small step cannot spare
+and `publish-for-step-N` (the trainer's weights into a file the rollout lane loads later: an
+async run's first steps, before any `train` task publishes for them). flows/steps.py calls
+them; each stage is one call into the module that does it: drawing the tasks
+(controller/sample.py), generating (controller/generate.py), verifying
+(controller/verify.py), advantages (controller/advantage.py), committing
+(controller/persist.py), the trainer worker's update (controller/update.py), the weights
+into the engine or a file (controller/weight_sync.py), the step's metrics (tasks/track.py).
+Every task gets the run's Runtime by reference (controller/runtime.py).
+
+One task run per side of the step, not one per stage: each Prefect task run costs the
+controller and the Prefect server tens of ms of CPU, which a small step cannot spare
 (docs/ARCHITECTURE.md, "What orchestration costs"). What a task run per stage bought is
-kept: the task is retried on an InfraError (tasks/stage_options.py); `generate` and `verify`
+kept: a task is retried on an InfraError (tasks/stage_options.py); `generate` and `verify`
 stage their rows in the lake under their stage key before the next stage starts, so a retry
 of the task, a UI retry of a crashed flow run and a resumed run take them from there (a
-warning in the task run's log says so) instead of generating or verifying again; the stage
-that runs is on the step's StageClock, so status.json names it and `time/<stage>_s` is
-logged per stage. A step whose manifest exists is not run again.
+warning in the task run's log says so) instead of generating or verifying again; `update`,
+`sync` and `publish` are idempotent by policy version (a retried `train` logs the metrics the
+first attempt's update returned); the stage that runs is on the step's StageClock, so
+status.json names it and `time/<stage>_s` is logged per stage. A step whose manifest exists
+is not rolled out again.
 
 The engine lives in its own process (rlpipe/workers/): an engine that died or failed on its
 device raises EngineFailed (an InfraError) from the worker client, so Prefect retries the
@@ -22,16 +34,13 @@ acknowledged, which must be v(s).
 A step generates in rounds: round 0 draws rollout.prompts_per_step tasks as a function of
 (run seed, step); with dynamic sampling, round r > 0 draws `count` more tasks with a seed of
 (run seed, step, r), none of them drawn earlier in the step (rl/dynamic_sampling.py).
-
 Tasks of a multi-turn domain (agent_tasks) are run as whole episodes in the sandbox pool
-(controller/agent_episodes.py): one row per episode, its completion the whole episode with tool
-output masked out of the loss, its verdict already the verifier's (the verify stage keeps it).
+(controller/agent_episodes.py): one row per episode, its completion the whole episode with
+tool output masked out of the loss, its verdict already the verifier's (the verify stage
+keeps it).
 
-Each stage is one call into the module that does it: drawing the tasks
-(controller/sample.py), generating (controller/generate.py), verifying
-(controller/verify.py), advantages (controller/advantage.py), committing
-(controller/persist.py). The task gets the run's Runtime by reference (controller/runtime.py).
-Not here: what those stages do, when a step's rollouts run (flows/steps.py).
+Not here: what the stages do (controller/), when a step's tasks run and in which thread
+(flows/steps.py).
 """
 
 from __future__ import annotations
@@ -48,16 +57,19 @@ from rlpipe.controller.persist import persist
 from rlpipe.controller.runtime import Runtime
 from rlpipe.controller.sample import extra_round_count, round_tasks
 from rlpipe.controller.stage_clock import StageClock
+from rlpipe.controller.update import apply_committed_update
 from rlpipe.controller.verify import verify_rows
+from rlpipe.controller.weight_sync import publish_current, sync_if_behind
 from rlpipe.core.records import Trajectory
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS, stage_key
+from rlpipe.tasks.track import track
 
 
 @task(name="rollout", task_run_name="rollout-step-{step}", **UNCACHED_STAGE_OPTIONS)
 def rollout(runtime: Runtime, step: int, clock: StageClock | None = None) -> int:
     """Commit step `step`'s rollouts (every round); return the rows it trains on."""
     clock = clock or StageClock()
-    committed = runtime.lake.read_manifest(runtime.run_id, step)
+    committed = runtime.records.lake.read_manifest(runtime.run_id, step)
     if committed is not None:  # e.g. a resumed async run starts k steps behind its last commit
         return committed.rows
     settings = runtime.config.rollout
@@ -86,16 +98,47 @@ def rollout(runtime: Runtime, step: int, clock: StageClock | None = None) -> int
                    sum(round_scored.overlong_filtered for round_scored in scored))
 
 
+@task(name="train", task_run_name="train-step-{step}", **UNCACHED_STAGE_OPTIONS)
+def train(runtime: Runtime, step: int, clock: StageClock | None = None, lane_timings: dict[str, float] | None = None,
+          buffer_depth: Callable[[], float] | None = None, publish: bool = False) -> None:
+    """Train on committed step `step`, bring the engine the new weights (sync) or publish
+    them for a later step (`publish`), log the step. `lane_timings`: the async rollout
+    lane's stage timings of the step; `buffer_depth`: the steps committed ahead of it."""
+    clock = clock or StageClock()
+    clock.enter("update")  # 6. the trainer worker applies the step's update
+    metrics = apply_committed_update(runtime, step)
+    if runtime.config.rollout.max_staleness == 0:
+        clock.enter("sync")  # 7. the new weights into the engine worker
+        metrics.update(sync_if_behind(runtime))
+    elif publish:
+        clock.enter("publish")  # 7'. the version step + k + 1 is generated by, kept for the lane
+        publish_current(runtime)
+    if buffer_depth is not None:
+        metrics["async/buffer_depth"] = buffer_depth()
+    clock.enter("track")  # 8. metrics to the lake, MLflow and Prefect
+    timings = clock.timings()
+    timings["time/step_s"] = sum(timings.values())
+    track(runtime, step, {**metrics, **(lane_timings or {}), **timings})
+
+
+@task(name="publish", task_run_name="publish-for-step-{step}", **UNCACHED_STAGE_OPTIONS)
+def publish(runtime: Runtime, step: int) -> None:
+    """Publish the trainer's current weights, the version the rollouts of `step` are
+    generated by (async runs: the engine loads them when it reaches that step)."""
+    publish_current(runtime)
+
+
 def _staged(runtime: Runtime, step: int, round_: int, stage: str, compute: Callable[[], list[Trajectory]]) -> list[Trajectory]:
     """The rows an earlier attempt staged for this stage, else `compute()`'s, staged now."""
+    records = runtime.records
     name, key = staged_name(stage, round_), stage_key(runtime, step, round_, stage)
-    rows = runtime.lake.read_staged(runtime.run_id, step, name, key)
+    rows = records.lake.read_staged(runtime.run_id, step, name, key)
     if rows is not None:
         _logger().warning("step %d: %s's rows were staged by an earlier attempt; taken from the lake, not computed again",
                           step, name)
         return rows
     rows = compute()
-    runtime.lake.write_staged(runtime.run_id, step, name, key, rows)
+    records.lake.write_staged(runtime.run_id, step, name, key, rows)
     return rows
 
 
