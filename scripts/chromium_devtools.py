@@ -43,12 +43,15 @@ class HeadlessPage:
                 targets = [target for target in json.load(answer) if target.get("type") == "page"]
             if not targets:
                 raise BrowserError("Chromium started with no page")
-            self._socket = connect(targets[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=30)
-        except BaseException:
+            self._socket = connect(targets[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=60)
+            self._next_id = 0
+            self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+        except BaseException as exc:
             self._process.kill()
+            self._process.wait()
+            if isinstance(exc, OSError):  # the DevTools endpoint refused or timed out
+                raise BrowserError(f"could not connect to Chromium's DevTools: {exc}") from None
             raise
-        self._next_id = 0
-        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
 
     def _devtools_port(self, timeout_s: float) -> int:
         """The port of Chromium's stderr line `DevTools listening on ws://...:PORT/...`."""
@@ -118,6 +121,15 @@ class HeadlessPage:
                 " const inner = all.filter(e => ![...e.children].some(c => all.includes(c)));"
                 " if (!inner.length) throw new Error('no element with the text ' + " + json.dumps(json.dumps(text)) + ");"
                 " return inner[0]; })()")
+
+    def has(self, selector: str) -> bool:
+        """Whether an element matches `selector` now."""
+        return bool(self.evaluate(f"!!document.querySelector({json.dumps(selector)})"))
+
+    def click(self, selector: str) -> None:
+        """Click the first element `selector` matches (as a user's click: its handlers run)."""
+        self.evaluate(f"(e => {{ if (!e) throw new Error('no element matches ' + {json.dumps(json.dumps(selector))});"
+                      f" e.click(); }})(document.querySelector({json.dumps(selector)}))")
 
     def box_of(self, text: str) -> tuple[int, int, int, int]:
         """The viewport box (left, top, right, bottom) of the innermost element whose text starts with `text`."""

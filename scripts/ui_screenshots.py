@@ -57,6 +57,10 @@ RUN_FORM = {
 UP_TIMEOUT_S = 1200  # hang guards on a loaded machine, not expectations
 RUN_TIMEOUT_S = 1800
 PAGE_TIMEOUT_S = 300
+SIDEBAR = ".p-context-sidebar"
+"""The Prefect UI's navigation column (its CSS class in Prefect 3's UI)."""
+ASSISTANT_CLOSE = "button[aria-label='Close']"
+"""The close button of MLflow 3's Assistant panel (the page's only button of that label)."""
 WINDOW = (1400, 1000)
 
 
@@ -91,9 +95,13 @@ def main() -> int:
     failed = True
     try:
         shots = _start_and_run(env, workdir)
-        args.out.mkdir(parents=True, exist_ok=True)
+        taken = workdir / "png"
+        taken.mkdir()
         for shot in shots:
-            _take(chromium, shot, args.out / shot.file_name, workdir / "chromium")
+            _take(chromium, shot, taken / shot.file_name, workdir / "chromium")
+        args.out.mkdir(parents=True, exist_ok=True)
+        for shot in shots:  # all or none: a failed page leaves the old set as it was
+            shutil.copyfile(taken / shot.file_name, args.out / shot.file_name)
             print(f"wrote {args.out / shot.file_name} ({(args.out / shot.file_name).stat().st_size // 1024} KB)", flush=True)
         failed = False
     except StepFailed as exc:
@@ -145,7 +153,8 @@ def _start_and_run(env: dict[str, str], workdir: Path) -> list[Shot]:
              "ui-deployment-form.png", _form_top_and_bottom),
         Shot(f"{ui}/runs/flow-run/{flow_run_id}", ("MLflow run: http", "warm start done", f"RL step {RUN_STEPS}/{RUN_STEPS}"),
              "ui-flow-run-logs.png", _header_and_logs, height=2000),
-        Shot(mlflow_url, ("reward/mean", "Logged models"), "ui-mlflow-run.png", _viewport),
+        Shot(mlflow_url, ("Metrics (", "reward/mean", "Logged models", "Registered models"), "ui-mlflow-run.png",
+             _run_overview, height=1250),
     ]
 
 
@@ -198,7 +207,11 @@ async def _run_deployment(api_url: str, form: dict, runner_log: Path) -> tuple[s
 def _take(chromium: str, shot: Shot, out: Path, profile: Path) -> None:
     """Open the shot's page in a fresh headless Chromium, wait for its texts, write its PNG
     (reduced to a 256-colour palette)."""
-    page = HeadlessPage(chromium, profile, WINDOW[0], shot.height)
+    print(f"taking {shot.file_name} of {shot.url}", flush=True)
+    try:
+        page = HeadlessPage(chromium, profile, WINDOW[0], shot.height)
+    except BrowserError as exc:
+        raise StepFailed(f"{out.name}: {exc}") from None
     try:
         page.open(shot.url, shot.expected, PAGE_TIMEOUT_S)
         image = shot.compose(page)
@@ -224,12 +237,11 @@ def _stacked(parts: list[Image.Image]) -> Image.Image:
     return stacked
 
 
-def _without_sidebar(image: Image.Image, content_left: int, background: Image.Image) -> Image.Image:
-    """`image` with the columns left of `content_left` (the UI's sidebar) painted in the
-    colour of the sidebar's top-left pixel in `background`, so that a lower part of a page
-    shows no second sidebar."""
+def _without_sidebar(page: HeadlessPage, image: Image.Image) -> Image.Image:
+    """`image` (a lower part of a Prefect UI page) with the UI's sidebar painted over in its
+    top-left pixel's colour: the page's top part above it shows the sidebar already."""
     painted = image.convert("RGB")
-    painted.paste(background.convert("RGB").getpixel((2, 2)), (0, 0, content_left, painted.height))
+    painted.paste(painted.getpixel((2, 2)), (0, 0, page.box_of_selector(SIDEBAR)[2], painted.height))
     return painted
 
 
@@ -241,9 +253,8 @@ def _form_top_and_bottom(page: HeadlessPage) -> Image.Image:
     page.scroll_to("run_id (Optional)")
     page.settle(PAGE_TIMEOUT_S)
     bottom = _viewport(page)
-    left, run_id_top, _, _ = page.box_of("run_id (Optional)")
-    bottom = bottom.crop((0, run_id_top - 24, bottom.width, bottom.height))
-    return _stacked([top, _without_sidebar(bottom, left - 24, first)])
+    bottom = bottom.crop((0, page.box_of("run_id (Optional)")[1] - 24, bottom.width, bottom.height))
+    return _stacked([top, _without_sidebar(page, bottom)])
 
 
 def _header_and_logs(page: HeadlessPage) -> Image.Image:
@@ -255,9 +266,18 @@ def _header_and_logs(page: HeadlessPage) -> Image.Image:
     page.scroll_to(last_line, block="nearest")
     page.settle(PAGE_TIMEOUT_S)
     logs = _viewport(page)
-    tabs_left, tabs_top, _, _ = page.box_of("Logs")
-    logs = logs.crop((0, max(0, tabs_top - 12), logs.width, min(logs.height, page.box_of(last_line)[3] + 40)))
-    return _stacked([header, _without_sidebar(logs, tabs_left - 16, first)])
+    logs = logs.crop((0, max(0, page.box_of("Logs")[1] - 12), logs.width, min(logs.height, page.box_of(last_line)[3] + 40)))
+    return _stacked([header, _without_sidebar(page, logs)])
+
+
+def _run_overview(page: HeadlessPage) -> Image.Image:
+    """The MLflow run's Overview: metrics, parameters, and (right) its logged and registered
+    model. MLflow's Assistant panel, which opens itself on a browser's first visit and
+    covers that right column, is closed first."""
+    if page.has(ASSISTANT_CLOSE):
+        page.click(ASSISTANT_CLOSE)
+        page.settle(PAGE_TIMEOUT_S)
+    return _viewport(page)
 
 
 def _rlpipe(args: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
