@@ -57,8 +57,10 @@ RUN_FORM = {
 UP_TIMEOUT_S = 1200  # hang guards on a loaded machine, not expectations
 RUN_TIMEOUT_S = 1800
 PAGE_TIMEOUT_S = 300
-SIDEBAR = ".p-context-sidebar"
-"""The Prefect UI's navigation column (its CSS class in Prefect 3's UI)."""
+CONTENT = ".app-router-view__view > *"
+"""The Prefect UI's content column, right of its sidebar (CSS classes of Prefect 3's UI)."""
+SIDEBAR_LOGO = ".p-context-sidebar__header"
+"""The logo at the top of the Prefect UI's sidebar."""
 ASSISTANT_CLOSE = "button[aria-label='Close']"
 """The close button of MLflow 3's Assistant panel (the page's only button of that label)."""
 WINDOW = (1400, 1000)
@@ -237,11 +239,12 @@ def _stacked(parts: list[Image.Image]) -> Image.Image:
     return stacked
 
 
-def _without_sidebar(page: HeadlessPage, image: Image.Image) -> Image.Image:
-    """`image` (a lower part of a Prefect UI page) with the UI's sidebar painted over in its
-    top-left pixel's colour: the page's top part above it shows the sidebar already."""
+def _without_sidebar(page: HeadlessPage, image: Image.Image, from_y: int = 0) -> Image.Image:
+    """`image` (a part of a Prefect UI page) with the UI's sidebar and the gutter beside it
+    painted over from `from_y` down, in the colour of the image's top-left pixel: the page's
+    top part shows the sidebar already."""
     painted = image.convert("RGB")
-    painted.paste(painted.getpixel((2, 2)), (0, 0, page.box_of_selector(SIDEBAR)[2], painted.height))
+    painted.paste(painted.getpixel((2, 2)), (0, from_y, page.box_of_selector(CONTENT)[0], painted.height))
     return painted
 
 
@@ -262,6 +265,7 @@ def _header_and_logs(page: HeadlessPage) -> Image.Image:
     RL step's line; the run's graph (a canvas) between them is left out."""
     first = _viewport(page)
     header = first.crop((0, 0, first.width, page.box_of_selector("canvas")[1] - 4))
+    header = _without_sidebar(page, header, from_y=page.box_of_selector(SIDEBAR_LOGO)[3])
     last_line = f"RL step {RUN_STEPS}/{RUN_STEPS}"
     page.scroll_to(last_line, block="nearest")
     page.settle(PAGE_TIMEOUT_S)
