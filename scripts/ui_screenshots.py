@@ -3,7 +3,9 @@
 and the MLflow page of that run. Run by hand (not by CI), from the repository root:
 
     apt-get install -y chromium        # Debian's headless Chromium (or pass --chromium PATH)
-    .venv/bin/python scripts/ui_screenshots.py [--out docs/images] [--keep]
+    .venv/bin/python scripts/ui_screenshots.py [--out docs/images] [--keep] [--chromium PATH]
+
+It needs nothing beyond the project's venv (websockets and pillow are in requirements.lock).
 
 What it does, each step failing with one line (exit 1) that says which step and where its
 logs are:
@@ -12,12 +14,16 @@ logs are:
    temporary folder: the Prefect and MLflow databases of your own `up` are not touched.
 2. A short run of the served `rl-train/train` deployment through Prefect's API, as the
    form's Run button starts it: the form's default file (configs/quickstart.toml) with
-   RUN_FORM on top (3 RL steps, a short warm start: minutes on 2 CPU cores). It waits for
-   the flow run to complete and for its last progress line to reach the server.
-3. Headless Chromium renders each page until its text shows what it should (the form's
-   fields, the progress lines, the run's metrics), then writes PNGs to --out:
-   ui-deployment-form.png, ui-flow-run-logs.png, ui-mlflow-run.png (reduced to a 256-colour
-   palette: tens of KB each).
+   RUN_FORM on top (3 RL steps after a 20-step warm start: minutes on 2 CPU cores, too
+   short to learn the task, so its rewards are 0). It waits for the flow run to complete
+   and for its last progress line to reach the server.
+3. Headless Chromium (driven over its DevTools protocol: scripts/chromium_devtools.py;
+   --no-sandbox when run as root) loads each page until its text shows what it should (the
+   form's fields, the progress lines, the run's metrics and models), then writes PNGs to
+   --out, all three or none: ui-deployment-form.png (the form's top over its bottom),
+   ui-flow-run-logs.png (the run's header over its Logs tab; its graph left out),
+   ui-mlflow-run.png (the run's Overview, MLflow's Assistant panel closed). They are
+   reduced to a 256-colour palette: well under 100 KB each.
 4. `rlpipe down`, always (also after a failure or ^C), then the temporary folder is removed
    unless the run failed or --keep was given (its path is printed).
 
@@ -83,14 +89,16 @@ class Shot:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="PNGs of the train form, a flow run's progress logs and its MLflow run, "
+                                                 "from a private `rlpipe up` (see this script's docstring)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "images", help="folder of the PNGs")
     parser.add_argument("--chromium", default=None, help="the Chromium binary (default: chromium on PATH)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (RLPIPE_HOME, lake, logs)")
     args = parser.parse_args()
-    chromium = args.chromium or shutil.which("chromium") or shutil.which("chromium-browser")
+    chromium = shutil.which(args.chromium) if args.chromium else shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        print("ui_screenshots: no chromium on PATH (apt-get install -y chromium, or pass --chromium PATH)", file=sys.stderr)
+        print(f"ui_screenshots: FAILED: {'no executable ' + args.chromium if args.chromium else 'no chromium on PATH'} "
+              "(apt-get install -y chromium, or pass --chromium PATH)", file=sys.stderr)
         return 1
     workdir = Path(tempfile.mkdtemp(prefix="rlpipe-ui-screenshots-"))
     env = _up_env(workdir)
