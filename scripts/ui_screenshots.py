@@ -163,7 +163,7 @@ def _start_and_run(env: dict[str, str], workdir: Path) -> list[Shot]:
              "ui-deployment-form.png", _form_top_and_bottom),
         Shot(f"{ui}/runs/flow-run/{flow_run_id}", ("MLflow run: http", "warm start done", f"RL step {RUN_STEPS}/{RUN_STEPS}"),
              "ui-flow-run-logs.png", _header_and_logs, height=2000),
-        Shot(mlflow_url, ("Metrics (", "reward/mean", "Logged models", "Registered models"), "ui-mlflow-run.png",
+        Shot(mlflow_url, ("Metrics (", "reward/mean", "Registered models"), "ui-mlflow-run.png",
              _run_overview, height=1250),
     ]
 
