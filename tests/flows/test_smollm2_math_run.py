@@ -18,6 +18,7 @@ CONFIG = REPO / "configs" / "smollm2_math.toml"
 GGUF = REPO / load_config(CONFIG).model.gguf
 
 
+@pytest.mark.timeout(1800)  # a 135M model on a loaded 2-core machine: above the suite's 600 s hang guard
 @pytest.mark.skipif(not GGUF.is_file(), reason=f"SmolLM2 GGUF not fetched ({GGUF}); run `make smollm2`")
 def test_one_rl_step_of_the_math_recipe_commits_its_rows_and_scores_both_ways(tmp_path: Path) -> None:
     seed_mlflow_db(tmp_path / "mlflow.db")
