@@ -216,6 +216,8 @@ def _print_summary(summary) -> None:
         f"held-out accuracy: {summary.accuracy_before_rl:.3f} before RL -> "
         f"[bold]{summary.accuracy_after_rl:.3f}[/] after ({summary.accuracy_after_rl - summary.accuracy_before_rl:+.3f})"
     )
+    console.print(f"per domain, strict and format-free with standard errors: rlpipe runs show {literal(summary.run_id)} "
+                  f"--lake {literal(summary.lake_uri)}", soft_wrap=True)
 
 
 def _no_prefect_ui(flow_run_id: str) -> str:

@@ -3,7 +3,9 @@
 `runs show` prints where the run is recorded (the MLflow run and the Prefect flow run, from
 links.json, else the ids in run.json), its newest checkpoint with the command that exports it
 as an HF folder (`export_command`), the checkpoints the run keeps (step, size, held-out
-accuracy, why retention keeps each: storage/checkpoint_retention.py), and, for a failed or
+accuracy, why retention keeps each: storage/checkpoint_retention.py), its held-out
+evaluations (before RL, every eval.every_steps, after RL: each domain's strict and
+format-free accuracy with its binomial standard error), and, for a failed or
 interrupted run, how to resume it (`resume_command`)."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rich.table import Table
 from rlpipe.core.config import config_from_dict
 from rlpipe.core.errors import RunNotFoundError
 from rlpipe.storage.checkpoint_retention import kept_checkpoints, rule_of
+from rlpipe.storage.heldout_evaluations import read_heldout_evaluations
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
 
@@ -33,6 +36,7 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
     status = lake.read_status(run_id)
     steps = lake.committed_steps(run_id)
     last = lake.read_manifest(run_id, steps[-1]) if steps else None
+    config = config_from_dict(json.loads(info.config_json))
     before = lake.read_json(run_id, "evals/before_rl.json")
     after = lake.read_json(run_id, "evals/after_rl.json")
     if status is None:
@@ -68,7 +72,12 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
         "links": lake.read_json(run_id, "links.json") or _links_of(info),
         "latest_checkpoint": lake.latest_checkpoint(run_id),
         "checkpoints": [dict(step=kept.step, size_bytes=kept.size_bytes, accuracy=kept.accuracy, kept_as=list(kept.reasons))
-                        for kept in kept_checkpoints(lake, run_id, rule_of(config_from_dict(json.loads(info.config_json))))],
+                        for kept in kept_checkpoints(lake, run_id, rule_of(config))],
+        "evaluations": [dict(name=evaluation.name, step=evaluation.policy_version,
+                             domains=[dict(domain=score.domain, count=score.count, strict=score.strict,
+                                           strict_error=score.strict_error, format_free=score.format_free,
+                                           format_free_error=score.format_free_error) for score in evaluation.domains])
+                        for evaluation in read_heldout_evaluations(lake, run_id, config.envs.heldout_size)],
         "export_command": export_command(run_id, lake.uri),
         "warmstart": lake.read_json(run_id, "progress/warmstart.json"),
     }
@@ -135,10 +144,28 @@ def print_run(lake: Lake, run_id: str, json_out: bool, console: Console) -> None
     console.print(f"steps committed: {report['steps_committed']} of {report['config']['train']['steps']}")
     before, after = report["heldout_accuracy_before_rl"], report["heldout_accuracy_after_rl"]
     console.print(f"held-out accuracy: before RL {_fmt(before)}  after RL {_fmt(after)}")
+    if report["evaluations"]:
+        console.print(evaluations_table(report["evaluations"]))
     table = Table("metric", "value", title=f"step {report['last_step']}")
     for name, value in sorted(report["last_step_metrics"].items()):
         table.add_row(name, _fmt(value))
     console.print(table)
+
+
+def evaluations_table(evaluations: list[dict[str, Any]]) -> Table:
+    """One row per evaluation and domain: strict and format-free accuracy, each +- its
+    binomial standard error (format-free "-" for a domain whose answers are not numbers)."""
+    table = Table("evaluation", "step", "domain", "n", "strict", "format-free", title="held-out evaluations (accuracy ± standard error)")
+    for evaluation in evaluations:
+        for score in evaluation["domains"]:
+            table.add_row(evaluation["name"], str(evaluation["step"]), score["domain"], str(score["count"]),
+                          _with_error(score["strict"], score["strict_error"]),
+                          _with_error(score["format_free"], score["format_free_error"]))
+    return table
+
+
+def _with_error(value: float | None, error: float | None) -> str:
+    return "-" if value is None or error is None else f"{value:.3f} ± {error:.3f}"
 
 
 def print_query(lake: Lake, sql: str, json_out: bool, console: Console) -> None:

@@ -1,6 +1,8 @@
 """Greedy evaluation on the controller's side: `greedy_accuracy` (pass@1 of the engine
-worker's policy on a list of tasks, overall and per domain; code runs in the run's sandbox
-pool, multi-turn tasks as whole episodes), the figure a warm-start check compares with its
+worker's policy on a list of tasks, overall and per domain, strict and format-free: see
+its docstring; code runs in the run's sandbox pool, multi-turn tasks as whole episodes),
+`heldout_tasks` (the run's held-out set, drawn with envs.heldout_seed, not the run's
+seed, so that every seed of a recipe is evaluated on the same problems), the figure a warm-start check compares with its
 target (`warmstart_accuracy`), the MLflow names of a held-out evaluation
 (`heldout_metrics`) and the run's earlier evaluations a regression alert compares with
 (`earlier_evaluations`).
@@ -16,8 +18,11 @@ from collections import defaultdict
 from rlpipe.controller.agent_episodes import is_multi_turn, run_agent_episodes
 from rlpipe.controller.runtime import Runtime
 from rlpipe.controller.verify import verify_all
+from rlpipe.core.config import RunConfig
 from rlpipe.core.records import Task
 from rlpipe.engines.sampling import SamplingParams
+from rlpipe.envs.format_free import format_free_passed
+from rlpipe.envs.mixture import Mixture
 from rlpipe.rl.heldout_regression import Evaluation
 
 
@@ -32,8 +37,22 @@ def warmstart_accuracy(result: dict[str, float], scope: str) -> float:
     raise ValueError(f"unknown warmstart.target_scope {scope!r}; use overall or every_domain")
 
 
+def heldout_tasks(config: RunConfig, mixture: Mixture) -> list[Task]:
+    """The run's held-out set: envs.heldout_size tasks of every domain, drawn with
+    envs.heldout_seed (a function of the task source and that seed only: two runs of one
+    recipe with different `seed`s are scored on the same problems)."""
+    return mixture.heldout(config.envs.heldout_size, seed=config.envs.heldout_seed)
+
+
 def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
-    """Greedy pass@1 of the engine's policy on `tasks`: `accuracy` and `accuracy/<domain>`."""
+    """Greedy pass@1 of the engine's policy on `tasks` (one batched request to the engine
+    worker for the single-turn tasks), as flat figures:
+
+    - `accuracy`, `accuracy/<domain>`: strict, the domain's own verifier on the whole reply;
+    - `format_free`, `format_free/<domain>`: the reply's last number equals the task's
+      numeric answer (envs/format_free.py), for the domains whose answers are numbers
+      (absent for the others; `format_free` over those domains only);
+    - `n/<domain>`: the tasks scored, the n of each accuracy's binomial standard error."""
     params = SamplingParams(
         n=1, temperature=1.0, top_p=1.0, max_new_tokens=runtime.config.rollout.max_new_tokens,
         stop=runtime.config.rollout.stop, seed=0, greedy=True,
@@ -43,21 +62,46 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
     completions = runtime.workers.engine.generate([(t.task_id, t.prompt) for t in single], params).completions if single else []
     by_id = {t.task_id: t for t in tasks}
     passed: dict[str, list[float]] = defaultdict(list)
+    free: dict[str, list[float]] = defaultdict(list)
     pairs = [(by_id[completion.task_id], completion.text) for completion in completions]
-    for (task_, _), verdict in zip(pairs, verify_all(runtime, pairs)):  # code runs in the run's sandbox pool
+    for (task_, text), verdict in zip(pairs, verify_all(runtime, pairs)):  # code runs in the run's sandbox pool
         passed[task_.domain].append(1.0 if verdict.passed else 0.0)
+        _add_format_free(free, task_, text)
     for episode in run_agent_episodes(runtime, episodic, 1, params) if episodic else []:  # greedy whole episodes
         passed[by_id[episode.completion.task_id].domain].append(1.0 if episode.verdict.passed else 0.0)
+    return accuracy_figures(passed, free)
+
+
+def _add_format_free(free: dict[str, list[float]], task: Task, text: str) -> None:
+    verdict = format_free_passed(task, text)
+    if verdict is not None:
+        free[task.domain].append(1.0 if verdict else 0.0)
+
+
+def accuracy_figures(passed: dict[str, list[float]], free: dict[str, list[float]]) -> dict[str, float]:
+    """greedy_accuracy's figures from the per-domain 0/1 outcomes (strict, format-free)."""
     every = [value for values in passed.values() for value in values]
     result = {"accuracy": sum(every) / len(every)}
     result.update({f"accuracy/{domain}": sum(v) / len(v) for domain, v in sorted(passed.items())})
+    every_free = [value for domain, values in free.items() if values for value in values]
+    if every_free:
+        result["format_free"] = sum(every_free) / len(every_free)
+    result.update({f"format_free/{domain}": sum(v) / len(v) for domain, v in sorted(free.items()) if v})
+    result.update({f"n/{domain}": float(len(v)) for domain, v in sorted(passed.items())})
     return result
 
 
 def heldout_metrics(result: dict[str, float]) -> dict[str, float]:
-    """MLflow names of an evaluation: `heldout/accuracy` overall, `heldout/<domain>/accuracy`."""
-    return {f"heldout/{key.removeprefix('accuracy/')}/accuracy" if key.startswith("accuracy/") else f"heldout/{key}": value
-            for key, value in result.items()}
+    """MLflow names of an evaluation (curves over the step): `heldout/accuracy` and
+    `heldout/format_free` overall, `heldout/<domain>/accuracy` and
+    `heldout/<domain>/format_free` (the task counts `n/<domain>` are not logged)."""
+    metrics = {}
+    for key, value in result.items():
+        kind, _, domain = key.partition("/")
+        if kind == "n":
+            continue
+        metrics[f"heldout/{domain}/{kind}" if domain else f"heldout/{key}"] = value
+    return metrics
 
 
 def earlier_evaluations(runtime: Runtime, current: Evaluation) -> list[Evaluation]:

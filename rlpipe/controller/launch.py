@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from rlpipe.controller.builders import build_lake, build_tracker
+from rlpipe.controller.evaluation import heldout_tasks
 from rlpipe.controller.preflight import check_engine_options, engine_python
 from rlpipe.controller.runtime import RunRecords, Runtime, Workers
 from rlpipe.controller.sample import build_mixture
@@ -54,7 +55,7 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
         shutil.rmtree(shm, ignore_errors=True)
         raise
     runtime = Runtime(run_id=run_id, config=config, mixture=mixture,
-                      heldout=mixture.heldout(config.envs.heldout_size, seed=config.seed),
+                      heldout=heldout_tasks(config, mixture),
                       workers=Workers(engine, trainer, socket_folder=socket_folder, weights_folder=shm),
                       records=RunRecords(lake, tracker))
     try:

@@ -121,7 +121,7 @@ def _warm_start_tasks(config: RunConfig, mixture: Mixture) -> list[Task]:
 
 
 def _candidate_tasks(config: RunConfig, mixture: Mixture) -> list[Task]:
-    tasks = mixture.heldout(config.envs.heldout_size, seed=config.seed) + _warm_start_tasks(config, mixture)
+    tasks = mixture.heldout(config.envs.heldout_size, seed=config.envs.heldout_seed) + _warm_start_tasks(config, mixture)
     tasks += mixture.sample(TRAIN_SAMPLE, rng_seed=derive_seed(config.seed, 0, "preflight"))
     for env in mixture.envs.values():
         listed = getattr(env, "all_tasks", None)

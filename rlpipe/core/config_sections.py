@@ -104,6 +104,10 @@ class EnvConfig(Section):
     max_word_len, HumanEval's problems)."""
     heldout_size: int = Field(200, gt=0)
     """Tasks per domain in the seeded held-out split (disjoint from training)."""
+    heldout_seed: int = 0
+    """Seed of the held-out draw, apart from the run's `seed`: the held-out tasks depend on
+    the domains' settings and this seed only, so seeds of one recipe are evaluated on the
+    same problems (controller/evaluation.py `heldout_tasks`)."""
     max_operand: int = Field(99, gt=0)
     """arithmetic: operands are drawn from [0, max_operand]."""
     max_word_len: int = Field(6, gt=0)

@@ -28,7 +28,7 @@ def heldout_accuracy(folder: Path, config: RunConfig) -> dict[str, float]:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
     mixture = build_mixture(config)
-    heldout = mixture.heldout(config.envs.heldout_size, seed=config.seed)
+    heldout = mixture.heldout(config.envs.heldout_size, seed=config.envs.heldout_seed)
     # plain transformers can run it: one forward pass, finite logits over the vocabulary
     ids = tokenizer(heldout[0].prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
     with torch.no_grad():
