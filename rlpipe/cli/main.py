@@ -335,11 +335,12 @@ def query(
     config: Optional[Path] = typer.Option(None, "--config", help="Read the lake location from this config."),
     lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print JSON rows."),
+    limit: int = typer.Option(1000, "--limit", min=0, help="Print at most this many rows (0: every row); rows are streamed."),
 ) -> None:
     """Query the trajectories with DuckDB, e.g. "select domain, avg(reward) from trajectories group by 1"."""
-    from rlpipe.cli.runs import print_query
+    from rlpipe.cli.query_output import print_query
 
-    print_query(open_lake(config_for_lake(config, lake)), sql, json_out, console)
+    print_query(open_lake(config_for_lake(config, lake)), sql, json_out, console, limit)
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ def rescore(
     backend: Optional[Backend] = typer.Option(None, "--backend", help="Sandbox backend for code domains (default: the run's sandbox.backend)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Re-run every verdict, also those the current verifier version already gave."),
     examples: int = typer.Option(3, "--examples", min=0, help="Flipped verdicts shown per domain and direction."),
+    batch_rows: int = typer.Option(4096, "--batch-rows", min=1, help="Rows read, verified and written at a time (bounds memory)."),
 ) -> None:
     """Re-verify a run's stored trajectories with the current verifiers; print what flipped, by domain."""
     from pathlib import Path
@@ -51,7 +52,7 @@ def rescore(
                        detail=f"{where.rows_done} rows, {where.verified} verified, {where.cached} cached")
 
         summary = rescore_run(store, run_id, env=env, backend=backend.value if backend else None, use_cache=not no_cache,
-                              progress=show, examples=examples)
+                              progress=show, examples=examples, batch_rows=batch_rows)
     if json_out:
         typer.echo(json.dumps(summary.to_dict()))
         return

@@ -1,4 +1,4 @@
-"""Read-only commands over the lake: `runs list`, `runs show`, `query`.
+"""Read-only commands over the lake: `runs list`, `runs show` (`query`: cli/query_output.py).
 
 `runs show` prints where the run is recorded (the MLflow run and the Prefect flow run, from
 links.json, else the ids in run.json), its newest checkpoint with the command that exports it
@@ -11,19 +11,18 @@ interrupted run, how to resume it (`resume_command`)."""
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from rlpipe.cli.query_output import format_value as _fmt
 from rlpipe.core.config import config_from_dict
 from rlpipe.core.errors import RunNotFoundError
 from rlpipe.storage.checkpoint_retention import kept_checkpoints, rule_of
 from rlpipe.storage.heldout_evaluations import read_heldout_evaluations
 from rlpipe.storage.lake import Lake
-from rlpipe.storage.query import query_trajectories
 
 INTERRUPTED = "interrupted by "  # status.json's error for a signal (tasks/status.py writes it)
 
@@ -167,35 +166,3 @@ def evaluations_table(evaluations: list[dict[str, Any]]) -> Table:
 def _with_error(value: float | None, error: float | None) -> str:
     return "-" if value is None or error is None else f"{value:.3f} ± {error:.3f}"
 
-
-def print_query(lake: Lake, sql: str, json_out: bool, console: Console) -> None:
-    result = query_trajectories(lake, sql)
-    if json_out:
-        print(json.dumps([dict(zip(result.columns, row)) for row in result.rows], indent=2, default=str))
-        return
-    cells = [[_fmt(value) for value in row] for row in result.rows]
-    if _table_width(result.columns, cells) > console.width:  # too many columns: one record per row
-        name_width = max((len(column) for column in result.columns), default=0)
-        for index, row in enumerate(cells, 1):
-            console.print(f"-- row {index} --", markup=False, highlight=False)
-            for column, cell in zip(result.columns, row):
-                console.print(f"{column.ljust(name_width)}  {cell}", markup=False, highlight=False, soft_wrap=True)
-        return
-    table = Table(*result.columns)
-    for row in cells:
-        table.add_row(*row)
-    console.print(table)
-
-
-def _table_width(columns: list[str], cells: list[list[str]]) -> int:
-    """Characters a table needs to show every header whole and cells up to 24 characters."""
-    widths = [max([len(column)] + [min(len(row[index]), 24) for row in cells]) for index, column in enumerate(columns)]
-    return sum(width + 3 for width in widths) + 1
-
-
-def _fmt(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
-    return str(value)

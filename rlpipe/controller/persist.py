@@ -1,6 +1,7 @@
 """Stage `persist` (the last of the `rollout` task, tasks/rollout.py): commit a step. The
-rows it trains on become an immutable Parquet part, the rows dynamic sampling set apart
-another, then the manifest is written (last). A step is committed iff its manifest exists;
+rows it trains on become an immutable Parquet part under trajectories/, the rows dynamic
+sampling set apart another under set_apart/ (so readers of trajectories/ see only what the
+run trains on), then the manifest is written (last). A step is committed iff its manifest exists;
 writing a part twice is harmless (same key, same bytes). The step's staged rows are
 deleted after the commit."""
 
@@ -28,7 +29,7 @@ def persist(runtime: Runtime, step: int, rounds: list[list[Trajectory]], overlon
     selection = select_groups(rounds, config.rollout.prompts_per_step, config.rollout.dynamic_sampling,
                               seed=derive_seed(config.seed, step, "select-groups"))  # a re-run selects the same
     part = records.lake.write_part(run_id, step, "00000", selection.trained)
-    set_apart = (records.lake.write_part(run_id, step, "set-apart", selection.set_apart),) if selection.set_apart else ()
+    set_apart = (records.lake.write_set_apart(run_id, step, selection.set_apart),) if selection.set_apart else ()
     metrics = rollout_metrics([row for rows in rounds for row in rows])  # every generated row: the policy's reward
     if config.rollout.dynamic_sampling:
         metrics.update(selection.metrics)

@@ -3,7 +3,10 @@ into a new verdict table beside the old one, and say what flipped, by domain.
 
 `rescore_run(lake, run_id, env=...)` is a plain function (no Prefect: `rlpipe rescore` calls
 it, a flow can wrap it later). It reads every committed part of the run through its step
-manifest (digests checked), rebuilds the run's domains from its stored config with today's
+manifest (digests checked) in batches of BATCH_ROWS rows, verifies each batch and writes it
+as a part, keeping counts and a few flip examples per domain, never the run's rows (what it
+holds beyond a batch: one part's compressed bytes and a verdict per completion verified
+now, for the verdict cache); it rebuilds the run's domains from its stored config with today's
 code, and judges each completion again: exact domains inline, code on a sandbox pool of the
 run's sandbox settings (controller/verify_batch.py, the verify stage's fan-out). A verifier that
 raises gives an unscored crash verdict instead of stopping the rescore.
@@ -26,7 +29,7 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from rlpipe.core.config import RunConfig, config_from_dict
 from rlpipe.core.errors import ConfigError, RunNotFoundError, UserError
@@ -49,6 +52,8 @@ from rlpipe.storage.verdict_cache import CacheKey, VerdictCache
 
 Progress = Callable[["RescoreProgress"], None]
 EXAMPLE_TEXT_CHARS = 80
+BATCH_ROWS = 4096
+"""Rows read, verified and written at a time (the verify fan-out's batch)."""
 
 
 @dataclass(frozen=True)
@@ -127,9 +132,11 @@ def run_config_of(lake: Lake, run_id: str) -> RunConfig:
 
 
 def rescore_run(lake: Lake, run_id: str, env: str | None = None, backend: str | None = None, use_cache: bool = True,
-                progress: Progress | None = None, examples: int = 3, rescore_id: str | None = None) -> RescoreSummary:
+                progress: Progress | None = None, examples: int = 3, rescore_id: str | None = None,
+                batch_rows: int = BATCH_ROWS) -> RescoreSummary:
     """Re-verify the committed trajectories of `run_id` (of domain `env` only, when given)
-    with the current verifiers; write and commit the new verdict table; return the summary."""
+    with the current verifiers, `batch_rows` rows at a time (each batch verified, then
+    written as a part); commit the new verdict table; return the summary."""
     from rlpipe.controller.launch import build_sandbox_pool  # mlflow comes with launch.py
     from rlpipe.controller.sample import build_mixture
 
@@ -154,31 +161,27 @@ def rescore_run(lake: Lake, run_id: str, env: str | None = None, backend: str | 
     rescore_id = rescore_id or new_rescore_id()
     store = RescoreStore(lake)
     parts: list[PartRef] = []
-    rows_by_domain: dict[str, list[RescoreRow]] = defaultdict(list)
-    stored_versions: dict[str, set[str]] = defaultdict(set)
+    tallies: dict[str, DomainTally] = defaultdict(DomainTally)
     counts = {"rows": 0, "verified": 0, "cached": 0}
-    texts: dict[tuple[str, str | None], dict[tuple[int, str, int], str]] = defaultdict(dict)  # flip examples' text
     pool = build_sandbox_pool(selected, mixture)
     try:
         for done, manifest in enumerate(manifests, start=1):
-            every = lake.read_parts(manifest.parts + manifest.set_apart)
-            unknown = sorted({row.task.domain for row in every} - set(domains))
-            if unknown:
-                raise ConfigError(f"step {manifest.step} of run {run_id!r} holds rows of domains {unknown} that its config lacks",
-                                  "the run's run.json and its trajectories disagree; rescore with --env DOMAIN")
-            trajectories = [row for row in every if row.task.domain in versions]
-            verdicts, cached = _judge(trajectories, versions, known, fresh, use_cache, mixture, pool, counts)
-            rows = [_row(rescore_id, row, verdict, versions[row.task.domain], hit) for row, verdict, hit in
-                    zip(trajectories, verdicts, cached)]
-            if rows:
-                parts.append(store.write_part(run_id, rescore_id, manifest.step, rows))
-            for row, trajectory in zip(rows, trajectories):
-                rows_by_domain[row.domain].append(row)
-                stored_versions[row.domain].add(trajectory.verdict.verifier_version if trajectory.verdict else "")
-                shown = texts[(row.domain, row.flip)]
-                if row.flip is not None and len(shown) < examples:
-                    shown[(row.step, row.task_id, row.sample_idx)] = trajectory.completion.text[:EXAMPLE_TEXT_CHARS]
-            counts["rows"] += len(rows)
+            written = 0  # parts of this step so far: a step's rows are written a batch a part
+            for every in lake.iter_parts(manifest.parts + manifest.set_apart, batch_rows):
+                unknown = sorted({row.task.domain for row in every} - set(domains))
+                if unknown:
+                    raise ConfigError(f"step {manifest.step} of run {run_id!r} holds rows of domains {unknown} that its config lacks",
+                                      "the run's run.json and its trajectories disagree; rescore with --env DOMAIN")
+                trajectories = [row for row in every if row.task.domain in versions]
+                verdicts, cached = _judge(trajectories, versions, known, fresh, use_cache, mixture, pool, counts)
+                rows = [_row(rescore_id, row, verdict, versions[row.task.domain], hit) for row, verdict, hit in
+                        zip(trajectories, verdicts, cached)]
+                if rows:
+                    parts.append(store.write_part(run_id, rescore_id, manifest.step, rows, batch=written))
+                    written += 1
+                for row, trajectory in zip(rows, trajectories):
+                    tallies[row.domain].add(row, trajectory, examples)
+                counts["rows"] += len(rows)
             if progress is not None:
                 progress(RescoreProgress(done, len(manifests), counts["rows"], counts["verified"], counts["cached"]))
     finally:
@@ -190,16 +193,46 @@ def rescore_run(lake: Lake, run_id: str, env: str | None = None, backend: str | 
     cache.add(fresh)
     store.commit(RescoreManifest(
         rescore_id=rescore_id, run_id=run_id, env=env,
-        verifiers=tuple(DomainVerifier(domain=name, rows=len(rows_by_domain[name]), stored_versions=tuple(sorted(stored_versions[name])),
-                                       current_version=versions[name]) for name in sorted(rows_by_domain)),
+        verifiers=tuple(DomainVerifier(domain=name, rows=tallies[name].rows, stored_versions=tuple(sorted(tallies[name].stored_versions)),
+                                       current_version=versions[name]) for name in sorted(tallies)),
         parts=tuple(parts), rows=counts["rows"], verified=counts["verified"], cached=counts["cached"],
         created_at_ms=int(time.time() * 1000)))
     return RescoreSummary(
         rescore_id=rescore_id, run_id=run_id, lake_uri=lake.uri, env=env, rows=counts["rows"],
         verified=counts["verified"], cached=counts["cached"],
-        domains=tuple(_domain_summary(name, rows_by_domain[name], stored_versions[name], versions[name],
-                                      {**texts[(name, PASS_TO_FAIL)], **texts[(name, FAIL_TO_PASS)]})
-                      for name in sorted(rows_by_domain)))
+        domains=tuple(tallies[name].summary(name, versions[name]) for name in sorted(tallies)))
+
+
+@dataclass
+class DomainTally:
+    """What a rescore has seen of one domain so far: counts and the first flips, never the rows."""
+
+    rows: int = 0
+    pass_to_fail: int = 0
+    fail_to_pass: int = 0
+    unscored: int = 0
+    verified: int = 0
+    cached: int = 0
+    stored_versions: set[str] = field(default_factory=set)
+    examples: list[FlipExample] = field(default_factory=list)
+
+    def add(self, row: RescoreRow, trajectory: Trajectory, examples: int) -> None:
+        self.rows += 1
+        self.pass_to_fail += row.flip == PASS_TO_FAIL
+        self.fail_to_pass += row.flip == FAIL_TO_PASS
+        self.unscored += row.reward is None
+        self.verified += not row.cached
+        self.cached += row.cached
+        self.stored_versions.add(trajectory.verdict.verifier_version if trajectory.verdict else "")
+        if row.flip is not None and sum(example.flip == row.flip for example in self.examples) < examples:
+            self.examples.append(FlipExample(step=row.step, task_id=row.task_id, sample_idx=row.sample_idx,
+                                             completion=trajectory.completion.text[:EXAMPLE_TEXT_CHARS], flip=row.flip,
+                                             old_reason=row.old_reason, reason=row.reason, detail=row.detail[:120]))
+
+    def summary(self, name: str, current: str) -> DomainRescore:
+        return DomainRescore(domain=name, rows=self.rows, stored_versions=tuple(sorted(self.stored_versions)), current_version=current,
+                             pass_to_fail=self.pass_to_fail, fail_to_pass=self.fail_to_pass, unscored=self.unscored,
+                             verified=self.verified, cached=self.cached, examples=tuple(self.examples))
 
 
 def _judge(trajectories: list[Trajectory], versions: dict[str, str], known: dict[CacheKey, Verdict],
@@ -245,19 +278,4 @@ def _row(rescore_id: str, trajectory: Trajectory, verdict: Verdict, version: str
         reward=verdict.reward, passed=verdict.passed, reason=VerdictReason(verdict.reason).value, detail=verdict.detail,
         verify_duration_s=verdict.duration_s, verifier_version=version, cached=cached,
         flip=flip_of(old.passed if old else None, verdict.passed),
-    )
-
-
-def _domain_summary(name: str, rows: list[RescoreRow], stored: set[str], current: str,
-                    texts: dict[tuple[int, str, int], str]) -> DomainRescore:
-    """Counts of one domain's rows; the flips whose text was kept (`texts`) as examples."""
-    return DomainRescore(
-        domain=name, rows=len(rows), stored_versions=tuple(sorted(stored)), current_version=current,
-        pass_to_fail=sum(row.flip == PASS_TO_FAIL for row in rows), fail_to_pass=sum(row.flip == FAIL_TO_PASS for row in rows),
-        unscored=sum(row.reward is None for row in rows), verified=sum(not row.cached for row in rows),
-        cached=sum(row.cached for row in rows),
-        examples=tuple(FlipExample(step=row.step, task_id=row.task_id, sample_idx=row.sample_idx,
-                                   completion=texts[(row.step, row.task_id, row.sample_idx)], flip=row.flip or "",
-                                   old_reason=row.old_reason, reason=row.reason, detail=row.detail[:120])
-                       for row in rows if (row.step, row.task_id, row.sample_idx) in texts),
     )

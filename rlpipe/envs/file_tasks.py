@@ -1,7 +1,9 @@
 """Tasks read from a file: verl-format Parquet or JSONL, with the verifier named per row.
 
 What it does:
-- `FileTasksEnv(name, path)` reads every row once, when built. Accepted row shapes (Parquet
+- `FileTasksEnv(name, path)` reads every row once, when built, in batches (BATCH_ROWS
+  Parquet rows, or a JSON line, at a time: the file is never in memory whole; the distinct
+  tasks are kept). Accepted row shapes (Parquet
   columns or JSON keys):
     verl:  data_source, prompt, ability, reward_model {style, ground_truth}, extra_info {...}
     flat:  prompt, ground_truth (or answer), verifier, id (all but prompt/ground_truth optional)
@@ -34,6 +36,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -46,6 +49,8 @@ from rlpipe.envs.exact import DETAIL_CHARS, check_split, draw_from_pool, in_held
 
 VERIFIERS = ("exact", "math", "reasoning_gym:<dataset>")
 MAX_MATH_CHARS = 200
+BATCH_ROWS = 1024
+"""Parquet rows decoded at a time when a task file is read."""
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?", re.ASCII)  # ASCII digits only
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?:\D|$))", re.ASCII)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
@@ -104,41 +109,56 @@ def verify_math(completion_text: str, ground_truth: str, verifier_version: str) 
 
 def read_rows(path: Path, default_verifier: str = "exact") -> list[FileRow]:
     """Every row of a .parquet or .jsonl file as FileRows; ConfigError naming file/row/field."""
+    return list(iter_rows(path, default_verifier))
+
+
+def iter_rows(path: Path, default_verifier: str = "exact", batch_rows: int = BATCH_ROWS) -> Iterator[FileRow]:
+    """The rows of a .parquet or .jsonl file as FileRows, read `batch_rows` Parquet rows (or
+    one JSON line) at a time, so the file is never in memory whole; ConfigError naming
+    file/row/field (a file without rows included)."""
     if not path.is_file():
         raise ConfigError(f"task file not found: {path}", "set envs.files.<domain>.path to a .parquet or .jsonl file")
     if path.suffix == ".parquet":
-        records = _parquet_records(path)
+        records = _parquet_records(path, batch_rows)
     elif path.suffix in (".jsonl", ".json"):
         records = _jsonl_records(path)
     else:
         raise ConfigError(f"task file {path} is neither .parquet nor .jsonl", "convert it to verl Parquet or JSON lines")
-    rows = [_row(path, number, record, default_verifier) for number, record in records]
-    if not rows:
+    empty = True
+    for number, record in records:
+        empty = False
+        yield _row(path, number, record, default_verifier)
+    if empty:
         raise ConfigError(f"task file {path} has no rows", "add tasks to it")
-    return rows
 
 
-def _parquet_records(path: Path) -> list[tuple[int, Any]]:
+def _parquet_records(path: Path, batch_rows: int) -> Iterator[tuple[int, Any]]:
     import pyarrow.parquet as pq
 
+    number = 0
     try:
-        table = pq.read_table(path)
+        parquet = pq.ParquetFile(path)
+        for batch in parquet.iter_batches(batch_size=batch_rows):
+            for record in batch.to_pylist():
+                yield number, record
+                number += 1
+    except ConfigError:
+        raise
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise ConfigError(f"task file {path} is not readable Parquet: {type(exc).__name__}: {str(exc)[:200]}",
                           "write it with pyarrow or pandas (verl's format)") from exc
-    return list(enumerate(table.to_pylist()))
 
 
-def _jsonl_records(path: Path) -> list[tuple[int, Any]]:
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        try:
-            records.append((number, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: row {number} (line {number + 1}) is not valid JSON: {exc}", "one JSON object per line") from exc
-    return records
+def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}: row {number} (line {number + 1}) is not valid JSON: {exc}", "one JSON object per line") from exc
+            yield number, record
 
 
 def _row(path: Path, number: int, record: Any, default_verifier: str) -> FileRow:
@@ -212,16 +232,17 @@ class FileTasksEnv:
         self.name = name
         self.path = Path(path)
         self.prompt_template = prompt_template
-        rows = read_rows(self.path, verifier)
         unique: dict[str, FileRow] = {}
-        ids: dict[str, int] = {}
-        for number, row in enumerate(rows):
-            if row.row_id in ids and rows[ids[row.row_id]].prompt != row.prompt:
-                raise ConfigError(f"{self.path}: row {number}: field 'id' repeats {row.row_id!r} of row {ids[row.row_id]} "
+        ids: dict[str, tuple[int, str]] = {}  # row id -> (first row number, its prompt)
+        count = 0
+        for number, row in enumerate(iter_rows(self.path, verifier)):  # read in batches, never whole
+            first = ids.setdefault(row.row_id, (number, row.prompt))
+            if first[1] != row.prompt:
+                raise ConfigError(f"{self.path}: row {number}: field 'id' repeats {row.row_id!r} of row {first[0]} "
                                   "with another prompt", "give every task its own id (or none: the row number is used)")
-            ids.setdefault(row.row_id, number)
             unique.setdefault(row.prompt, row)
-        self.duplicates = len(rows) - len(unique)
+            count += 1
+        self.duplicates = count - len(unique)
         self._splits: dict[str, list[FileRow]] = {"train": [], "heldout": []}
         for row in unique.values():
             self._splits["heldout" if in_heldout(f"{split_seed}:{row.prompt}", heldout_fraction) else "train"].append(row)

@@ -79,7 +79,7 @@ def check_lake_disk(config, checkpoint_bytes: int, run_id: str | None = None) ->
 def _run_bytes(folder: Path, run_id: str) -> int:
     """What a run already holds in the lake (a resume reuses it)."""
     total = 0
-    for part in (folder / "checkpoints" / run_id, folder / "trajectories" / f"run_id={run_id}"):
+    for part in (folder / "checkpoints" / run_id, folder / "trajectories" / f"run_id={run_id}", folder / "set_apart" / f"run_id={run_id}"):
         if part.is_dir():
             total += sum(path.stat().st_size for path in part.rglob("*") if path.is_file())
     return total

@@ -7,12 +7,18 @@ Layout under the root (a folder or s3://bucket/prefix):
     runs/{run_id}/steps/{step:06d}/MANIFEST.json   StepManifest, written LAST for the step
     runs/{run_id}/steps/{step:06d}/TRAIN.json      StepTrainMetrics, after the manifest (update, timings)
     trajectories/run_id={run_id}/step={step}/part-{name}.parquet   immutable, zstd; run_id and
-                                                   step only in the path (schema.PART_SCHEMA)
+                                                   step only in the path (schema.PART_SCHEMA):
+                                                   the rows the run trains on, nothing else
+    set_apart/run_id={run_id}/step={step}/part-set-apart.parquet   the rows dynamic sampling set
+                                                   apart (same schema), outside trajectories/ so
+                                                   that other readers of that folder see what
+                                                   rlpipe trains on
     checkpoints/{run_id}/step={step:06d}/...       an HF model folder with the trainer's state
                                                    beside it (rl/checkpoint_layout.py)
     checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json   file list + digests, after the files
     checkpoints/{run_id}/LATEST                    the highest complete step, written last
     staging/run_id={run_id}/step={step}/{stage}-{digest}.parquet   rows passed between stages
+    staging/run_id={run_id}/step={step}/{stage}-{digest}.json      their PartRef (rows, sha256), after them
     runs/{run_id}/{document}.json                  small JSON documents (evaluations, ...)
     runs/{run_id}/rescores/{rescore_id}/...        re-scored verdicts beside the run (storage/rescores.py)
     verdicts/verifier={version}/part-{digest}.parquet   the verdict cache (storage/verdict_cache.py)
@@ -26,10 +32,16 @@ timestamps). A checkpoint counts only once its CHECKPOINT.json exists; LATEST ne
 back. Staged rows (what the stages of an uncommitted step computed, kept so that a retry or a
 resume does not compute them again) are named by a digest of their key (run incarnation,
 step, round, stage, config hash, policy version), so a name never changes meaning; they sit
-outside trajectories/ and are never queried. Storage failures raise StorageUnavailable (an InfraError: retried); a committed
-part or checkpoint file that is missing or fails its sha256 raises LakeCorrupted (not
-retried: the same bytes would be read again); staged rows or a document that is missing
-read as None.
+outside trajectories/ and are never queried. Staged rows count once their PartRef (written
+after them) exists, and are read back only when their sha256 matches it. Storage failures
+raise StorageUnavailable (an InfraError: retried); a committed part or checkpoint file that
+is missing or fails its sha256 raises LakeCorrupted (not retried: the same bytes would be
+read again); staged rows that are missing, lack their PartRef or fail its sha256 read as
+None (logged: the caller computes them again), and a missing document reads as None.
+
+A set-apart part of a lake written before set_apart/ existed is listed in its manifest under
+trajectories/; it is read there, or under set_apart/ once moved (`set_apart_path`), its
+digest checked either way.
 
 What it does not: lock against two writers committing the same step at once (one run has
 one controller), garbage-collect orphans, or know about MLflow or Prefect. Checkpoint folders
@@ -41,8 +53,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -70,6 +83,11 @@ from rlpipe.storage.schema import (
     to_table,
     with_partition_columns,
 )
+
+TRAJECTORIES = "trajectories"
+"""The folder of the rows runs train on: what a reader of the lake points at."""
+SET_APART = "set_apart"
+"""The folder of the rows dynamic sampling generated and set apart (not trained on)."""
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -136,15 +154,23 @@ class Lake:
 
     # -- trajectories and manifests ----------------------------------------------------------
 
-    def write_part(self, run_id: str, step: int, name: str, trajectories: list[Trajectory]) -> PartRef:
-        """Write one immutable Parquet part; the same (run_id, step, name, rows) -> same bytes."""
+    def write_part(self, run_id: str, step: int, name: str, trajectories: list[Trajectory],
+                   folder: str = TRAJECTORIES) -> PartRef:
+        """Write one immutable Parquet part under `folder` (TRAJECTORIES: rows the run trains
+        on; SET_APART: rows it does not); the same (run_id, step, name, rows) -> same bytes."""
+        if folder not in (TRAJECTORIES, SET_APART):
+            raise ValueError(f"parts go under {TRAJECTORIES}/ or {SET_APART}/, not {folder!r}")
         relative = (
-            f"trajectories/run_id={_check_name('run id', run_id)}/step={step}/"
+            f"{folder}/run_id={_check_name('run id', run_id)}/step={step}/"
             f"part-{_check_name('part name', name)}.parquet"
         )
         data = _parquet_bytes(to_part_table(trajectories, run_id, step))
         self.objects.put(relative, data, crash_point="part-write")
         return PartRef(path=relative, rows=len(trajectories), sha256=hashlib.sha256(data).hexdigest())
+
+    def write_set_apart(self, run_id: str, step: int, trajectories: list[Trajectory]) -> PartRef:
+        """The part of the rows a step generated and does not train on, under set_apart/."""
+        return self.write_part(run_id, step, "set-apart", trajectories, folder=SET_APART)
 
     def read_parts(self, parts: tuple[PartRef, ...] | list[PartRef]) -> list[Trajectory]:
         """The rows of the parts, in order; LakeCorrupted if one is missing or altered."""
@@ -154,22 +180,40 @@ class Lake:
         """Like read_parts, as one Arrow table with TRAJECTORY_SCHEMA."""
         tables = [TRAJECTORY_SCHEMA.empty_table()]
         for part in parts:
-            data = self.objects.get(part.path)
-            if data is None:
-                raise LakeCorrupted(
-                    f"lake {self.uri}: part {part.path} listed in a manifest is missing",
-                    hint="the lake lost a committed file; restore it or delete the step's manifest",
-                )
-            digest = hashlib.sha256(data).hexdigest()
-            if digest != part.sha256:
-                raise LakeCorrupted(
-                    f"lake {self.uri}: part {part.path} has sha256 {digest}, "
-                    f"the manifest says {part.sha256}",
-                    hint="the file was altered after commit; restore it or delete the step's manifest",
-                )
-            table = pq.read_table(pa.BufferReader(data))
+            table = pq.read_table(pa.BufferReader(self._checked_part_bytes(part)))
             tables.append(with_partition_columns(table, *partition_of(part.path)))
         return pa.concat_tables(tables)
+
+    def iter_parts(self, parts: tuple[PartRef, ...] | list[PartRef], batch_rows: int) -> Iterator[list[Trajectory]]:
+        """The rows of the parts in order, at most `batch_rows` at a time: one part's bytes
+        (digest checked first, LakeCorrupted as read_parts) and one batch of rows in memory."""
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
+        for part in parts:
+            run_id, step = partition_of(part.path)
+            parquet = pq.ParquetFile(pa.BufferReader(self._checked_part_bytes(part)))
+            for batch in parquet.iter_batches(batch_size=batch_rows):
+                yield from_table(with_partition_columns(pa.Table.from_batches([batch]), run_id, step))
+
+    def _checked_part_bytes(self, part: PartRef) -> bytes:
+        """A committed part's bytes (at its manifest path, or where `set_apart_path` moved
+        it); LakeCorrupted if it is missing or its sha256 is not the manifest's."""
+        data = self.objects.get(part.path)
+        moved = set_apart_path(part.path)
+        if data is None and moved != part.path:
+            data = self.objects.get(moved)
+        if data is None:
+            raise LakeCorrupted(
+                f"lake {self.uri}: part {part.path} listed in a manifest is missing",
+                hint="the lake lost a committed file; restore it or delete the step's manifest",
+            )
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != part.sha256:
+            raise LakeCorrupted(
+                f"lake {self.uri}: part {part.path} has sha256 {digest}, the manifest says {part.sha256}",
+                hint="the file was altered after commit; restore it or delete the step's manifest",
+            )
+        return data
 
     def commit_step(self, manifest: StepManifest) -> StepManifest:
         """Commit a step by writing its manifest last. If the step is already committed,
@@ -238,14 +282,30 @@ class Lake:
         determines them: tasks/stage_options.py `stage_key`); return their path. The name is
         a digest of the key, so a retry or a resumed run finds them with `read_staged`."""
         relative = self._staged_path(run_id, step, stage, key)
-        self.objects.put(relative, _parquet_bytes(to_table(trajectories)))
+        data = _parquet_bytes(to_table(trajectories))
+        self.objects.put(relative, data)
+        ref = PartRef(path=relative, rows=len(trajectories), sha256=hashlib.sha256(data).hexdigest())
+        self.objects.put(_staged_ref_path(relative), ref.to_json().encode())  # last: the rows count from here
         return relative
 
     def read_staged(self, run_id: str, step: int, stage: str, key: str) -> list[Trajectory] | None:
-        """The rows `write_staged` stored for (stage, key); None when there are none (never
-        staged, cleaned after the commit, or lost: the caller computes them again)."""
-        data = self.objects.get(self._staged_path(run_id, step, stage, key))
-        return None if data is None else from_table(pq.read_table(pa.BufferReader(data)))
+        """The rows `write_staged` stored for (stage, key), their sha256 checked against the
+        PartRef written after them; None when there are none (never staged, cleaned after
+        the commit, lost, cut short before the PartRef) or they fail the check (logged):
+        either way the caller computes them again."""
+        relative = self._staged_path(run_id, step, stage, key)
+        ref_data = self.objects.get(_staged_ref_path(relative))
+        data = self.objects.get(relative) if ref_data is not None else None
+        if ref_data is None or data is None:
+            return None
+        ref = PartRef.from_json(ref_data.decode())
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != ref.sha256:
+            logging.getLogger(__name__).warning(
+                "lake %s: staged rows %s have sha256 %s, their PartRef says %s (altered or damaged): "
+                "not used, the stage computes them again", self.uri, relative, digest, ref.sha256)
+            return None
+        return from_table(pq.read_table(pa.BufferReader(data)))
 
     def _staged_path(self, run_id: str, step: int, stage: str, key: str) -> str:
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -300,6 +360,19 @@ class Lake:
         `only`, the files whose relative path it accepts. LakeCorrupted names a listed file
         that is missing or altered."""
         return self.checkpoints.load(run_id, step, local_dir, only)
+
+
+def set_apart_path(path: str) -> str:
+    """Where a set-apart part that a manifest lists under trajectories/ (the layout before
+    set_apart/) lies once moved out of that folder; any other path unchanged."""
+    prefix, _, rest = path.partition("/")
+    if prefix == TRAJECTORIES and rest.endswith("/part-set-apart.parquet"):
+        return f"{SET_APART}/{rest}"
+    return path
+
+
+def _staged_ref_path(relative: str) -> str:
+    return relative.removesuffix(".parquet") + ".json"
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:

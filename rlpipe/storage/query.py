@@ -22,6 +22,10 @@ DuckDB connection that has these views:
     rescores            every row of every committed `rlpipe rescore` (RESCORE_SCHEMA, storage/rescores.py):
                         the old verdict beside the current verifier's, `flip` where they differ
 
+`stream_query(lake, sql)` runs the same statement over the same views and hands its result
+over as Arrow record batches read from DuckDB as they are consumed (`rlpipe query` prints
+them so, memory bounded by a batch); `query_trajectories` returns every row at once.
+
 So `select step, reward_mean, loss from step_metrics` joins the update's loss to the
 step's reward in one query, and `select verdict, count(*) from eval_trials where final
 group by 1` counts an eval's verdicts.
@@ -40,17 +44,20 @@ read-mostly analyst tool; the lake itself cannot be written through it).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 
 from rlpipe.core.errors import RunNotFoundError, StorageUnavailable, UserError
 from rlpipe.storage.eval_records import EVAL_STEP_SCHEMA, EVAL_TRIAL_SCHEMA
 from rlpipe.storage.evals import EvalStore
-from rlpipe.storage.lake import Lake
-from rlpipe.storage.lake_records import StepManifest
+from rlpipe.storage.lake import Lake, set_apart_path
+from rlpipe.storage.lake_records import PartRef, StepManifest
 from rlpipe.storage.rescores import RESCORE_SCHEMA, RescoreStore
 from rlpipe.storage.schema import PARTITION_COLUMNS, TRAJECTORY_SCHEMA
 
@@ -81,17 +88,30 @@ class QueryResult:
     rows: list[tuple[object, ...]]
 
 
+def _part_paths(lake: Lake, parts: list[PartRef]) -> list[str]:
+    """The filesystem paths of committed parts: a set-apart part that a manifest of the
+    older layout lists under trajectories/ is read under set_apart/ once moved there."""
+    relative = [part.path for part in parts]
+    legacy = [path for path in relative if set_apart_path(path) != path]
+    moved: set[str] = set()
+    if legacy:
+        infos = lake.location.filesystem.get_file_info([lake.location.path(path) for path in legacy])
+        moved = {path for path, info in zip(legacy, infos) if info.type != pafs.FileType.File}
+    return [lake.location.path(set_apart_path(path) if path in moved else path) for path in relative]
+
+
 def _trajectory_dataset(lake: Lake, manifests: list[StepManifest], set_apart: bool = False) -> pads.Dataset:
-    paths = [lake.location.path(part.path) for m in manifests for part in (m.set_apart if set_apart else m.parts)]
+    paths = _part_paths(lake, [part for m in manifests for part in (m.set_apart if set_apart else m.parts)])
     if not paths:
         return pads.dataset(TRAJECTORY_SCHEMA.empty_table())
-    # run_id and step come from each part's hive path (they are not inside the files)
+    # run_id and step come from each part's hive path (they are not inside the files); the
+    # base is the lake root, as parts lie under trajectories/ or set_apart/
     partitioning = pads.partitioning(
         pa.schema([TRAJECTORY_SCHEMA.field(name) for name in PARTITION_COLUMNS]), flavor="hive"
     )
     return pads.dataset(
         paths, schema=TRAJECTORY_SCHEMA, format="parquet", filesystem=lake.location.filesystem,
-        partitioning=partitioning, partition_base_dir=lake.location.path("trajectories"),
+        partitioning=partitioning, partition_base_dir=lake.location.path(""),
     )
 
 
@@ -180,12 +200,99 @@ def _eval_tables(lake: Lake) -> dict[str, pads.Dataset | pa.Table]:
             "_eval_steps": _parquet_dataset(lake, store.part_paths(commits, "steps"), EVAL_STEP_SCHEMA)}
 
 
+_VIEWS_HINT = "views: trajectories, set_apart, rescores, steps, step_metrics, step_metric_values, evals, eval_trials, eval_steps"
+
+
 def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> QueryResult:
-    """Run `sql` over the committed lake (one run when `run_id` is given).
+    """Run `sql` over the committed lake (one run when `run_id` is given); every row of
+    the result in memory, as DuckDB's Python values (`stream_query` for a result of any size).
 
     Bad SQL -> UserError with DuckDB's message; a lake that cannot be read ->
     StorageUnavailable.
     """
+    connection = _connect(lake, run_id)
+    try:
+        cursor = connection.execute(sql)
+        if cursor.description is None:
+            return QueryResult(columns=(), rows=[])
+        columns = tuple(column[0] for column in cursor.description)
+        return QueryResult(columns=columns, rows=[tuple(row) for row in cursor.fetchall()])
+    except duckdb.Error as exc:
+        raise _query_error(lake, exc) from exc
+    finally:
+        connection.close()
+
+
+@dataclass
+class QueryStream:
+    """The columns of a statement's result and its rows as Arrow record batches of at most
+    `batch_rows` rows, read from DuckDB as they are iterated (a failed read raises as
+    query_trajectories does)."""
+
+    columns: tuple[str, ...]
+    batches: Iterator[pa.RecordBatch]
+
+
+def rows_of(batch: pa.RecordBatch) -> list[tuple[object, ...]]:
+    """The rows of a record batch as tuples of Python values; DuckDB's HUGEINT (a sum of
+    integers, Arrow decimal128(38, 0)) as an int, as `query_trajectories` gives it."""
+    columns = []
+    for column in batch.columns:
+        values = column.to_pylist()
+        if pa.types.is_decimal(column.type) and column.type.scale == 0:
+            values = [None if value is None else int(value) for value in values]
+        columns.append(values)
+    return list(zip(*columns)) if columns else []
+
+
+@contextmanager
+def stream_query(lake: Lake, sql: str, run_id: str | None = None, batch_rows: int = 1024) -> Iterator[QueryStream]:
+    """Run `sql` over the committed lake and stream its result: DuckDB hands the rows over
+    in Arrow record batches as they are read, so memory holds a batch, not the result (as
+    far as the statement allows: a sort or an aggregate holds what it needs inside DuckDB)."""
+    connection = _connect(lake, run_id)
+    try:
+        try:
+            relation = connection.sql(sql)
+            if relation is None:  # a statement without a result (SET, CREATE VIEW ...)
+                yield QueryStream(columns=(), batches=iter(()))
+                return
+            columns = tuple(relation.columns)
+            reader = relation.to_arrow_reader(batch_rows)
+        except duckdb.Error as exc:
+            raise _query_error(lake, exc) from exc
+        yield QueryStream(columns=columns, batches=_read_batches(lake, reader))
+    finally:
+        connection.close()
+
+
+def _read_batches(lake: Lake, reader: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except duckdb.Error as exc:
+            raise _query_error(lake, exc) from exc
+        except (OSError, pa.ArrowException) as exc:
+            raise StorageUnavailable(f"the query could not read the lake {lake.uri}: {exc}",
+                                     hint="check that the lake is reachable; a missing part means a committed file was lost") from exc
+        yield batch
+
+
+def _query_error(lake: Lake, exc: duckdb.Error) -> Exception:
+    """UserError for bad SQL, StorageUnavailable for a lake that cannot be read."""
+    if isinstance(exc, _USER_SQL_ERRORS) and not _is_scan_failure(exc):
+        return UserError(f"the query failed: {exc}", hint=_VIEWS_HINT)
+    if isinstance(exc, _USER_SQL_ERRORS):
+        return StorageUnavailable(f"the query could not read the lake {lake.uri}: {exc}",
+                                  hint="check that the lake is reachable; a missing part means a committed file was lost")
+    return StorageUnavailable(f"the query could not read the lake {lake.uri}: {exc}",
+                              hint="check that the lake's disk or S3 endpoint is reachable")
+
+
+def _connect(lake: Lake, run_id: str | None) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB connection with the views of the module docstring."""
     if run_id is not None and lake.read_run_info(run_id) is None and not lake.committed_steps(run_id):
         raise RunNotFoundError(
             f"the lake {lake.uri} holds no run {run_id!r}", hint="list runs with `rlpipe runs`"
@@ -222,25 +329,7 @@ def query_trajectories(lake: Lake, sql: str, run_id: str | None = None) -> Query
                            "AS final FROM _eval_trials")
         connection.execute("CREATE VIEW eval_steps AS SELECT * FROM _eval_steps")
         connection.execute("CREATE VIEW rescores AS SELECT * FROM _rescores")
-        try:
-            cursor = connection.execute(sql)
-            if cursor.description is None:
-                return QueryResult(columns=(), rows=[])
-            columns = tuple(column[0] for column in cursor.description)
-            return QueryResult(columns=columns, rows=[tuple(row) for row in cursor.fetchall()])
-        except _USER_SQL_ERRORS as exc:
-            if _is_scan_failure(exc):
-                raise StorageUnavailable(
-                    f"the query could not read the lake {lake.uri}: {exc}",
-                    hint="check that the lake is reachable; a missing part means a committed file was lost",
-                ) from exc
-            raise UserError(
-                f"the query failed: {exc}", hint="views: trajectories, set_apart, rescores, steps, step_metrics, step_metric_values, evals, eval_trials, eval_steps"
-            ) from exc
-        except duckdb.Error as exc:
-            raise StorageUnavailable(
-                f"the query could not read the lake {lake.uri}: {exc}",
-                hint="check that the lake's disk or S3 endpoint is reachable",
-            ) from exc
-    finally:
+    except BaseException:
         connection.close()
+        raise
+    return connection

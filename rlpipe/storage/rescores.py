@@ -2,7 +2,8 @@
 
 Layout under the lake root (the run's own files are never touched):
 
-    runs/{run_id}/rescores/{rescore_id}/part-{step:06d}.parquet   RESCORE_SCHEMA, one part per step
+    runs/{run_id}/rescores/{rescore_id}/part-{step:06d}[-{batch:05d}].parquet   RESCORE_SCHEMA, one part per
+                                                                  batch of a step's rows (rlpipe rescore's batch_rows)
     runs/{run_id}/rescores/{rescore_id}/RESCORE.json              RescoreManifest, written LAST
 
 A rescore is committed iff its RESCORE.json exists, and readers reach its parts only
@@ -129,9 +130,11 @@ class RescoreStore:
         self.lake = lake
         self.objects = lake.objects
 
-    def write_part(self, run_id: str, rescore_id: str, step: int, rows: list[RescoreRow]) -> PartRef:
-        """Write the immutable part of rescore `rescore_id` that re-scores step `step` of the run."""
-        relative = f"{self._dir(run_id, rescore_id)}/part-{step:06d}.parquet"
+    def write_part(self, run_id: str, rescore_id: str, step: int, rows: list[RescoreRow], batch: int = 0) -> PartRef:
+        """Write the immutable part of rescore `rescore_id` that re-scores batch `batch` of
+        step `step` of the run (part-{step:06d}.parquet, then part-{step:06d}-{batch:05d}.parquet)."""
+        name = f"part-{step:06d}" if batch == 0 else f"part-{step:06d}-{batch:05d}"
+        relative = f"{self._dir(run_id, rescore_id)}/{name}.parquet"
         data = _parquet_bytes(rows_table(rows, RescoreRow, RESCORE_SCHEMA))
         self.objects.put(relative, data)
         return PartRef(path=relative, rows=len(rows), sha256=hashlib.sha256(data).hexdigest())

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import asyncio
 
+import pandas as pd
 import pytest
 import torch
 
@@ -108,6 +109,11 @@ def test_the_uninterrupted_run_follows_the_schedule_and_trains_only_groups_with_
     assert all(distinct > 1 for (distinct,) in signal.rows)
     apart_rows = query_trajectories(lake, "select count(*) from set_apart").rows[0][0]
     assert apart_rows == sum(part.rows for m in manifests for part in m.set_apart) > 0
+    # pandas on the trajectories folder sees the rows the run trains on, none set apart
+    folder = pd.read_parquet(lake.location.path("trajectories"))
+    (trained_rows, trained_reward), = query_trajectories(lake, "select count(*), avg(reward) from trajectories").rows
+    assert len(folder) == trained_rows == sum(m.rows for m in manifests)
+    assert folder["reward"].mean() == pytest.approx(trained_reward)
     (stages,) = asyncio.run(step_stage_runs(run_id, 3))
     # two task runs per step (the lane's rollout, the flow thread's train, which also publishes
     # the weights of step 3 + k + 1); only steps 1..k+1 have a `publish-for-step-N` of their own

@@ -225,12 +225,12 @@ def test_resumed_run_equals_the_uninterrupted_run(runs: dict[str, Outcome], name
     # exactly the reference's rows: count, no duplicate key, same texts, rewards, advantages
     assert count_rows(lake, outcome.run_id) == (SMALL_ROWS, SMALL_ROWS)
     assert rows_by_key(lake, outcome.run_id) == rows_by_key(reference_lake, reference.run_id)
-    # every part a `*.parquet` glob finds under trajectories/ is listed by a manifest: no
-    # orphan part (a write killed half-way leaves only a hidden .tmp-*.partial file)
+    # every part a `*.parquet` glob finds under trajectories/ (or set_apart/) is listed by a
+    # manifest: no orphan part (a write killed half-way leaves only a hidden .tmp-*.partial file)
     listed = {part.path for part in lake.committed_parts(outcome.run_id)}
     on_disk = {
         str(path.relative_to(outcome.where.lake_uri))
-        for path in Path(outcome.where.lake_uri, "trajectories").rglob("*.parquet")
+        for folder in ("trajectories", "set_apart") for path in Path(outcome.where.lake_uri, folder).rglob("*.parquet")
     }
     assert on_disk == listed
     leftovers = [p.name for p in Path(outcome.where.lake_uri, "trajectories").rglob("*") if p.is_file() and str(p.relative_to(outcome.where.lake_uri)) not in listed]

@@ -131,3 +131,33 @@ def test_parse_number_and_math_verifier() -> None:
     for hostile in ("", "3/4 0.75", "x" * 10**6, "The answer is 3/4"):
         verdict = verify_math(hostile, "3/4", "v")
         assert (verdict.reward, verdict.reason) == (0.0, VerdictReason.FORMAT)
+
+
+def test_files_are_read_in_batches_with_their_row_numbers(tmp_path: Path) -> None:
+    import itertools
+    import tracemalloc
+
+    from rlpipe.envs.file_tasks import iter_rows, read_rows
+
+    rows = [{"prompt": f"{i}:" + "q" * 5000, "ground_truth": str(i)} for i in range(2000)]
+    rows[1234]["ground_truth"] = ""
+    path = tmp_path / "many.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=300)
+    with pytest.raises(ConfigError, match="row 1234: field 'ground_truth'"):  # numbered across batches
+        list(iter_rows(path, batch_rows=100))
+    rows[1234]["ground_truth"] = "1234"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=300)
+    tracemalloc.start()
+    try:
+        seen = sum(1 for _ in iter_rows(path, batch_rows=100))  # each row dropped once counted
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert seen == 2000 and peak < 2000 * 5000 / 2  # a batch of decoded rows, not the file's
+    assert [row.prompt for row in read_rows(path)] == [row["prompt"] for row in rows]
+    # a JSON-lines file is read a line at a time: its first rows come before a bad line is read
+    lines = write_jsonl(tmp_path / "lines.jsonl", [{"prompt": "a", "ground_truth": "1"}, {"prompt": "b", "ground_truth": "2"}])
+    lines.write_text(lines.read_text() + "{oops\n")
+    assert [row.prompt for row in itertools.islice(iter_rows(lines), 2)] == ["a", "b"]
+    with pytest.raises(ConfigError, match=r"row 2 \(line 3\)"):
+        list(iter_rows(lines))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.core.errors import LakeCorrupted, RunNotFoundError, StorageUnavailable, UserError
-from rlpipe.storage.lake import Lake
+from rlpipe.storage.lake import Lake, set_apart_path
 from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus, StepManifest
 from rlpipe.storage.query import query_trajectories
 from tests.helpers.trajectories import make_trajectories
@@ -197,6 +197,68 @@ def query_with_a_lost_part_is_storage_unavailable(lake: Lake) -> None:
         query_trajectories(lake, "select count(*) from trajectories")
 
 
+def staged_rows_are_digest_checked(lake: Lake) -> None:
+    rows = make_trajectories("r1", 4, 5)
+    staged = lake.write_staged("r1", 4, "verify", "key-a", rows)
+    assert lake.read_staged("r1", 4, "verify", "key-a") == rows
+    other = lake.write_staged("r1", 4, "verify", "key-b", rows[:2])
+    lake.objects.put(staged, lake.objects.get(other))  # valid Parquet of other rows: only the digest tells
+    assert lake.read_staged("r1", 4, "verify", "key-a") is None  # not used: the stage computes them again
+    lake.objects.put(staged, b"PAR1 torn")
+    assert lake.read_staged("r1", 4, "verify", "key-a") is None
+    lake.write_staged("r1", 4, "verify", "key-a", rows)  # computed again and staged again
+    assert lake.read_staged("r1", 4, "verify", "key-a") == rows
+    # rows whose PartRef was never written (a crash between the two writes) are not used
+    lake.location.filesystem.delete_file(lake.location.path(other.removesuffix(".parquet") + ".json"))
+    assert lake.objects.get(other) is not None and lake.read_staged("r1", 4, "verify", "key-b") is None
+
+
+def parts_read_in_bounded_batches(lake: Lake) -> None:
+    manifest = _commit(lake, "r1", 0, (7, 3))
+    batches = list(lake.iter_parts(manifest.parts, batch_rows=3))
+    assert [len(batch) for batch in batches] == [3, 3, 1, 3]  # never more than 3, never across parts
+    assert [row for batch in batches for row in batch] == lake.read_parts(manifest.parts)
+    lake.objects.put(manifest.parts[1].path, lake.objects.get(manifest.parts[0].path))
+    with pytest.raises(LakeCorrupted, match="sha256"):
+        list(lake.iter_parts(manifest.parts, batch_rows=3))
+
+
+def set_apart_rows_live_outside_trajectories(lake: Lake) -> None:
+    trained, apart = make_trajectories("r1", 2, 4), make_trajectories("r1", 2, 6)
+    part = lake.write_part("r1", 2, "00000", trained)
+    set_apart = lake.write_set_apart("r1", 2, apart)
+    assert set_apart.path == "set_apart/run_id=r1/step=2/part-set-apart.parquet"
+    lake.commit_step(StepManifest(run_id="r1", step=2, policy_version=2, parts=(part,), rows=4, metrics=(),
+                                  committed_at_ms=1, set_apart=(set_apart,)))
+    assert not [info for info in lake.objects.list("trajectories", recursive=True) if "set-apart" in info.path]
+    assert lake.read_parts((set_apart,)) == apart
+    counts = "select (select count(*) from trajectories), (select count(*) from set_apart)"
+    assert query_trajectories(lake, counts).rows == [(4, 6)]
+    assert query_trajectories(lake, "select distinct run_id, step from set_apart").rows == [("r1", 2)]
+
+
+def set_apart_parts_of_the_older_layout_read_where_they_are_or_once_moved(lake: Lake) -> None:
+    trained, apart = make_trajectories("old", 1, 3), make_trajectories("old", 1, 5)
+    part = lake.write_part("old", 1, "00000", trained)
+    legacy = lake.write_part("old", 1, "set-apart", apart)  # where the older layout wrote them
+    assert legacy.path == "trajectories/run_id=old/step=1/part-set-apart.parquet"
+    lake.commit_step(StepManifest(run_id="old", step=1, policy_version=1, parts=(part,), rows=3, metrics=(),
+                                  committed_at_ms=1, set_apart=(legacy,)))
+    counts = "select (select count(*) from trajectories), (select count(*) from set_apart), " \
+             "(select count(distinct step) from set_apart where run_id = 'old')"
+    assert query_trajectories(lake, counts).rows == [(3, 5, 1)]
+    assert lake.read_parts((legacy,)) == apart
+    moved = set_apart_path(legacy.path)
+    assert moved == "set_apart/run_id=old/step=1/part-set-apart.parquet"
+    lake.objects.put(moved, lake.objects.get(legacy.path))
+    lake.location.filesystem.delete_file(lake.location.path(legacy.path))
+    assert query_trajectories(lake, counts).rows == [(3, 5, 1)]  # the manifest is unchanged
+    assert [row for batch in lake.iter_parts((legacy,), batch_rows=2) for row in batch] == apart
+    lake.objects.put(moved, lake.objects.get(part.path))  # moved, then altered: still checked
+    with pytest.raises(LakeCorrupted, match="sha256"):
+        lake.read_parts((legacy,))
+
+
 ALL_BEHAVIOURS = (
     query_with_a_lost_part_is_storage_unavailable,
     staged_rows_and_documents,
@@ -208,6 +270,10 @@ ALL_BEHAVIOURS = (
     query_counts_only_committed_parts,
     query_on_empty_lake,
     altered_part_is_detected,
+    staged_rows_are_digest_checked,
+    parts_read_in_bounded_batches,
+    set_apart_rows_live_outside_trajectories,
+    set_apart_parts_of_the_older_layout_read_where_they_are_or_once_moved,
 )
 """Behaviours that take only a lake (checkpoint ones also take tmp_path)."""
 

@@ -56,3 +56,16 @@ def test_unwritable_folder_is_storage_unavailable(tmp_path: Path) -> None:
     locked.mkdir(mode=0o500)
     with pytest.raises(StorageUnavailable):
         Lake.open(str(locked / "lake"))
+
+
+def test_altered_staged_rows_are_named_in_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from tests.helpers.trajectories import make_trajectories
+
+    lake = Lake.open(str(tmp_path / "lake"))
+    staged = lake.write_staged("r1", 1, "generate", "key", make_trajectories("r1", 1, 3))
+    path = tmp_path / "lake" / staged
+    path.write_bytes(path.read_bytes()[:-1] + b"\0")
+    with caplog.at_level("WARNING", logger="rlpipe.storage.lake"):
+        assert lake.read_staged("r1", 1, "generate", "key") is None
+    [record] = [r for r in caplog.records if r.name == "rlpipe.storage.lake"]
+    assert staged in record.getMessage() and "computes them again" in record.getMessage()

@@ -1,5 +1,6 @@
 """The lake's trajectories folder opens in pandas, pyarrow, DuckDB and Polars with their
-defaults (the one-liners of docs/ARCHITECTURE.md), and the step_metrics view joins the
+defaults (the one-liners of docs/ARCHITECTURE.md) and give the rows `rlpipe query`'s
+trajectories view gives (the rows set apart by dynamic sampling lie outside the folder), and the step_metrics view joins the
 update's train metrics to the rollout metrics in one query."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.helpers.trajectories import make_trajectories
 # two runs; steps 1, 2 and 10 (10 sorts before 2 as text: step must stay a number)
 ROWS = {("run-a", 1): 3, ("run-a", 2): 2, ("run-a", 10): 4, ("run-b", 1): 5}
 EXPECTED = sorted(ROWS.items())  # ((run_id, step), rows)
+SET_APART = {("run-a", 2): 6, ("run-b", 1): 7}  # rows set apart, of domain "apart"
 
 
 @pytest.fixture
@@ -33,8 +35,10 @@ def lake_root(tmp_path: Path) -> Path:
     lake = Lake.open(str(root))
     for (run_id, step), count in ROWS.items():
         part = lake.write_part(run_id, step, "00000", make_trajectories(run_id, step, count))
+        apart = SET_APART.get((run_id, step), 0)  # dynamic sampling's rows: in the lake, not in trajectories/
+        set_apart = (lake.write_set_apart(run_id, step, make_trajectories(run_id, step, apart, "apart")),) if apart else ()
         lake.commit_step(StepManifest(run_id=run_id, step=step, policy_version=step, parts=(part,), rows=count,
-                                      metrics=(("reward/mean", step / 10),), committed_at_ms=step))
+                                      metrics=(("reward/mean", step / 10),), committed_at_ms=step, set_apart=set_apart))
     return root
 
 
@@ -83,6 +87,23 @@ def test_polars_reads_and_scans_the_folder(lake_root: Path):
     scanned = (pl.scan_parquet(f"{lake_root}/trajectories/**/*.parquet", hive_partitioning=True)
                .group_by("run_id", "step").len().collect())
     assert sorted(((r, s), n) for r, s, n in scanned.iter_rows()) == EXPECTED
+
+
+def test_every_reader_sees_the_rows_rlpipe_trains_on(lake_root: Path):
+    result = query_trajectories(Lake.open(str(lake_root)), "select count(*), avg(reward), count(distinct domain) from trajectories")
+    frame = pd.read_parquet(lake_root / "trajectories")
+    scanned = duckdb.sql(f"select count(*), avg(reward), count(distinct domain) from "
+                         f"read_parquet('{lake_root}/trajectories/**/*.parquet', hive_partitioning = true)").fetchall()
+    polars = pl.scan_parquet(f"{lake_root}/trajectories/**/*.parquet", hive_partitioning=True).collect()
+    assert result.rows == scanned == [(len(frame), frame["reward"].mean(), 1)] == [(len(polars), polars["reward"].mean(), 1)]
+    assert set(frame["domain"]) == {"arithmetic"}  # none of the set-apart rows
+
+
+def test_the_set_apart_rows_read_as_a_folder_of_their_own(lake_root: Path):
+    frame = pd.read_parquet(lake_root / "set_apart")
+    assert _counts(zip(frame["run_id"], frame["step"])) == sorted(SET_APART.items()) and set(frame["domain"]) == {"apart"}
+    result = query_trajectories(Lake.open(str(lake_root)), "select run_id, step, count(*) from set_apart group by all order by all")
+    assert [((run_id, step), n) for run_id, step, n in result.rows] == sorted(SET_APART.items())
 
 
 def test_rlpipe_reads_give_run_id_and_step_back(lake_root: Path):

@@ -196,3 +196,23 @@ def test_code_rows_are_rescored_on_a_sandbox_pool(tmp_path):
     assert (code["pass_to_fail"], code["fail_to_pass"], code["verified"], code["stored_versions"]) == (1, 1, 2, ["harness-old"])
     second = json.loads(_rescore(lake_dir, "--json").stdout)
     assert (second["verified"], second["cached"], second["flipped"]) == (0, 2, 2)
+
+
+def test_batches_give_the_rescore_of_the_whole_run_a_bounded_part_at_a_time(finished_run, monkeypatch):
+    monkeypatch.setitem(mixture._REGISTRY, "arithmetic", NumericArithmetic)
+    whole, batched = _rescore(finished_run, "--json", "--no-cache"), _rescore(finished_run, "--json", "--no-cache", "--batch-rows", "3")
+    assert whole.exit_code == 0 and batched.exit_code == 0, whole.output + batched.output
+    whole, batched = json.loads(whole.stdout), json.loads(batched.stdout)
+    ignore = ("rescore_id",)
+    assert {k: v for k, v in whole.items() if k not in ignore} == {k: v for k, v in batched.items() if k not in ignore}
+    lake = Lake.open(str(finished_run))
+    store = RescoreStore(lake)
+    manifests = {m.rescore_id: m for m in store.manifests(RUN)}
+    assert [part.rows for part in manifests[batched["rescore_id"]].parts] == [3, 3, 3, 1]  # step 1: 6 rows, step 2: 4
+    assert [part.rows for part in manifests[whole["rescore_id"]].parts] == [6, 4]
+
+    def rows(rescore_id: str) -> list[tuple]:
+        columns = "step, task_id, sample_idx, completion_sha256, old_passed, passed, reason, verifier_version, cached, flip"
+        return query_trajectories(lake, f"select {columns} from rescores where rescore_id = '{rescore_id}' order by all").rows
+
+    assert rows(batched["rescore_id"]) == rows(whole["rescore_id"]) and len(rows(whole["rescore_id"])) == 10
