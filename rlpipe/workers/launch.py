@@ -258,7 +258,7 @@ def _fork(control: socket.socket, kind: str, run_id: str, env: dict[str, str]) -
     stdout_r, stdout_w = os.pipe()
     status_r, status_w = os.pipe()
     try:
-        send_request(control, {"kind": kind, "run_id": run_id, "env": env, "cwd": os.getcwd()},
+        send_request(control, {"kind": kind, "run_id": run_id, "env": env, "cwd": os.getcwd(), "umask": _umask()},
                      [stdin_r, stdout_w, 2, status_w])
     except OSError:
         for fd in (stdin_w, stdout_r, status_r):
@@ -321,6 +321,15 @@ def _zygote_for(env: dict[str, str]) -> _Zygote:
 
 def _fingerprint(env: dict[str, str]) -> frozenset:
     return frozenset((key, value) for key, value in env.items() if key != FAILPOINTS_ENV_VAR)
+
+
+def _umask() -> int | None:
+    """This process's umask, from /proc (os.umask would set it for every thread a moment)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next((int(line.split()[1], 8) for line in status if line.startswith("Umask:")), None)
+    except OSError:
+        return None
 
 
 def _same_interpreter(python: str) -> bool:

@@ -14,8 +14,8 @@ and its pid), then serves that connection's fork requests; it lives until its ow
 or it is sent SIGTERM, and removes PATH then.
 
 A request on either kind of connection is one
-length-prefixed JSON record (kind, run id, the controller's environment and working folder
-at that moment) with four file descriptors attached (SCM_RIGHTS): the worker's stdin (the
+length-prefixed JSON record (kind, run id, the controller's environment, working folder and
+umask at that moment) with four file descriptors attached (SCM_RIGHTS): the worker's stdin (the
 bootstrap pipe), its stdout (the handshake pipe), its stderr (the controller's fd 2) and a
 status pipe. On the status pipe the zygote writes the child's pid (8 bytes, signed), and
 once it has reaped the child, its exit code as subprocess reports it (-9: SIGKILL).
@@ -228,6 +228,8 @@ def _child(message: dict, fds: list[int], inherited: list[int]) -> int:
         os.environ.clear()
         os.environ.update(message["env"])
         os.chdir(message["cwd"])
+        if message.get("umask") is not None:
+            os.umask(message["umask"])
         if sys.path and sys.path[0] == _START_CWD:
             sys.path[0] = message["cwd"]
         sys.argv = ["rlpipe.workers.main", "--kind", message["kind"], "--run-id", message["run_id"]]

@@ -1,7 +1,7 @@
 """Workers forked from a shared zygote (workers/launch.py, RLPIPE_ZYGOTE_SOCKET): one zygote,
 started once, serves every controller that connects, and a worker forked there keeps what
 a worker of the controller's own zygote had: its own session, the controller's environment
-of its launch (a crash point armed after the zygote started reaches the next fresh worker
+and umask of its launch (a crash point armed after the zygote started reaches the next fresh worker
 and not the restart after it), restarts forked from the same zygote, and an end when its
 controller is killed with SIGKILL (the zygote itself serves on). A launch whose import
 settings differ from the zygote's (another thread count), or that names a socket where no
@@ -38,6 +38,11 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def _umask(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+
+
 @pytest.fixture(scope="module")
 def shared_socket() -> Iterator[str]:
     """A shared zygote of this module's own (the session's serves the other tests)."""
@@ -65,11 +70,16 @@ def test_controllers_fork_their_workers_from_the_shared_zygote(tmp_path: Path, m
         assert os.listdir(f"/proc/{shared}/task") == [str(shared)]  # one thread: safe to fork
         # Armed after the shared zygote started: only the launch's environment can carry it.
         monkeypatch.setenv("RLPIPE_FAILPOINTS", "engine-generate@1")
-        with engine_worker(tmp_path / "b", run_id="b") as second:
-            with pytest.raises(EngineFailed, match="died during Generate"):
-                second.generate(PROMPTS, PARAMS)
-            assert len(second.generate(PROMPTS, PARAMS).completions) == 1  # restarted without it
-            assert _parent(second.pid) == shared and second.starts == 2
+        umask = os.umask(0o027)  # the controller's of the launch, not the zygote's
+        try:
+            with engine_worker(tmp_path / "b", run_id="b") as second:
+                with pytest.raises(EngineFailed, match="died during Generate"):
+                    second.generate(PROMPTS, PARAMS)
+                assert len(second.generate(PROMPTS, PARAMS).completions) == 1  # restarted without it
+                assert _parent(second.pid) == shared and second.starts == 2
+                assert _umask(second.pid) == 0o027 != _umask(shared)
+        finally:
+            os.umask(umask)
         old = first.pid
         os.kill(old, signal.SIGKILL)
         assert wait_until_gone([old]) == []
