@@ -21,9 +21,10 @@
   socket path is exported as RLPIPE_ZYGOTE_SOCKET before the first test: every controller
   of the session, in this process or a CLI subprocess, forks its workers from it where its
   import settings fit (the same thread counts, PYTHONPATH and so on), instead of each run's
-  own zygote importing torch and transformers again (~5 s of CPU a run). PYTHONPATH is set
-  to the repository (what every CLI run of the tests gets) so that this process's own
-  controllers share it too. A test that finds its processes by a marker in their
+  own zygote importing torch and transformers again (~5 s of CPU a run). PYTHONPATH (the
+  repository, what every CLI run of the tests gets) and HF_HUB_DISABLE_PROGRESS_BARS=1 (what
+  `rlpipe` sets for its workers) are set here, so that CLI runs and this process's own
+  controllers import under the same settings. A test that finds its processes by a marker in their
   environment (tests/helpers/processes.py) must keep its runs off it (`own_zygote_env`): a
   forked worker's /proc/PID/environ is the zygote's. Tests of the launch paths themselves
   unset it.
@@ -78,6 +79,7 @@ os.environ.setdefault("RLPIPE_RETRY_BACKOFF_S", TEST_RETRY_BACKOFF_S)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # what `rlpipe` sets for its workers (cli/main.py)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -33,6 +33,7 @@ Not here: the bootstrap, calls, restarts and stop (client.py).
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -52,6 +53,7 @@ SHARED_ZYGOTE_ENV_VAR = "RLPIPE_ZYGOTE_SOCKET"
 """The AF_UNIX socket path of a shared zygote to fork workers from, where its settings fit."""
 HELLO_TIMEOUT_S = 300.0  # a shared zygote just started may still be importing (minutes on a loaded box)
 UNKNOWN_EXIT = 255  # the zygote died before it could report the worker's exit code
+_LOG = logging.getLogger(__name__)
 
 
 def uses_zygote(python: str) -> bool:
@@ -291,7 +293,13 @@ def _shared_for(env: dict[str, str]) -> _SharedZygote | None:
             _SHARED = _SharedZygote(path)
         except (OSError, ValueError):
             return None  # none there (a stale variable): this controller's own zygote serves
-    return _SHARED if _SHARED.settings == import_settings(env) else None
+    settings = import_settings(env)
+    if _SHARED.settings == settings:
+        return _SHARED
+    if _LOG.isEnabledFor(logging.DEBUG):
+        differ = sorted(key for key in settings.keys() | _SHARED.settings.keys() if settings.get(key) != _SHARED.settings.get(key))
+        _LOG.debug("the shared zygote imported under other settings (%s): this controller's own zygote serves", differ)
+    return None
 
 
 def _drop_shared() -> None:

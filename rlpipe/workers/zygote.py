@@ -37,7 +37,8 @@ watch their owner, the controller).
 
 `import_settings(env)`: the part of an environment that may shape what an import did, that
 is all of it but the run-scoped variables (RUN_SCOPED_PREFIXES, RUN_SCOPED_NAMES: Prefect's,
-MLflow's, S3's, pytest's and rlpipe's own, the terminal size, proxies, the shell's PWD),
+MLflow's, S3's, pytest's and rlpipe's own, the terminal size, proxies, the shell's PWD,
+polars' allocator settings),
 which no module of PRELOAD reads at import (tests/workers/test_shared_zygote.py checks).
 Two environments with equal settings may share a zygote.
 
@@ -73,7 +74,10 @@ HEADER = struct.Struct("!I")
 MAX_FDS = 4
 OWNER_POLL_S = 0.5
 RUN_SCOPED_PREFIXES = ("PREFECT_", "MLFLOW_", "AWS_", "PYTEST_", "RLPIPE_")
-RUN_SCOPED_NAMES = frozenset({"COLUMNS", "LINES", "NO_PROXY", "no_proxy", "PWD", "OLDPWD", "_"})
+RUN_SCOPED_NAMES = frozenset({"COLUMNS", "LINES", "NO_PROXY", "no_proxy", "PWD", "OLDPWD", "_", "_RJEM_MALLOC_CONF"})
+"""_RJEM_MALLOC_CONF: polars' jemalloc reads it when polars loads, which PRELOAD never does
+(the test checks); polars appends to it at each import, so a process started by one that
+imported polars has it twice."""
 _START_CWD = os.getcwd()
 
 

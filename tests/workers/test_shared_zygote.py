@@ -45,7 +45,10 @@ def _umask(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def shared_socket() -> Iterator[str]:
-    """A shared zygote of this module's own (the session's serves the other tests)."""
+    """The session's shared zygote (tests/conftest.py), or one of this module's own."""
+    if os.environ.get(launch.SHARED_ZYGOTE_ENV_VAR):
+        yield os.environ[launch.SHARED_ZYGOTE_ENV_VAR]
+        return
     folder = tempfile.mkdtemp(prefix="rlz-")
     path = os.path.join(folder, "zygote.sock")
     zygote = launch.start_shared_zygote(path)
@@ -156,7 +159,8 @@ READS = textwrap.dedent("""
     # reads every variable, the probe too; a variable read more often than the probe, or
     # read while absent, was read by its name.
     iterations = reads["RLPIPE_ZYGOTE_PROBE"]
-    print(json.dumps(sorted(key for key, count in reads.items() if count > iterations or (count and key not in present))))
+    print(json.dumps({"read": sorted(key for key, count in reads.items() if count > iterations or (count and key not in present)),
+                      "polars": "polars" in sys.modules}))
 """)
 # Run-scoped variables that the imports read by name and that change nothing a worker does:
 # rlpipe/__init__.py sets telemetry defaults (a fork gets its controller's environment anyway),
@@ -168,6 +172,8 @@ def test_the_variables_a_shared_zygote_ignores_are_not_read_by_its_imports() -> 
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RLPIPE_ZYGOTE_PROBE": "1"}
     result = subprocess.run([sys.executable, "-c", READS], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    read_by_name = set(json.loads(result.stdout))
+    seen = json.loads(result.stdout)
+    assert not seen["polars"]  # its allocator reads _RJEM_MALLOC_CONF as it loads, in C
+    read_by_name = set(seen["read"])
     assert {"HF_HOME", "HF_HUB_OFFLINE"} <= read_by_name  # it sees reads that matter (huggingface_hub)
     assert {key for key in read_by_name if not import_settings({key: ""})} <= READ_AND_HARMLESS
