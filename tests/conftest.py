@@ -17,6 +17,17 @@
 - Longest files first: `make test` runs two pytest-xdist workers, one file at a time each, in
   collection order (--no-loadscope-reorder); the files in LONGEST_FILES start first, so the
   long poles overlap the many short files instead of running alone at the end.
+- ONE shared zygote per pytest process (workers/launch.py: `start_shared_zygote`), whose
+  socket path is exported as RLPIPE_ZYGOTE_SOCKET before the first test: every controller
+  of the session, in this process or a CLI subprocess, forks its workers from it where its
+  import settings fit (the same thread counts, PYTHONPATH and so on), instead of each run's
+  own zygote importing torch and transformers again (~5 s of CPU a run). PYTHONPATH (the
+  repository, what every CLI run of the tests gets) and HF_HUB_DISABLE_PROGRESS_BARS=1 (what
+  `rlpipe` sets for its workers) are set here, so that CLI runs and this process's own
+  controllers import under the same settings. A test that finds its processes by a marker in their
+  environment (tests/helpers/processes.py) must keep its runs off it (`own_zygote_env`): a
+  forked worker's /proc/PID/environ is the zygote's. Tests of the launch paths themselves
+  unset it.
 - One torch thread per process (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, unless the environment
   sets them): the suite runs two pytest workers, each starting CLI runs and their worker
   processes, on two cores; a second OpenMP thread per process only spins and waits there.
@@ -26,6 +37,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +47,7 @@ import prefect.settings
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
+from rlpipe.workers.launch import LAUNCH_ENV_VAR, SHARED_ZYGOTE_ENV_VAR, start_shared_zygote
 from tests.helpers.prefect_db import snapshot_database
 from tests.helpers.s3_server import start_moto_server
 
@@ -63,6 +78,31 @@ TEST_RETRY_BACKOFF_S = "0.1"
 os.environ.setdefault("RLPIPE_RETRY_BACKOFF_S", TEST_RETRY_BACKOFF_S)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # what `rlpipe` sets for its workers (cli/main.py)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_zygote() -> Iterator[None]:
+    """Start this process's shared zygote and export its socket (module docstring); none
+    where the environment names one already or asks for spawned workers."""
+    if os.environ.get(SHARED_ZYGOTE_ENV_VAR) or os.environ.get(LAUNCH_ENV_VAR, "").strip().lower() == "spawn":
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="rlz-")  # short: an AF_UNIX path stops at 107 bytes
+    zygote = start_shared_zygote(os.path.join(folder, "zygote.sock"))
+    os.environ[SHARED_ZYGOTE_ENV_VAR] = os.path.join(folder, "zygote.sock")
+    try:
+        yield
+    finally:
+        os.environ.pop(SHARED_ZYGOTE_ENV_VAR, None)
+        zygote.terminate()
+        try:
+            zygote.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            zygote.kill()
+            zygote.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,7 @@ KNOWN = {
     "workers/client.py:_LIVE": "live worker clients, so an exiting process stops every worker it started",
     "workers/launch.py:_USERS": "clients that may still launch workers: the zygote lives while one does",
     "workers/launch.py:_ZYGOTE": "the process's one zygote that forks workers (issue 32 item 5)",
+    "workers/launch.py:_SHARED": "the process's connection to a shared zygote (RLPIPE_ZYGOTE_SOCKET)",
 }
 
 

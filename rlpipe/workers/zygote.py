@@ -1,10 +1,21 @@
-"""The zygote: a per-controller process that imports torch, transformers and the worker
-services once, then forks each worker of the controller's runs from that state.
+"""The zygote: a process that imports torch, transformers and the worker services once,
+then forks each worker of the controllers it serves from that state.
 
 `python -m rlpipe.workers.zygote FD OWNER_PID` (started by launch.py, in its own session):
-imports PRELOAD, then serves fork requests on the AF_UNIX socket FD. A request is one
-length-prefixed JSON record (kind, run id, the controller's environment and working folder
-at that moment) with four file descriptors attached (SCM_RIGHTS): the worker's stdin (the
+a controller's own zygote. It imports PRELOAD, then serves fork requests on the AF_UNIX
+socket FD, and exits when the controller closes its end.
+
+`python -m rlpipe.workers.zygote --listen FD PATH OWNER_PID` (launch.start_shared_zygote): a
+shared zygote that serves every controller which connects to the AF_UNIX socket PATH,
+listening on FD (bound by its starter, so nobody connects too early) (the
+test session starts one; RLPIPE_ZYGOTE_SOCKET tells controllers where it is). On each
+connection it first sends a hello (`import_settings` of the environment it imported under,
+and its pid), then serves that connection's fork requests; it lives until its owner dies
+or it is sent SIGTERM, and removes PATH then.
+
+A request on either kind of connection is one
+length-prefixed JSON record (kind, run id, the controller's environment, working folder and
+umask at that moment) with four file descriptors attached (SCM_RIGHTS): the worker's stdin (the
 bootstrap pipe), its stdout (the handshake pipe), its stderr (the controller's fd 2) and a
 status pipe. On the status pipe the zygote writes the child's pid (8 bytes, signed), and
 once it has reaped the child, its exit code as subprocess reports it (-9: SIGKILL).
@@ -17,8 +28,19 @@ torch's intra-op threads set from OMP_NUM_THREADS when that is set (libgomp read
 zygote imported torch), then server.run_worker. The bootstrap and the handshake are those of
 a spawned worker (server.py); the owner watchdog watches the controller, not the zygote.
 
-The zygote exits when the controller closes its socket or dies (its own watchdog), never
-kills a worker, and leaves the workers it forked running (they watch their owner).
+`sys.path[0]` becomes the request's working folder where it was the zygote's own (what
+`python -m` gives a spawned worker).
+
+A controller's zygote exits when the controller closes its socket or dies (its own
+watchdog); no zygote kills a worker, and each leaves the workers it forked running (they
+watch their owner, the controller).
+
+`import_settings(env)`: the part of an environment that may shape what an import did, that
+is all of it but the run-scoped variables (RUN_SCOPED_PREFIXES, RUN_SCOPED_NAMES: Prefect's,
+MLflow's, S3's, pytest's and rlpipe's own, the terminal size, proxies, the shell's PWD,
+polars' allocator settings),
+which no module of PRELOAD reads at import (tests/workers/test_shared_zygote.py checks).
+Two environments with equal settings may share a zygote.
 
 Not here: which launch path a worker takes and the controller's side (launch.py). CUDA is
 never initialised here (only imported): a fork after CUDA init breaks the child.
@@ -51,16 +73,50 @@ SIGNED = struct.Struct("q")
 HEADER = struct.Struct("!I")
 MAX_FDS = 4
 OWNER_POLL_S = 0.5
+RUN_SCOPED_PREFIXES = ("PREFECT_", "MLFLOW_", "AWS_", "PYTEST_", "RLPIPE_")
+RUN_SCOPED_NAMES = frozenset({"COLUMNS", "LINES", "NO_PROXY", "no_proxy", "PWD", "OLDPWD", "_", "_RJEM_MALLOC_CONF"})
+"""_RJEM_MALLOC_CONF: polars' jemalloc reads it when polars loads, which PRELOAD never does
+(the test checks); polars appends to it at each import, so a process started by one that
+imported polars has it twice."""
+_START_CWD = os.getcwd()
+
+
+def import_settings(env: dict[str, str]) -> dict[str, str]:
+    """The variables of `env` that a zygote's imports may have read (module docstring)."""
+    return {key: value for key, value in env.items()
+            if key not in RUN_SCOPED_NAMES and not key.startswith(RUN_SCOPED_PREFIXES)}
 
 
 def main() -> None:
-    control_fd, owner_pid = int(sys.argv[1]), int(sys.argv[2])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from rlpipe.workers.server import owner_alive
 
     parent_at_start = os.getppid()
+    if sys.argv[1] == "--listen":
+        listener, path, owner_pid = socket.socket(fileno=int(sys.argv[2])), sys.argv[3], int(sys.argv[4])
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        hello = {"settings": import_settings(dict(os.environ)), "pid": os.getpid()}  # before an import adds any
+        try:
+            _preload(lambda: owner_alive(owner_pid, parent_at_start))
+            _serve(owner_pid, parent_at_start, (listener, hello), [])
+        finally:
+            listener.close()
+            _unlink(path)  # a forked child never gets here: it ends in os._exit
+        return
+    control_fd, owner_pid = int(sys.argv[1]), int(sys.argv[2])
     control = socket.socket(fileno=control_fd)
     _preload(lambda: owner_alive(owner_pid, parent_at_start) and not _closed(control))
+    _serve(owner_pid, parent_at_start, None, [control])
+
+
+def _serve(owner_pid: int, parent_at_start: int, listening: tuple[socket.socket, dict] | None,
+           connections: list[socket.socket]) -> None:
+    """Fork a worker for each request until the owner dies, or (a controller's own zygote,
+    nothing `listening`) its one connection closes."""
+    from rlpipe.workers.server import owner_alive
+
+    listener = listening[0] if listening is not None else None
+
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -68,7 +124,10 @@ def main() -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     status_of: dict[int, int] = {}  # child pid -> write end of its status pipe
     selector = selectors.DefaultSelector()
-    selector.register(control, selectors.EVENT_READ)
+    for connection in connections:
+        selector.register(connection, selectors.EVENT_READ)
+    if listener is not None:
+        selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
     while owner_alive(owner_pid, parent_at_start):
         for key, _ in selector.select(OWNER_POLL_S):
@@ -76,18 +135,54 @@ def main() -> None:
                 _drain(wake_r)
                 _reap(status_of)
                 continue
-            request = _receive(control)
+            if key.fileobj is listener:
+                _accept(listening, selector, connections)
+                continue
+            connection = key.fileobj
+            try:
+                request = _receive(connection)
+            except (OSError, RuntimeError, ValueError):
+                request = None  # a broken request: that controller gets no more workers here
             if request is None:
-                return  # the controller closed its end: no more workers
+                if listener is None:
+                    return  # the controller closed its end: no more workers
+                selector.unregister(connection)
+                connections.remove(connection)
+                connection.close()
+                continue
             message, fds = request
+            inherited = [selector.fileno(), wake_r, wake_w, *status_of.values(), *(c.fileno() for c in connections)]
             pid = os.fork()
             if pid == 0:
-                os._exit(_child(message, fds, [selector.fileno(), control.fileno(), wake_r, wake_w, *status_of.values()]))
+                if listener is not None:
+                    inherited.append(listener.fileno())
+                os._exit(_child(message, fds, inherited))
             for fd in fds[:3]:
                 os.close(fd)
             _write_signed(fds[3], pid)
             status_of[pid] = fds[3]
         _reap(status_of)
+
+
+def _accept(listening: tuple[socket.socket, dict], selector: selectors.BaseSelector,
+            connections: list[socket.socket]) -> None:
+    """A new controller: send the hello (the settings this zygote imported under, its pid)."""
+    listener, hello = listening
+    try:
+        connection, _ = listener.accept()
+        body = json.dumps(hello).encode()
+        connection.sendall(HEADER.pack(len(body)) + body)
+    except OSError:
+        return
+    connections.append(connection)
+    selector.register(connection, selectors.EVENT_READ)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _preload(wanted: Callable[[], bool]) -> None:
@@ -128,6 +223,7 @@ def _child(message: dict, fds: list[int], inherited: list[int]) -> int:
         os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for fd in inherited + [fds[3]]:
             os.close(fd)
         for target, fd in enumerate(fds[:3]):
@@ -136,6 +232,10 @@ def _child(message: dict, fds: list[int], inherited: list[int]) -> int:
         os.environ.clear()
         os.environ.update(message["env"])
         os.chdir(message["cwd"])
+        if message.get("umask") is not None:
+            os.umask(message["umask"])
+        if sys.path and sys.path[0] == _START_CWD:
+            sys.path[0] = message["cwd"]
         sys.argv = ["rlpipe.workers.main", "--kind", message["kind"], "--run-id", message["run_id"]]
         _name_process(f"rlpipe-{message['kind']}")
         _apply_thread_counts()
@@ -214,6 +314,24 @@ def send_request(control: socket.socket, message: dict, fds: list[int]) -> None:
     body = json.dumps(message).encode()
     socket.send_fds(control, [HEADER.pack(len(body))], fds)
     control.sendall(body)
+
+
+def read_hello(connection: socket.socket) -> dict:
+    """The controller's side of _accept: the shared zygote's settings and pid."""
+    data = b""
+    while len(data) < HEADER.size:
+        more = connection.recv(HEADER.size - len(data))
+        if not more:
+            raise ConnectionError("the shared zygote closed the connection before its hello")
+        data += more
+    (length,) = HEADER.unpack(data)
+    body = b""
+    while len(body) < length:
+        more = connection.recv(length - len(body))
+        if not more:
+            raise ConnectionError("the shared zygote closed the connection during its hello")
+        body += more
+    return json.loads(body)
 
 
 def _reap(status_of: dict[int, int]) -> None:

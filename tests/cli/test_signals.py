@@ -41,6 +41,7 @@ from typer.testing import CliRunner
 from rlpipe.cli.main import app
 from tests.durability.cli_runs import RLPIPE, cli_env, make_where, run_cli
 from tests.helpers.prefect_db import seed_prefect_home
+from tests.helpers.processes import own_zygote_env
 
 # The interrupted flow run's state: Crashed (Prefect's state for a signal); Failed when the
 # signal landed in Prefect's own task set-up, which then raises ValueError("Task run is not
@@ -199,7 +200,7 @@ def test_sigterm_in_ephemeral_mode_ends_in_order_and_the_run_resumes(
     starts `rlpipe up`: the interrupted flow run stays in the temporary server's database."""
     where = make_where(tmp_path, EPHEMERAL_TOML)
     run_id = "sig-eph-term"
-    env = cli_env(where, prefect_api_url=None)
+    env = own_zygote_env(cli_env(where, prefect_api_url=None))  # wait_for_no_process finds its workers
     env.pop("PREFECT_API_URL", None)  # ephemeral mode: Prefect's temporary server
     seed_prefect_home(Path(env["PREFECT_HOME"]), prefect_db_snapshot)  # a ready database: no migration
     result = run_on_pty(["train", str(where.config_path), "--run-id", run_id], env, tmp_path,
@@ -212,7 +213,7 @@ def test_sigterm_in_ephemeral_mode_ends_in_order_and_the_run_resumes(
 
     shown = CliRunner().invoke(app, ["runs", "show", run_id, "--lake", where.lake_uri], env={"COLUMNS": "200"})
     assert f"resume with: rlpipe resume {run_id} --lake {where.lake_uri}" in shown.output.splitlines(), shown.output
-    served = cli_env(where, prefect_api_url=prefect_api_url)
+    served = own_zygote_env(cli_env(where, prefect_api_url=prefect_api_url))
     resumed = run_cli(["resume", run_id, "--lake", where.lake_uri], served, tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert Lake.open(where.lake_uri).committed_steps(run_id) == [1, 2]

@@ -62,6 +62,7 @@ from tests.cli.test_signals import (
     ENDED, TOML, check_interrupted, flow_run_states, run_on_pty, step_committed, step_table, wait_for_no_process,
 )
 from tests.durability.cli_runs import Where, cli_env, count_rows, make_where, run_cli
+from tests.helpers.processes import own_zygote_env
 from tests.helpers.s3_server import free_port
 from tests.sandbox._bwrap_support import require_bwrap
 
@@ -99,8 +100,8 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     folder = tmp_path_factory.mktemp("up")
     marker = f"rlpipe-up-test-{uuid.uuid4().hex}"
     # Prefect's INFO lines, as a user's `up` has them: the flow runs' progress lines are INFO
-    env = cli_env(Where(folder, folder / "unused.toml"), prefect_api_url=None, RLPIPE_UP_TEST_MARKER=marker,
-                  PREFECT_LOGGING_LEVEL="INFO")
+    env = own_zygote_env(cli_env(Where(folder, folder / "unused.toml"), prefect_api_url=None, RLPIPE_UP_TEST_MARKER=marker,
+                                 PREFECT_LOGGING_LEVEL="INFO"))
     env.pop("PREFECT_API_URL", None)
     env.pop("MLFLOW_TRACKING_URI", None)
     started = run_cli(["up", "--prefect-port", str(free_port()), "--mlflow-port", str(free_port())], env, folder)
@@ -210,7 +211,7 @@ def test_ctrl_c_of_a_cli_run_under_up_ends_in_order(up: Up, tmp_path: Path) -> N
     # The config `up`'s users write: no tracking section, so the run reports to up's MLflow.
     where.config_path.write_text(TOML + f'\n[storage]\nlake_uri = "{lake_uri}"\n')
     run_id = f"sig-up-{os.getpid()}"
-    env = dict(cli_env(where, prefect_api_url=None), RLPIPE_HOME=up.env["RLPIPE_HOME"])  # up's state file
+    env = own_zygote_env(dict(cli_env(where, prefect_api_url=None), RLPIPE_HOME=up.env["RLPIPE_HOME"]))  # up's state file
     env.pop("PREFECT_API_URL", None)
     env.pop("MLFLOW_TRACKING_URI", None)
     result = run_on_pty(["train", str(where.config_path), "--run-id", run_id], env, tmp_path,

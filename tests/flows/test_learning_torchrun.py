@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.flows.test_learning_e2e import train_and_check_it_learned
+from rlpipe.workers.launch import SHARED_ZYGOTE_ENV_VAR
 from tests.helpers.processes import processes_marked
 from tests.workers.workers_at_hand import wait_until_gone
 
@@ -34,6 +35,7 @@ MARK = "RLPIPE_TEST_TORCHRUN_RUN"
 @pytest.mark.timeout(1800)  # ~200 s at load 5: above the suite's 600 s hang guard at a high load
 def test_small_quickstart_learns_with_two_trainer_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MARK, str(tmp_path))  # inherited by the workers, torchrun and its ranks
+    monkeypatch.delenv(SHARED_ZYGOTE_ENV_VAR, raising=False)  # a zygote that has the marker too
     train_and_check_it_learned(tmp_path, "learn-ddp", "cluster.trainer_nproc=2")
 
     # The run ended: its trainer worker stopped the group (no orphaned rank or torchrun).

@@ -1,27 +1,49 @@
 """Processes found by a marker in their environment: what a test started, however deep
 (workers, torchrun and its ranks, which run in sessions of their own and outlive a parent
-that dies), and nothing another test running beside it started."""
+that dies), and nothing another test running beside it started.
+
+A worker forked from the session's shared zygote (tests/conftest.py) shows the zygote's
+environment in /proc/PID/environ, not its controller's, so no marker finds it: a test that
+finds processes by a marker gives the processes it marks `own_zygote_env` (their workers come
+from the controller's own zygote, started with the marker), and `processes_marked` refuses
+to answer for a marked process that could still use the shared one."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+
+from rlpipe.workers.launch import SHARED_ZYGOTE_ENV_VAR
+
+
+def own_zygote_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without the shared zygote's socket: workers fork from their controller's own
+    zygote, whose environment (the marker included) /proc shows for them."""
+    return {key: value for key, value in env.items() if key != SHARED_ZYGOTE_ENV_VAR}
 
 
 def processes_marked(name: str, value: str) -> list[int]:
-    """Pids of live (not zombie) processes whose environment holds `name=value`."""
+    """Pids of live (not zombie) processes whose environment holds `name=value`. Raises
+    AssertionError for one that names the shared zygote (its workers would not be found)."""
     wanted = f"{name}={value}".encode()
+    shared = f"{SHARED_ZYGOTE_ENV_VAR}=".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if wanted not in (entry / "environ").read_bytes().split(b"\0"):
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if wanted not in environ:
                 continue
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z":
-            found.append(int(entry.name))
+        if state == "Z":
+            continue
+        assert not any(item.startswith(shared) and item != shared for item in environ), (
+            f"process {entry.name}, marked {name}, may fork workers from the shared zygote, which carry no "
+            f"marker: start it with tests.helpers.processes.own_zygote_env")
+        found.append(int(entry.name))
     return found
 
 

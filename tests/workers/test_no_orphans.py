@@ -1,6 +1,7 @@
 """A controller killed with SIGKILL leaves no worker behind: each worker's watchdog sees
 its owner gone and exits, and removes the run's socket and weights folders; the zygote the
-workers were forked from (workers/launch.py) exits too."""
+workers were forked from (workers/launch.py) exits too. (A shared zygote outlives the
+controller: test_shared_zygote.py.)"""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 from tests.durability.cli_runs import REPO_ROOT
+from tests.helpers.processes import own_zygote_env
 from tests.workers.workers_at_hand import alive, wait_until_gone
 
 CONTROLLER = textwrap.dedent("""
@@ -29,7 +31,7 @@ CONTROLLER = textwrap.dedent("""
 
 
 def test_a_controller_killed_with_sigkill_leaves_no_worker_behind(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = own_zygote_env({**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     controller = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(tmp_path)], stdout=subprocess.PIPE,
                                   text=True, env=env, cwd=REPO_ROOT)
     try:

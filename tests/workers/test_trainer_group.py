@@ -36,10 +36,11 @@ from rlpipe.core.errors import TrainerGroupFailed
 from rlpipe.storage.lake import Lake
 from rlpipe.workers import protocol as p
 from rlpipe.workers.client import TrainerClient, WorkerSpec
+from rlpipe.workers.launch import SHARED_ZYGOTE_ENV_VAR
 from rlpipe.workers.trainer_group import TrainerGroupService
 from rlpipe.workers.trainer_worker import TrainerService
 from tests.durability.cli_runs import REPO_ROOT
-from tests.helpers.processes import is_zygote, processes_marked
+from tests.helpers.processes import is_zygote, own_zygote_env, processes_marked
 from tests.helpers.trajectories import make_trajectory
 from tests.workers.workers_at_hand import wait_until_gone
 
@@ -125,6 +126,7 @@ def test_a_rank_killed_mid_update_is_an_infra_error_and_leaves_no_process(tmp_pa
     monkeypatch.setenv("RLPIPE_FAILPOINTS", "all-reduce-rank-1@1")
     mark = ("RLPIPE_TEST_TORCHRUN_GROUP", str(tmp_path))
     monkeypatch.setenv(*mark)  # inherited by the worker, torchrun and the ranks
+    monkeypatch.delenv(SHARED_ZYGOTE_ENV_VAR, raising=False)  # a zygote that has the marker too
     sockets = Path(tempfile.mkdtemp(prefix="rlg-"))
     trainer = TrainerClient(WorkerSpec("g", "trainer", config.model_dump_json(), sockets, tmp_path))
     try:
@@ -172,7 +174,7 @@ def test_a_controller_killed_with_sigkill_leaves_no_rank_behind(tmp_path: Path) 
     """The trainer worker's watchdog ends it, each rank's watchdog (or closed socket) ends the
     ranks, and torchrun ends with its ranks: nothing of the run is left."""
     mark = ("RLPIPE_TEST_TORCHRUN_GROUP", str(tmp_path))
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), mark[0]: mark[1]}
+    env = own_zygote_env({**os.environ, "PYTHONPATH": str(REPO_ROOT), mark[0]: mark[1]})
     controller = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                                   env=env, cwd=REPO_ROOT)
     try:

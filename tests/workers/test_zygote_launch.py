@@ -4,7 +4,8 @@ threaded when it forks and never CUDA-initialised, a restart forked from the sam
 the controller's environment of the launch (a crash point armed after the zygote started
 reaches the next fresh worker; an environment the zygote was not started with gets a fresh
 zygote). RLPIPE_WORKER_LAUNCH=spawn starts the worker as this process's child. A controller
-killed with SIGKILL leaves neither worker nor zygote: test_no_orphans.py."""
+killed with SIGKILL leaves neither worker nor zygote: test_no_orphans.py. These tests keep
+off the session's shared zygote (test_shared_zygote.py tests that one)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ from tests.workers.workers_at_hand import engine_worker, wait_until_gone, worker
 
 PARAMS = SamplingParams(n=1, max_new_tokens=2, seed=3)
 PROMPTS = [("t", "1+1=")]
+
+
+@pytest.fixture(autouse=True)
+def _own_zygote(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(launch.SHARED_ZYGOTE_ENV_VAR, raising=False)
 
 
 def _parent(pid: int) -> int:
