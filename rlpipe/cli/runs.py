@@ -60,6 +60,7 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
         "mlflow_run_id": info.mlflow_run_id,
         "prefect_flow_run_id": info.prefect_flow_run_id,
         "steps_committed": len(steps),
+        "rows_per_step": rows_per_step(lake, run_id, steps),
         "last_step": steps[-1] if steps else None,
         "last_step_metrics": dict(last.metrics) if last else {},
         "heldout_accuracy_before_rl": before.get("accuracy") if before else None,
@@ -80,6 +81,26 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
         "export_command": export_command(run_id, lake.uri),
         "warmstart": lake.read_json(run_id, "progress/warmstart.json"),
     }
+
+
+def rows_per_step(lake: Lake, run_id: str, steps: list[int]) -> list[dict[str, int]]:
+    """Each committed step's rows: those it trained on (the trajectories folder, what any
+    reader sees) and those dynamic sampling set apart (the `set_apart` view), from the
+    manifests alone, so a run whose groups all lacked a signal does not look empty."""
+    rows = []
+    for step in steps:
+        manifest = lake.read_manifest(run_id, step)
+        rows.append({"step": step, "trained": sum(part.rows for part in manifest.parts),
+                     "set_apart": sum(part.rows for part in manifest.set_apart)})
+    return rows
+
+
+def rows_line(per_step: list[dict[str, int]]) -> str:
+    """One line: the rows trained on and set apart over the committed steps, and the last step's."""
+    trained, set_apart = sum(row["trained"] for row in per_step), sum(row["set_apart"] for row in per_step)
+    last = per_step[-1]
+    return (f"rows: {trained} trained on, {set_apart} set apart by dynamic sampling (the set_apart view) over "
+            f"{len(per_step)} steps; step {last['step']}: {last['trained']} trained on, {last['set_apart']} set apart")
 
 
 def resume_command(run_id: str, lake_uri: str) -> str:
@@ -141,6 +162,8 @@ def print_run(lake: Lake, run_id: str, json_out: bool, console: Console) -> None
                          ", ".join(checkpoint["kept_as"]) or "-")
         console.print(kept)
     console.print(f"steps committed: {report['steps_committed']} of {report['config']['train']['steps']}")
+    if report["rows_per_step"]:
+        console.print(rows_line(report["rows_per_step"]), soft_wrap=True, markup=False, highlight=False)
     before, after = report["heldout_accuracy_before_rl"], report["heldout_accuracy_after_rl"]
     console.print(f"held-out accuracy: before RL {_fmt(before)}  after RL {_fmt(after)}")
     if report["evaluations"]:

@@ -157,3 +157,16 @@ def test_train_metrics_need_a_committed_step(tmp_path: Path):
 def test_metric_columns_drop_the_train_prefix_and_slashes():
     assert [metric_column(n) for n in ("train/loss", "reward/mean", "reward/my-domain", "time/step_s")] == \
         ["loss", "reward_mean", "reward_my_domain", "time_step_s"]
+
+
+def test_runs_show_counts_per_step_agree_with_the_folders(lake_root: Path):
+    from rlpipe.cli.runs import rows_line, rows_per_step
+
+    lake = Lake.open(str(lake_root))
+    per_step = rows_per_step(lake, "run-a", lake.committed_steps("run-a"))
+    trained = pd.read_parquet(lake_root / "trajectories" / "run_id=run-a")
+    apart = pd.read_parquet(lake_root / "set_apart" / "run_id=run-a")
+    assert [(row["step"], row["trained"]) for row in per_step] == [(step, int((trained["step"] == step).sum())) for step in (1, 2, 10)]
+    assert [(row["step"], row["set_apart"]) for row in per_step] == [(step, int((apart["step"] == step).sum())) for step in (1, 2, 10)]
+    line = rows_line(per_step)
+    assert f"{len(trained)} trained on, {len(apart)} set apart" in line and "step 10: 4 trained on, 0 set apart" in line
