@@ -3,31 +3,33 @@
 
 Three variants of the same `rlpipe train` (the CLI as a user runs it, its own temporary
 Prefect server, lake, MLflow sqlite file and Prefect home each), run interleaved (none,
-ckpt4, eval8, none, ckpt4, eval8, ...) so that the load of a shared machine drifts over all
+ckpt4, eval, none, ckpt4, eval, ...) so that the load of a shared machine drifts over all
 alike:
   none   no checkpoint but the run's first and last, evaluation only before and after RL
   ckpt4  checkpoint.every_steps = 4 (retention's default keep_last)
-  eval8  eval.every_steps = 8
-all with envs.heldout_size = 200 (the held-out problems of each evaluation) and N RL steps.
-`--model smollm2`: configs/smollm2.toml (`make smollm2` first); `--model tiny`: the small
-default model on 4 x 4 arithmetic rollouts, a smoke run of a minute or two per variant.
+  eval   eval.every_steps = 4 on envs.heldout_size = 200 held-out problems
+with N RL steps (default 6). `--model smollm2`: configs/smollm2.toml (`make smollm2` first);
+`--model tiny`: the small default model on 4 x 4 arithmetic rollouts, a smoke run.
+none and ckpt4 hold 20 held-out problems: their evaluations (before and after RL) are outside
+what is timed, so only their start and end get shorter.
 
 Measured per run: the span from step 1's MANIFEST.json (written when step 1's rows are
-committed) to step N's TRAIN.json (step N's update done), which holds N-1 updates and the
-checkpoints and evaluations made after steps 1..N-1: with N = 9 (the default) exactly 2
-checkpoints (after steps 4 and 8) and 1 evaluation (after step 8), so span(ckpt4)/span(none)
-- 1 is the cost of checkpointing every 4 steps and span(eval8)/span(none) - 1 that of
-evaluating every 8 (for another N the printout scales the extra time to one event per 4 or
-8 steps). A background checkpoint write that slows the steps after it is inside the span.
-Also: the whole command's wall time, the median `time/step_s`, the lake's disk use after N
-steps (total and checkpoints/), the load average before and after, and the memory of every
-process of the run (process_peaks.Watch, every 0.5 s): peak PSS per process with its
-anonymous / file / shmem split at that moment, VmHWM, the peak of the summed PSS at one poll,
-and the peak of the /dev/shm weight-sync folder. The memory goal is set against the state
-the run must hold: fp32 weights, gradients and AdamW's two moments in the trainer plus the
-engine's weights, 5 x 4 bytes per parameter. Then the memory reference: the same step's work
-in one plain PyTorch process (benchmarks/plain_step.py), its peak PSS against its own state
-(4 x 4 bytes per parameter).
+committed) to step N's TRAIN.json (step N's update done): N-1 updates and the checkpoints and
+evaluations made after steps 1..N-1 (with N = 6: one checkpoint and one evaluation, after
+step 4, then 2 more steps in which a background write that slows the steps after it is
+counted). The cost of one event is the span's extra time over none's, per event; it is
+printed as a share of the wall time at the issue's frequencies: that extra time over the
+time of 4 of none's steps (a checkpoint every 4 steps) and over 8 (an evaluation every 8:
+an evaluation's cost does not depend on how often it runs). Also: the whole command's
+wall time, the median `time/step_s`, the lake's disk use after N steps (total and
+checkpoints/), the load average before and after, and the memory of every process of the
+run (process_peaks.Watch, every 0.5 s): peak PSS per process with its anonymous / file /
+shmem split at that moment, VmHWM, the peak of the summed PSS at one poll, and the peak of
+the /dev/shm weight-sync folder. The memory goal is set against the state the run must
+hold: fp32 weights, gradients and AdamW's two moments in the trainer plus the engine's
+weights, 5 x 4 bytes per parameter. Then the memory reference: the same step's work in one
+plain PyTorch process (benchmarks/plain_step.py), its peak PSS against its own state (4 x 4
+bytes per parameter).
 
 Goals beside the ratios (issue 38): a checkpoint every 4 steps <= 3% of the wall time;
 evaluation every 8 steps on 200 held-out problems <= 5%; the summed peak <= 1.5x the state.
@@ -59,13 +61,14 @@ from process_peaks import ProcessPeak, Watch  # noqa: E402
 from rlpipe.workers.shm import folder_prefix, shm_base  # noqa: E402 - torch-free
 
 GB = 1e9
+EVENT_EVERY = 4  # the step after which each measured checkpoint or evaluation happens, and its period
 VARIANTS: dict[str, list[str]] = {
-    "none": ["checkpoint.every_steps=1000", "eval.every_steps=0"],
-    "ckpt4": ["checkpoint.every_steps=4", "eval.every_steps=0"],
-    "eval8": ["checkpoint.every_steps=1000", "eval.every_steps=8"],
+    "none": ["checkpoint.every_steps=1000", "eval.every_steps=0", "envs.heldout_size=20"],
+    "ckpt4": [f"checkpoint.every_steps={EVENT_EVERY}", "eval.every_steps=0", "envs.heldout_size=20"],
+    "eval": ["checkpoint.every_steps=1000", f"eval.every_steps={EVENT_EVERY}", "envs.heldout_size=200"],
 }
-EVERY = {"ckpt4": 4, "eval8": 8}
-GOALS = {"ckpt4": 0.03, "eval8": 0.05}
+GOAL_EVERY = {"ckpt4": 4, "eval": 8}  # the frequencies of the issue's goals
+GOALS = {"ckpt4": 0.03, "eval": 0.05}
 MEMORY_GOAL = 1.5
 TINY_TOML = """\
 [envs]
@@ -186,25 +189,27 @@ def print_ratios(results: list[RunResult], steps: int) -> None:
     by_rep: dict[int, dict[str, RunResult]] = {}
     for result in results:
         by_rep.setdefault(result.rep, {})[result.variant] = result
-    for variant in ("ckpt4", "eval8"):
-        every, goal = EVERY[variant], GOALS[variant]
-        events = (steps - 1) // every  # events after steps 1..N-1, inside the span
-        costs, walls = [], []
+    for variant in ("ckpt4", "eval"):
+        every, goal = GOAL_EVERY[variant], GOALS[variant]
+        events = (steps - 1) // EVENT_EVERY  # events after steps 1..N-1, inside the span
+        costs, ratios, walls = [], [], []
         for runs in by_rep.values():
             base, other = runs.get("none"), runs.get(variant)
-            if base is None or other is None or not base.span_s or not other.span_s:
+            if base is None or other is None or not base.span_s or not other.span_s or not events:
                 continue
-            extra = other.span_s - base.span_s
-            # the extra time per event, over the time of `every` steps of `none`
-            costs.append(extra / events / (base.span_s / (steps - 1) * every) if events else float("nan"))
+            extra = (other.span_s - base.span_s) / events
+            costs.append(extra / (base.span_s / (steps - 1) * every))  # per event, over `every` of none's steps
+            ratios.append(other.span_s / base.span_s)
             walls.append(other.wall_s / base.wall_s)
         if not costs:
             print(f"  {variant}: no pair of completed runs")
             continue
+        what = "checkpoint" if variant == "ckpt4" else "evaluation on 200 held-out problems"
         spread = f" (reps: {', '.join(f'{c:+.1%}' for c in costs)})" if len(costs) > 1 else ""
-        print(f"  {variant}: cost {statistics.median(costs):+.1%} of the wall time at one {'checkpoint' if variant == 'ckpt4' else 'evaluation'} "
-              f"every {every} steps{spread}; goal <= {goal:.0%}: {'MET' if statistics.median(costs) <= goal else 'NOT MET'}; "
-              f"whole command {', '.join(f'{w:.3f}' for w in walls)}x none's")
+        median = statistics.median(costs)
+        print(f"  {variant}: span {', '.join(f'{r:.3f}' for r in ratios)}x none's ({events} event(s) in {steps - 1} steps); "
+              f"one {what} every {every} steps costs {median:+.1%} of the wall time{spread}; goal <= {goal:.0%}: "
+              f"{'MET' if median <= goal else 'NOT MET'}; whole command {', '.join(f'{w:.3f}' for w in walls)}x none's")
 
 
 def parameter_count(config: Path, base: list[str]) -> int:
@@ -242,7 +247,7 @@ def run_plain(config: Path, base: list[str], work: Path, threads: int) -> RunRes
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    parser.add_argument("--steps", type=int, default=9, help="RL steps per run (9: the span holds 2 checkpoints, 1 evaluation)")
+    parser.add_argument("--steps", type=int, default=6, help="RL steps per run (>= 5: the span holds the event after step 4)")
     parser.add_argument("--reps", type=int, default=2, help="repetitions of the interleaved variants")
     parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="only these variants (default: all)")
     parser.add_argument("--no-plain", action="store_true", help="skip the one-process PyTorch reference")
@@ -258,7 +263,7 @@ def main() -> None:
     else:
         config = work / "tiny.toml"
         config.write_text(TINY_TOML)
-    base = [f"train.steps={args.steps}", "envs.heldout_size=200"]
+    base = [f"train.steps={args.steps}"]
     variants = args.variant or list(VARIANTS)
     print(f"{args.model}: {config.name} --set {' --set '.join(base)}; variants {', '.join(variants)} x {args.reps}, "
           f"interleaved; OMP_NUM_THREADS={args.threads}; {os.cpu_count()} CPUs; load {os.getloadavg()}; "
