@@ -1,7 +1,12 @@
-"""Peak memory of a process tree, polled (benchmarks/scale.py uses it): `Watch` follows a
-root process and its descendants, keeping each one's VmHWM and RssAnon peaks from
+"""Peak memory of a process tree, polled (benchmarks/scale.py and long_run.py use it): `Watch`
+follows a root process and its descendants, keeping each one's VmHWM and RssAnon peaks from
 /proc/PID/status and a role read from its command line (cli/controller, zygote, engine or
 trainer worker, Prefect server), and the peak size of the run's /dev/shm weights folder.
+With `pss=True` it also reads /proc/PID/smaps_rollup: each process's peak PSS (its private
+pages plus its share of pages it shares: the zygote's pages a forked worker has not written,
+shared libraries, mapped model files), split at that moment into anonymous, file and shmem
+PSS, and the peak of the tree's summed PSS at one poll (not the sum of peaks reached at
+different times).
 
 Linux only (/proc). What it does not: start or stop anything, or report (scale.py prints).
 """
@@ -20,6 +25,10 @@ class ProcessPeak:
     role: str
     vmhwm_kib: int = 0
     anon_kib: int = 0  # polled peak of RssAnon: private memory (no file pages, no mapped /dev/shm)
+    pss_kib: int = 0  # polled peak of Pss (smaps_rollup), with its split at that poll:
+    pss_anon_kib: int = 0
+    pss_file_kib: int = 0
+    pss_shmem_kib: int = 0
 
 
 @dataclass
@@ -30,10 +39,14 @@ class Watch:
     shm_prefix: Path  # the run's weight-sync folder is the one named so plus a random suffix (workers/shm.py)
     peaks: dict[int, ProcessPeak] = field(default_factory=dict)
     shm_peak: int = 0
+    pss: bool = False  # also poll /proc/PID/smaps_rollup (a page-table walk: ~ms per GiB mapped)
+    interval_s: float = 0.2
+    pss_sum_peak_kib: int = 0  # the largest sum of the tree's PSS at one poll
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         while not self.stop.is_set():
+            pss_sum = 0
             for pid in _descendants(self.root):
                 status = _status_kib(pid)
                 if "VmHWM" not in status:
@@ -45,8 +58,15 @@ class Watch:
                     peak.role = _role(pid, self.root)
                 peak.vmhwm_kib = max(peak.vmhwm_kib, status["VmHWM"])
                 peak.anon_kib = max(peak.anon_kib, status.get("RssAnon", 0))
+                if self.pss:
+                    rollup = _rollup_kib(pid)
+                    pss_sum += rollup.get("Pss", 0)
+                    if rollup.get("Pss", 0) > peak.pss_kib:
+                        peak.pss_kib, peak.pss_anon_kib = rollup["Pss"], rollup.get("Pss_Anon", 0)
+                        peak.pss_file_kib, peak.pss_shmem_kib = rollup.get("Pss_File", 0), rollup.get("Pss_Shmem", 0)
+            self.pss_sum_peak_kib = max(self.pss_sum_peak_kib, pss_sum)
             self.shm_peak = max(self.shm_peak, sum(map(_folder_bytes, self.shm_prefix.parent.glob(self.shm_prefix.name + "*"))))
-            self.stop.wait(0.2)
+            self.stop.wait(self.interval_s)
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -94,6 +114,16 @@ def _status_kib(pid: int) -> dict[str, int]:
         return {}
     return {key: int(rest.split()[0]) for key, _, rest in (line.partition(":") for line in lines)
             if key in ("VmHWM", "RssAnon")}
+
+
+def _rollup_kib(pid: int) -> dict[str, int]:
+    """Pss, Pss_Anon, Pss_File, Pss_Shmem of /proc/PID/smaps_rollup in KiB ({} when gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    except OSError:
+        return {}
+    return {key: int(rest.split()[0]) for key, _, rest in (line.partition(":") for line in lines)
+            if key in ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem")}
 
 
 def _role(pid: int, root: int) -> str:

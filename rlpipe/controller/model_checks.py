@@ -82,11 +82,11 @@ def check_gguf_model(config: RunConfig, mixture: Mixture) -> None:
     """A GGUF file (`model.gguf`): the file itself (exists, GGUF, a loadable architecture); once
     converted (rl/pretrained.py), its HF folder as `check_folder_model` checks a folder. The
     conversion happens here, once, before any worker starts: the two workers would otherwise
-    both convert, and the vLLM venv's engine worker cannot read GGUF at all."""
-    from rlpipe.rl.pretrained import check_gguf_file, converted_gguf_folder
+    both convert, and the vLLM venv's engine worker cannot read GGUF at all. It converts in a
+    child process (rl/gguf_folder.py): the controller never imports torch or transformers."""
+    from rlpipe.rl.gguf_folder import converted_folder_in_child
 
-    check_gguf_file(config.model.gguf)
-    folder = converted_gguf_folder(config.model.gguf)
+    folder = converted_folder_in_child(config.model.gguf)
     check_folder_model(config.model_copy(update={"model": config.model.model_copy(update={"path": str(folder)})}), mixture)
 
 

@@ -3,9 +3,10 @@
 `SnapshotTaker.take` copies what a checkpoint holds (the policy's weights, a LoRA policy's
 merged weights and adapter, the trainer's state) into host-memory tensors, so that training
 can go on while another thread writes them: the snapshot never changes after `take`. Its
-buffers are kept and reused by the next `take` (same shapes and dtypes: no new allocation);
-so a snapshot must be written before the next one is taken (workers/checkpoint_writer.py
-keeps at most one in flight). The small files (config.json, generation_config.json, the
+buffers are the taker's until `release` (workers/checkpoint_writer.py releases them once the
+snapshot is written: held for the whole run, they were one more copy of the weights and the
+AdamW state in the trainer's memory between checkpoints, 3x the fp32 weights); a snapshot
+must be written before the next one is taken (the writer keeps at most one in flight). The small files (config.json, generation_config.json, the
 tokenizer's, adapter_config.json) are rendered once per taker by transformers and peft
 themselves and kept as bytes.
 
@@ -96,6 +97,10 @@ class SnapshotTaker:
             self._small_files = _small_files(small_source, tokenizer, model if adapter is not None else None)
         files = {**self._small_files, META_FILE: json.dumps(asdict(meta)).encode()}
         return CheckpointSnapshot(meta=meta, weights=weights, trainer_state=state, adapter=adapter, small_files=files)
+
+    def release(self) -> None:
+        """Drop the buffers (a snapshot that still holds them keeps them alive until it goes)."""
+        self._buffers = {}
 
     def _copy(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
         buffer = self._buffers.get(key)

@@ -13,7 +13,9 @@ What it does:
   A changed file has another hash, hence another folder. The folder appears atomically (written
   under a temporary name, then renamed), so a run killed mid-conversion leaves no half folder
   that a later run would trust.
-- `converted_folder(path)` says where that folder is (for pre-flight checks and tests).
+- `converted_folder(path)` says where that folder is (rl/gguf_folder.py, torch-free: the
+  controller's pre-flight converts through `python -m rlpipe.rl.pretrained FILE`, this
+  module's command, in a child process).
 
 What it does not: download anything, keep weights quantized (training needs dense weights),
 choose a device or dtype (callers move the model), or convert GGUF files that are not
@@ -22,8 +24,9 @@ causal language models of an architecture transformers maps from GGUF.
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
+import sys
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,11 +35,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from rlpipe.core.errors import ModelNotFoundError
+from rlpipe.rl.gguf_folder import check_gguf_header, converted_folder
 from rlpipe.rl.policy import load_local_model
-
-GGUF_MAGIC = b"GGUF"
-HASH_HEX_DIGITS = 16
-_FETCH_HINT = "set model.gguf to an existing .gguf file; `make smollm2` downloads SmolLM2-135M-Instruct to models/smollm2/"
 
 
 def load_gguf_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
@@ -60,19 +60,7 @@ def converted_gguf_folder(path: str | Path) -> Path:
 def check_gguf_file(path: str | Path) -> Path:
     """The file as a Path; ModelNotFoundError unless it is a readable GGUF file of an
     architecture transformers can load."""
-    gguf_file = Path(path).expanduser()
-    if not gguf_file.is_file():
-        raise ModelNotFoundError(f"GGUF file not found: {gguf_file}", _FETCH_HINT)
-    try:
-        with gguf_file.open("rb") as handle:
-            magic = handle.read(len(GGUF_MAGIC))
-    except OSError as exc:
-        raise ModelNotFoundError(f"cannot read {gguf_file}: {exc}", _FETCH_HINT) from exc
-    if magic != GGUF_MAGIC:
-        raise ModelNotFoundError(
-            f"{gguf_file} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r})",
-            "model.gguf takes a .gguf file; for a folder written by save_pretrained use model.path",
-        )
+    gguf_file = check_gguf_header(path)
     architecture = gguf_architecture(gguf_file)
     if architecture not in supported_architectures():
         raise ModelNotFoundError(
@@ -103,20 +91,6 @@ def supported_architectures() -> frozenset[str]:
     return frozenset(GGUF_SUPPORTED_ARCHITECTURES) | frozenset(GGUF_ARCHS)
 
 
-def converted_folder(gguf_file: str | Path) -> Path:
-    """Where the HF folder converted from this file lives: beside it, keyed by its hash."""
-    gguf_file = Path(gguf_file).expanduser()
-    return gguf_file.parent / f"{gguf_file.stem}.hf-{file_sha256(gguf_file)[:HASH_HEX_DIGITS]}"
-
-
-def file_sha256(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            hasher.update(block)
-    return hasher.hexdigest()
-
-
 def _convert(gguf_file: Path, folder: Path) -> None:
     """Dequantize the GGUF file through transformers and save it as an HF folder, atomically."""
     options = dict(gguf_file=gguf_file.name, local_files_only=True)
@@ -145,3 +119,19 @@ def _convert(gguf_file: Path, folder: Path) -> None:
                                  "free disk space, or put the .gguf file in a folder you can write to") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m rlpipe.rl.pretrained FILE`: check and convert FILE; the last line of stdout
+    is {"folder": ...} or {"error": ..., "hint": ...} (rl/gguf_folder.py reads it)."""
+    try:
+        check_gguf_file(argv[0])
+        print(json.dumps({"folder": str(converted_gguf_folder(argv[0]))}))
+        return 0
+    except ModelNotFoundError as exc:
+        print(json.dumps({"error": exc.message, "hint": exc.hint}))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

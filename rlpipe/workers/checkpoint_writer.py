@@ -1,10 +1,11 @@
 """Checkpoints written in the background, off the trainer's critical path.
 
 `CheckpointWriter.save` takes a snapshot of the trainer's state in host memory
-(rl/checkpoint_snapshot.py; it waits for the write before it, so at most one is in flight and
-the snapshot's reused buffers are free) and hands it to a thread that writes the folder
+(rl/checkpoint_snapshot.py; it waits for the write before it, so at most one is in flight)
+and hands it to a thread that writes the folder
 straight into the lake (storage/checkpoint_store.py: digested as written, no temporary copy),
-commits it (CHECKPOINT.json, then LATEST) and then applies the run's retention
+commits it (CHECKPOINT.json, then LATEST), frees the snapshot's memory (written or not: the
+trainer does not hold a second copy of its state between checkpoints) and then applies the run's retention
 (storage/checkpoint_retention.py: older checkpoints are deleted only after this one is
 committed). `save` returns once the snapshot is taken: the next update may change the
 weights while the files are written. With `wait=True` (checkpoint 0 and the run's last) it
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import traceback
 from dataclasses import dataclass
 
 from rlpipe.core.errors import RlpipeError
@@ -61,7 +63,8 @@ class CheckpointWriter:
             return
         store.remove_partial(self.run_id)
         snapshot = self._taker.take(model, tokenizer, trainer_state, meta)
-        self._thread = threading.Thread(target=self._write, args=(snapshot,), name=f"checkpoint-{meta.step}", daemon=True)
+        self._thread = threading.Thread(target=self._write, args=([snapshot],), name=f"checkpoint-{meta.step}", daemon=True)
+        del snapshot
         self._thread.start()
         if wait:
             self.wait()
@@ -78,17 +81,22 @@ class CheckpointWriter:
             raise failure.error
         raise RuntimeError(f"checkpoint {failure.step} of run {self.run_id} could not be written: {failure.error}") from failure.error
 
-    def _write(self, snapshot: CheckpointSnapshot) -> None:
+    def _write(self, snapshots: list[CheckpointSnapshot]) -> None:
+        snapshot = snapshots.pop()  # the only reference: freed when this function returns
         step = snapshot.meta.step
         writing = self.lake.checkpoints.begin(self.run_id, step)
+        self._taker.release()
         try:
             write_snapshot(snapshot, writing.open)
             writing.commit()
         except BaseException as exc:  # noqa: BLE001 - handed to the next save or wait
             log.warning("checkpoint %d of run %s was not written: %s", step, self.run_id, exc)
             writing.abort()
+            traceback.clear_frames(exc.__traceback__)  # the frames that wrote it hold the snapshot
             self._failure = WriteFailure(step, exc)
             return
+        finally:
+            del snapshot
         self._prune()
 
     def _prune(self) -> None:
