@@ -142,3 +142,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank = {path: index for index, path in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
+
+
+_FILE_SECONDS: dict[str, float] = {}  # per test file: setup + call + teardown, summed over its tests
+SLOWEST_FILES_SHOWN = 20
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each phase's duration to its file (under xdist the controller sees every worker's
+    reports, so the sums cover the whole run)."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001
+    """The slowest files of this run, in seconds: the measured budget that LONGEST_FILES's
+    order is taken from (update it from a fresh-clone `.ci/run`)."""
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.write_sep("=", f"slowest {SLOWEST_FILES_SHOWN} files (seconds, setup + call + teardown)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:SLOWEST_FILES_SHOWN]:
+        listed = " (in LONGEST_FILES)" if path in LONGEST_FILES else ""
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}{listed}")
