@@ -14,8 +14,8 @@ logs are:
    temporary folder: the Prefect and MLflow databases of your own `up` are not touched.
 2. A short run of the served `rl-train/train` deployment through Prefect's API, as the
    form's Run button starts it: the form's default file (configs/quickstart.toml) with
-   RUN_FORM on top (the quickstart's warm start, then 3 RL steps of 16 prompts: a few
-   minutes on 2 CPU cores, rewards above 0 from the warm start). It waits for the flow run to complete
+   RUN_FORM on top (3 RL steps after a 20-step warm start: minutes on 2 CPU cores, too
+   short to learn the task, so its rewards are 0). It waits for the flow run to complete
    and for its last progress line to reach the server.
 3. Headless Chromium (driven over its DevTools protocol: scripts/chromium_devtools.py;
    --no-sandbox when run as root) loads each page until its text shows what it should (the
@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO_ROOT))
 RUN_STEPS = 3
 RUN_FORM = {
     "train": {"steps": RUN_STEPS},
+    "warmstart": {"steps": 20},
     "rollout": {"prompts_per_step": 16},
     "envs": {"heldout_size": 100},
 }
