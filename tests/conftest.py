@@ -51,27 +51,30 @@ from rlpipe.workers.launch import LAUNCH_ENV_VAR, SHARED_ZYGOTE_ENV_VAR, start_s
 from tests.helpers.prefect_db import snapshot_database
 from tests.helpers.s3_server import start_moto_server
 
-# The files that took longest in CI, longest first (seconds in a fresh-clone run at
-# load 2-3: the order matters, not the figures). Started first, they leave the
-# short files to fill the end of both workers' time.
+# The files that took longest in CI, longest first: seconds (setup + call + teardown summed
+# per file) in a fresh-clone `.ci/run`, from the summary this file prints at the end of a run
+# (the order matters, not the figures). Started first, they leave the short files to fill
+# the end of both workers' time.
 LONGEST_FILES = (
-    "tests/cli/test_up_serves_train.py",  # 169
-    "tests/durability/test_kill_resume.py",  # 161
-    "tests/cli/test_signals.py",  # 107
-    "tests/flows/test_learning_torchrun.py",  # ~200 at load 5; `extended`: only in make test-extended
-    "tests/flows/test_ui_retry.py",  # 82
-    "tests/workers/test_trainer_group.py",  # 79
-    "tests/cli/test_resume_more_steps.py",  # 71
-    "tests/flows/test_learning_e2e.py",  # 70
-    "tests/durability/test_s3_outage.py",  # 59
-    "tests/durability/test_async_kill_resume.py",  # 55
-    "tests/flows/test_train_flow.py",  # 52
-    "tests/workers/test_worker_death.py",  # 47
-    "tests/durability/test_retries.py",  # 42
-    "tests/sandbox/test_docker_warm_python.py",  # 41
-    "tests/flows/test_progress.py",  # 34
-    "tests/durability/test_checkpoint_safety.py",  # 33
-    "tests/flows/test_agent_rl_flow.py",  # 22 here, 250 once at load 15: a warm start and 2 steps of agent episodes
+    "tests/cli/test_up_serves_train.py",  # 227
+    "tests/durability/test_kill_resume.py",  # 136
+    "tests/cli/test_signals.py",  # 103
+    "tests/workers/test_trainer_group.py",  # 98
+    "tests/flows/test_learning_e2e.py",  # 97
+    "tests/agents/test_eval_hostile_cli.py",  # 96
+    "tests/agents/test_eval_resume.py",  # 85
+    "tests/qa/test_qa_suite.py",  # 82
+    "tests/agents/test_verifier_trust.py",  # 78
+    "tests/flows/test_ui_retry.py",  # 76
+    "tests/durability/test_checkpoint_background.py",  # 75
+    "tests/durability/test_part_write_enospc.py",  # 71
+    "tests/cli/test_resume_more_steps.py",  # 68
+    "tests/sandbox/test_docker_warm_python.py",  # 50
+    "tests/durability/test_s3_outage.py",  # 47
+    "tests/durability/test_async_kill_resume.py",  # 47
+    "tests/agents/test_eval_cli.py",  # 42
+    "tests/flows/test_learning_torchrun.py",  # `extended`: only in make test-extended
+    "tests/flows/test_agent_rl_flow.py",  # a warm start and 2 steps of agent episodes: slow under load
 )
 
 TEST_RETRY_BACKOFF_S = "0.1"
