@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
+from prefect.logging.handlers import APILogHandler
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName, LogFilter, LogFilterFlowRunId
 
 from rlpipe.controller.builders import build_lake
@@ -170,6 +171,7 @@ async def _task_run_message(flow_run_name: str, task_run_name: str) -> str:
 
 async def _flow_run_log_messages(flow_run_name: str) -> list[str]:
     """The log messages Prefect holds for the one flow run of that name (its task runs' included)."""
+    await APILogHandler.aflush()  # the lines still queued in this process go to the API first
     async with get_client() as client:
         (flow_run,) = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
         logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])))

@@ -45,10 +45,9 @@ def _umask(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def shared_socket() -> Iterator[str]:
-    """The session's shared zygote (tests/conftest.py), or one of this module's own."""
-    if os.environ.get(launch.SHARED_ZYGOTE_ENV_VAR):
-        yield os.environ[launch.SHARED_ZYGOTE_ENV_VAR]
-        return
+    """A shared zygote of this module's own, started with the environment as it is now: the
+    session's (tests/conftest.py) started before earlier tests of this process may have
+    changed a variable it compares, and would then be refused (the fallback, tested below)."""
     folder = tempfile.mkdtemp(prefix="rlz-")
     path = os.path.join(folder, "zygote.sock")
     zygote = launch.start_shared_zygote(path)
