@@ -48,7 +48,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +55,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
-from process_peaks import ProcessPeak, Watch  # noqa: E402
+from process_peaks import ProcessPeak, run_watched  # noqa: E402
 
 from rlpipe.workers.shm import folder_prefix, shm_base  # noqa: E402 - torch-free
 
@@ -120,17 +119,9 @@ def run_variant(name: str, rep: int, config: Path, base: list[str], work: Path, 
     for override in overrides:
         command += ["--set", override]
     load_before = os.getloadavg()[0]
-    started = time.perf_counter()
     log = folder / "train.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-        watch = Watch(process.pid, shm_base() / folder_prefix(run_id), pss=True, interval_s=0.5)
-        thread = threading.Thread(target=watch.run, daemon=True)
-        thread.start()
-        returncode = process.wait()
-        watch.stop.set()
-        thread.join()
-    wall_s = time.perf_counter() - started
+    returncode, wall_s, watch = run_watched(command, REPO, env, log, shm_base() / folder_prefix(run_id),
+                                            pss=True, interval_s=0.5)
     steps = int(next(o.split("=", 1)[1] for o in base if o.startswith("train.steps=")))
     first, last = _step_document(lake, run_id, 1, "MANIFEST.json"), _step_document(lake, run_id, steps, "TRAIN.json")
     span_s = last.stat().st_mtime - first.stat().st_mtime if first.exists() and last.exists() else None
@@ -227,20 +218,13 @@ def run_plain(config: Path, base: list[str], work: Path, threads: int) -> RunRes
     command = [sys.executable, str(REPO / "benchmarks" / "plain_step.py"), str(config)]
     for override in base:
         command += ["--set", override]
-    load_before, started = os.getloadavg()[0], time.perf_counter()
+    load_before = os.getloadavg()[0]
     log = work / "plain.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-        watch = Watch(process.pid, work / "no-shm-folder", pss=True, interval_s=0.2)
-        thread = threading.Thread(target=watch.run, daemon=True)
-        thread.start()
-        returncode = process.wait()
-        watch.stop.set()
-        thread.join()
+    returncode, wall_s, watch = run_watched(command, REPO, env, log, work / "no-shm-folder", pss=True, interval_s=0.2)
     tail = "\n".join(log.read_text().splitlines()[-6:])
     for peak in watch.peaks.values():
-        peak.role = "plain process" if peak.pid == process.pid else peak.role
-    return RunResult("plain", 0, returncode, time.perf_counter() - started, None, None, 0, 0, load_before,
+        peak.role = "plain process" if peak.pid == watch.root else peak.role
+    return RunResult("plain", 0, returncode, wall_s, None, None, 0, 0, load_before,
                      os.getloadavg()[0], list(watch.peaks.values()), watch.pss_sum_peak_kib, 0, tail)
 
 

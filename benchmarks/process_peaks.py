@@ -14,7 +14,9 @@ Linux only (/proc). What it does not: start or stop anything, or report (scale.p
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +69,22 @@ class Watch:
             self.pss_sum_peak_kib = max(self.pss_sum_peak_kib, pss_sum)
             self.shm_peak = max(self.shm_peak, sum(map(_folder_bytes, self.shm_prefix.parent.glob(self.shm_prefix.name + "*"))))
             self.stop.wait(self.interval_s)
+
+
+def run_watched(command: list[str], cwd: Path, env: dict[str, str], log: Path, shm_prefix: Path,
+                **watch_options) -> tuple[int, float, Watch]:
+    """Run `command` (stdout and stderr into `log`) while a Watch polls its process tree:
+    its exit code, its wall time in seconds, and the Watch with the peaks."""
+    started = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        watch = Watch(process.pid, shm_prefix, **watch_options)
+        thread = threading.Thread(target=watch.run, daemon=True)
+        thread.start()
+        returncode = process.wait()
+        watch.stop.set()
+        thread.join()
+    return returncode, time.perf_counter() - started, watch
 
 
 def _folder_bytes(folder: Path) -> int:

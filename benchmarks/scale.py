@@ -46,7 +46,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +53,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))  # process_peaks, next to this file
-from process_peaks import ProcessPeak, Watch  # noqa: E402
+from process_peaks import ProcessPeak, run_watched  # noqa: E402
 
 from rlpipe.workers.shm import folder_prefix, shm_base  # noqa: E402 - torch-free: where the run's /dev/shm folder appears
 
@@ -170,17 +169,8 @@ def run_variant(name: str, overrides: list[str], model: Path, work: Path, thread
     command = [sys.executable, "-m", "rlpipe.cli.main", "train", str(config), "--run-id", run_id]
     for override in overrides:
         command += ["--set", override]
-    started = time.perf_counter()
     log = work / f"{name}.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
-        watch = Watch(process.pid, shm_base() / folder_prefix(run_id))
-        thread = threading.Thread(target=watch.run, daemon=True)
-        thread.start()
-        returncode = process.wait()
-        watch.stop.set()
-        thread.join()
-    wall_s = time.perf_counter() - started
+    returncode, wall_s, watch = run_watched(command, work, env, log, shm_base() / folder_prefix(run_id))
     metrics: dict[str, float] = {}
     for document in ("MANIFEST.json", "TRAIN.json"):
         path = lake / "runs" / run_id / "steps" / "000001" / document
