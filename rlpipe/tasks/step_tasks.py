@@ -45,11 +45,9 @@ Not here: what the stages do (controller/), when a step's tasks run and in which
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
-from prefect import get_run_logger, task
-from prefect.exceptions import MissingContextError
+from prefect import task
 
 from rlpipe.controller.advantage import ScoredRound, advantages
 from rlpipe.controller.generate import generate
@@ -62,6 +60,7 @@ from rlpipe.controller.verify import verify_rows
 from rlpipe.controller.weight_sync import publish_current, sync_if_behind
 from rlpipe.core.records import Trajectory
 from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS, stage_key
+from rlpipe.tasks.run_log import run_logger
 from rlpipe.tasks.track import track
 
 
@@ -134,20 +133,13 @@ def _staged(runtime: Runtime, step: int, round_: int, stage: str, compute: Calla
     name, key = staged_name(stage, round_), stage_key(runtime, step, round_, stage)
     rows = records.lake.read_staged(runtime.run_id, step, name, key)
     if rows is not None:
-        _logger().warning("step %d: %s's rows were staged by an earlier attempt; taken from the lake, not computed again",
+        run_logger().warning("step %d: %s's rows were staged by an earlier attempt; taken from the lake, not computed again",
                           step, name)
         return rows
     rows = compute()
     records.lake.write_staged(runtime.run_id, step, name, key, rows)
     return rows
 
-
-def _logger() -> logging.Logger | logging.LoggerAdapter:
-    """The Prefect run logger inside a task run (the UI shows its lines), else this module's."""
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger(__name__)
 
 
 def staged_name(stage: str, round_: int) -> str:

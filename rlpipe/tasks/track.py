@@ -21,7 +21,6 @@ what cannot be recorded is a warning, never a failed or hanging run."""
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -30,12 +29,11 @@ from typing import TYPE_CHECKING
 
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.exceptions import MissingContextError
 
 from rlpipe.controller.runtime import Runtime
 from rlpipe.controller.sample import step_ratios
 from rlpipe.rl.heldout_regression import Regression
-from rlpipe.tasks.run_log import log_rl_step
+from rlpipe.tasks.run_log import log_rl_step, run_logger
 from rlpipe.workers.policy_export import export_policy
 
 if TYPE_CHECKING:
@@ -139,7 +137,7 @@ def link_runs(runtime: Runtime, links: Mapping[str, str | None]) -> None:
     mlflow_run = links.get("mlflow_run_id") or ""
     mlflow = (f"[{mlflow_run}]({links['mlflow_run_url']})" if links.get("mlflow_run_url")
               else f"`{mlflow_run}` in `{links.get('mlflow_tracking_uri')}`")
-    logger = _logger()
+    logger = run_logger()
     try:
         records.tracker.set_tags(records.mlflow_run_id, {
             "prefect.flow_run_id": flow_run_id, **({"prefect.flow_run_url": flow_run_url} if flow_run_url else {}), **lake_uris,
@@ -189,20 +187,13 @@ def upload_policy(tracker: Tracker, lake: Lake, run_id: str, mlflow_run_id: str,
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
-        _logger().warning("the final policy of run %s is still uploading to MLflow after %.0f s (tracking.log_model_timeout_s); "
+        run_logger().warning("the final policy of run %s is still uploading to MLflow after %.0f s (tracking.log_model_timeout_s); "
                           "the run goes on without waiting; export it with `rlpipe export %s DIR --lake %s`",
                           run_id, timeout_s, run_id, lake.uri)
         return False
     if failures:
-        _logger().warning("could not log the final policy of run %s to MLflow: %s; export it with `rlpipe export %s DIR --lake %s`",
+        run_logger().warning("could not log the final policy of run %s to MLflow: %s; export it with `rlpipe export %s DIR --lake %s`",
                           run_id, failures[0], run_id, lake.uri)
         return False
     return True
 
-
-def _logger() -> logging.Logger | logging.LoggerAdapter:
-    """The Prefect run logger inside a flow or task run (the UI shows its lines), else this module's."""
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger(__name__)
