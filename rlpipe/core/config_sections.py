@@ -69,6 +69,8 @@ class ReasoningGymDomainConfig(Section):
     """This domain's prompt rendering; None = model.prompt_format. Must equal model.prompt_format for now."""
     max_answer_chars: int = Field(1000, gt=0)
     """Longer outputs score 0 (format) without being parsed."""
+    answer_format: Literal["bare", "equation"] = "bare"
+    """"equation": a reply that is one true arithmetic equation ("4 - 1 = 3") is graded on its right-hand side."""
 
 
 class FileDomainConfig(Section):

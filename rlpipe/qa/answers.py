@@ -14,7 +14,8 @@ What it does:
 - Probes (`probe_attempts`), task-independent, each named in a finding when it scores > 0:
   text tasks: empty and blank output, the prompt echoed (alone and followed by the answer),
   several answers at once (every candidate joined by newline, comma, space; every digit,
-  every letter, every integer around an integer answer), partial answers (prefixes, a
+  every letter, every integer around an integer answer; for an integer answer, equations
+  that name it without committing to it: `equation_probes`), partial answers (prefixes, a
   suffix, the inner substring, the first and last fields), huge output (the reference
   padded to a megabyte and more), the reference repeated or with junk around it; code
   tasks: envs/code_probes.py's ANY_TASK_PROBES on every task (exit 0 at import, at the
@@ -157,7 +158,7 @@ def probe_attempts(env: object, task: Task) -> list[Attempt]:
         ("answer_then_junk", f"{reference} {JUNK}"),
         ("junk_then_answer", f"{JUNK} {reference}"),
         ("answer_junk_lines", f"{reference}\n{JUNK}\n{reference}"),
-    ] + partial_answers(reference) + enumerations(reference)
+    ] + partial_answers(reference) + enumerations(reference) + equation_probes(reference)
     return [Attempt(task.task_id, f"probe:{name}", text) for name, text in attempts if text.strip() != reference.strip()]
 
 
@@ -187,6 +188,20 @@ def enumerations(reference: str) -> list[tuple[str, str]]:
         numbers = [str(number) for number in range(value - ENUMERATED // 2, value + ENUMERATED // 2 + 1)]
         listed += [("numbers_around_the_answer", " ".join(numbers)), ("numbers_around_the_answer_lines", "\n".join(numbers))]
     return listed
+
+
+def equation_probes(reference: str) -> list[tuple[str, str]]:
+    """For an integer answer, equations that name it without being one true equation that
+    commits to it (a verifier that grades an equation's right-hand side must give 0): a
+    false equation, a chain, two equations, an equation then another number."""
+    answer = reference.strip()
+    if not answer.lstrip("-").isdigit():
+        return []
+    value = int(answer)
+    return [("false_equation_naming_the_answer", f"{value + 1} - 0 = {value}"),
+            ("equation_chain_with_a_candidate", f"{value} + 0 = {value} = {value + 1}"),
+            ("two_equations", f"{value + 1} + 0 = {value + 1}\n{value} + 0 = {value}"),
+            ("equation_then_another_number", f"{value} + 0 = {value}, or {value + 1}")]
 
 
 def hostile_episodes() -> list[tuple[str, str]]:
