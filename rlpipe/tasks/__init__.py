@@ -1,1 +1,2 @@
-"""Prefect tasks (thin: each calls library code) and the Runtime they share in-process."""
+"""Prefect tasks, and only them: thin @task functions, each one call per stage into
+controller/; their retry policy, logging, status and tracking are in rlpipe/orchestration/."""

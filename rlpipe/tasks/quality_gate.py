@@ -32,13 +32,13 @@ from rlpipe.controller.verify_batch import verify_batch
 from rlpipe.core.config import QaConfig
 from rlpipe.core.errors import UserError
 from rlpipe.envs.mixture import Mixture
+from rlpipe.orchestration.stage_options import UNCACHED_STAGE_OPTIONS
+from rlpipe.orchestration.track import artifact_key
 from rlpipe.qa.gate import run_gate
 from rlpipe.qa.records import QaReport
 from rlpipe.qa.report import summary_markdown, write_gate_reports
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.tracking import Tracker
-from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
-from rlpipe.tasks.track import artifact_key
 
 OUTCOME_DOCUMENT = "qa/before_train.json"  # read by cli/progress.py
 MLFLOW_FOLDER = "qa"

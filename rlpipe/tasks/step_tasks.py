@@ -9,13 +9,13 @@ them; each stage is one call into the module that does it: drawing the tasks
 (controller/sample.py), generating (controller/generate.py), verifying
 (controller/verify.py), advantages (controller/advantage.py), committing
 (controller/persist.py), the trainer worker's update (controller/update.py), the weights
-into the engine or a file (controller/weight_sync.py), the step's metrics (tasks/track.py).
+into the engine or a file (controller/weight_sync.py), the step's metrics (orchestration/track.py).
 Every task gets the run's Runtime by reference (controller/runtime.py).
 
 One task run per side of the step, not one per stage: each Prefect task run costs the
 controller and the Prefect server tens of ms of CPU, which a small step cannot spare
 (docs/ARCHITECTURE.md, "What orchestration costs"). What a task run per stage bought is
-kept: a task is retried on an InfraError (tasks/stage_options.py); `generate` and `verify`
+kept: a task is retried on an InfraError (orchestration/stage_options.py); `generate` and `verify`
 stage their rows in the lake under their stage key before the next stage starts, so a retry
 of the task, a UI retry of a crashed flow run and a resumed run take them from there (a
 warning in the task run's log says so) instead of generating or verifying again; `update`,
@@ -59,9 +59,9 @@ from rlpipe.controller.update import apply_committed_update
 from rlpipe.controller.verify import verify_rows
 from rlpipe.controller.weight_sync import publish_current, sync_if_behind
 from rlpipe.core.records import Trajectory
-from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS, stage_key
-from rlpipe.tasks.run_log import run_logger
-from rlpipe.tasks.track import track
+from rlpipe.orchestration.run_log import run_logger
+from rlpipe.orchestration.stage_options import UNCACHED_STAGE_OPTIONS, stage_key
+from rlpipe.orchestration.track import track
 
 
 @task(name="rollout", task_run_name="rollout-step-{step}", **UNCACHED_STAGE_OPTIONS)
