@@ -1,2 +1,3 @@
-"""Prefect tasks, and only them: thin @task functions, each one call per stage into
-controller/; their retry policy, logging, status and tracking are in rlpipe/orchestration/."""
+"""Prefect tasks: thin @task functions, each one call per stage into controller/ (beside
+them only the records they return and a few private helpers); their retry policy, logging,
+status and tracking are in rlpipe/orchestration/."""
