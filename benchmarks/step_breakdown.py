@@ -9,7 +9,7 @@ warm-started policy, so that a machine's changing load hits both alike:
 docs/RESULTS.md, "What orchestration costs".)
 Prints seconds per stage (plain, from the step's StageClock) and the ratio tasks/plain,
 i.e. what orchestration costs. Uses configs/quickstart.toml with fewer steps by default.
-Prefect's API is the temporary server `rlpipe train` starts (tasks/prefect_server.py; a
+Prefect's API is the temporary server `rlpipe train` starts (orchestration/prefect_server.py; a
 PREFECT_API_URL in the environment is used instead). On a loaded machine the wall-clock
 ratios move by +-15 % from run to run, so it also prints the CPU seconds per step that
 the controller (all its threads) spent in each mode (tasks - plain: what orchestration
@@ -46,7 +46,7 @@ def main() -> None:
     from rlpipe.core.config import load_config
     from rlpipe.flows.steps import rl_step
     from rlpipe.tasks import lifecycle, step_tasks
-    from rlpipe.tasks.prefect_server import temporary_prefect_server
+    from rlpipe.orchestration.prefect_server import temporary_prefect_server
     from rlpipe.controller.launch import build_runtime
     from rlpipe.controller.stage_clock import StageClock
 

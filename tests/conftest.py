@@ -10,7 +10,7 @@
 - ONE moto S3 server (its own process, real HTTP on 127.0.0.1) for the whole session:
   `s3_endpoint`. Tests stay independent by each using buckets of its own
   (tests.helpers.s3_server.unique_bucket), never by starting a server.
-- Stage retries back off from $RLPIPE_RETRY_BACKOFF_S (rlpipe/tasks/stage_options.py); the
+- Stage retries back off from $RLPIPE_RETRY_BACKOFF_S (rlpipe/orchestration/stage_options.py); the
   tests set it to 0.1 s (0.1, 0.2, ... 3.2 s instead of 1, 2, ... 32 s) unless the
   environment already sets it, so a retried stage costs the suite little. It is set here,
   before any test module imports rlpipe.tasks, and CLI subprocesses inherit it.

@@ -139,8 +139,8 @@ def _run_flow(eval_id: str, lake_uri: str, workers: int, max_attempts: int, mlfl
             logging.getLogger(name).setLevel(logging.WARNING)
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     from rlpipe.flows.eval import run_eval_flow
-    from rlpipe.tasks.prefect_server import temporary_prefect_server
-    from rlpipe.tasks.status import interruption
+    from rlpipe.orchestration.prefect_server import temporary_prefect_server
+    from rlpipe.orchestration.status import interruption
 
     signal_name = None
     with sigterm_raises():

@@ -162,7 +162,7 @@ def _train(run_config: RunConfig, run_id: str, verbose: bool):
         # reaches the flow (which reports it), the traceback would bury the interrupt line.
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     from rlpipe.flows.train import train as train_flow
-    from rlpipe.tasks.prefect_server import temporary_prefect_server
+    from rlpipe.orchestration.prefect_server import temporary_prefect_server
 
     console.print(f"run [bold]{run_id}[/]  lake [cyan]{run_config.storage.lake_uri}[/]")
     with temporary_prefect_server():  # stopped last, after the flow run has recorded its end
@@ -182,7 +182,7 @@ def _signal_of(exc: BaseException) -> str | None:
     import sys
 
     if "prefect" in sys.modules:  # else it cannot be Prefect's, and importing it now is slow
-        from rlpipe.tasks.status import interruption
+        from rlpipe.orchestration.status import interruption
 
         return interruption(exc)
     if isinstance(exc, KeyboardInterrupt):

@@ -24,9 +24,9 @@ from rlpipe.core.config import RunConfig
 
 POLL_S = 1.0
 PLAIN_EVERY_S = 30.0
-LINKS_DOCUMENT = "links.json"  # written by tasks/status.py
+LINKS_DOCUMENT = "links.json"  # written by orchestration/status.py
 WARMSTART_DOCUMENT = "progress/warmstart.json"
-GATE_DOCUMENT = "qa/before_train.json"  # written by tasks/quality_gate.py
+GATE_DOCUMENT = "qa/before_train.json"  # written by controller/quality_gate.py
 
 
 def no_prefect_ui(flow_run_id: str) -> str:

@@ -24,7 +24,7 @@ from rlpipe.storage.checkpoint_retention import kept_checkpoints, rule_of
 from rlpipe.storage.heldout_evaluations import read_heldout_evaluations
 from rlpipe.storage.lake import Lake
 
-INTERRUPTED = "interrupted by "  # status.json's error for a signal (tasks/status.py writes it)
+INTERRUPTED = "interrupted by "  # status.json's error for a signal (orchestration/status.py writes it)
 
 
 def run_report(lake: Lake, run_id: str) -> dict[str, Any]:

@@ -4,13 +4,13 @@
 `Terminated`, a KeyboardInterrupt that remembers its signal, so a `kill` takes the same
 path: Prefect marks the flow run crashed, the flow marks the lake status and the MLflow
 run (KILLED), the CLI lets Prefect's workers flush, stops the temporary Prefect server
-(tasks/prefect_server.py), prints one line with the resume command and exits 128 + the
+(orchestration/prefect_server.py), prints one line with the resume command and exits 128 + the
 signal's number (130 for SIGINT, 143 for SIGTERM), as shells do.
 
 Inside a flow run Prefect installs its own SIGTERM handler (raising TerminationSignal); on
 its way out it restores ours and re-sends the signal, which raises `Terminated` here.
 
-Not here: what a run records (tasks/status.py), the server (tasks/prefect_server.py).
+Not here: what a run records (orchestration/status.py), the server (orchestration/prefect_server.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the Runtime and changed in place:
                                    metrics, the curriculum, whether the warm start began
 
 No model, optimizer or engine lives here. A task receives the Runtime as a parameter:
-stage tasks have no Prefect cache and persist no result (tasks/stage_options.py), so
+stage tasks have no Prefect cache and persist no result (orchestration/stage_options.py), so
 Prefect neither hashes nor serializes their inputs, and a task retry runs in the same
 process, on the same object. A retry of the whole flow run (the UI's, a crash retry,
 `rlpipe resume`) runs the flow again, which builds a new Runtime. So there is no registry
@@ -74,7 +74,7 @@ class RunRecords:
     tracker: Tracker
     mlflow_run_id: str = ""  # set by open-run
     incarnation: str = ""  # run.json's created_at: tells a run apart from an earlier one of the same id
-    step_metrics: list[dict[str, float]] = field(default_factory=list)  # rows of the Prefect table (tasks/track.py)
+    step_metrics: list[dict[str, float]] = field(default_factory=list)  # rows of the Prefect table (orchestration/track.py)
 
 
 @dataclass(eq=False)

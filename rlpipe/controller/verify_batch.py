@@ -3,7 +3,7 @@ domains inline, domains that run code on a sandbox pool (`pool.map`: one pre-war
 per completion, as many at once as the pool holds, verdicts back in input order).
 
 Plain functions without Prefect, so the verify stage (controller/verify.py), `rlpipe rescore`
-(controller/rescore.py) and the quality gate before training (tasks/quality_gate.py) share one
+(controller/rescore.py) and the quality gate before training (controller/quality_gate.py) share one
 fan-out. When every sandboxed verification of a batch failed with sandbox_error, the backend
 itself is down (docker daemon gone, bwrap broken): that raises SandboxUnavailable, an
 InfraError, instead of handing back a batch without rewards.

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from rlpipe.controller.runtime import Runtime
 from rlpipe.controller.stage_clock import StageClock
-from rlpipe.tasks import lifecycle, status, step_tasks
+from rlpipe.orchestration import status
+from rlpipe.tasks import lifecycle, step_tasks
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def rl_step(runtime: Runtime, step: int, clock: StageClock | None = None) -> Non
     # train-step-N (the same module):
     #   6. update      the trainer worker's policy update    controller/update.py -> workers/client.py
     #   7. sync        the new weights into the engine       controller/weight_sync.py
-    #   8. track       metrics to the lake, MLflow, Prefect  tasks/track.py
+    #   8. track       metrics to the lake, MLflow, Prefect  orchestration/track.py
     step_tasks.train(runtime, step, clock)
     # 9. every checkpoint.every_steps: the trainer worker saves a checkpoint (tasks/lifecycle.py)
     _maybe_checkpoint(runtime, step, clock)

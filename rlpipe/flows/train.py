@@ -20,11 +20,11 @@ reference, and stopped in `finally`, so a failed or interrupted run leaves no wo
 The lake decides what is done: a run that already exists is restored (checkpoint + replay
 of committed steps) instead of started, and only uncommitted steps run. Every stage is a
 task that passes references (run id, step, URIs, policy version), never models or rows;
-the flow bodies themselves do no I/O but the best-effort status lines (tasks/status.py)
+the flow bodies themselves do no I/O but the best-effort status lines (orchestration/status.py)
 and, for runs of a deployment, Prefect's own API: a trainer slot (flows/operations.py) and,
 in a retry, ending the dead attempt's open task runs (flows/stale_task_runs.py).
-Flows import tasks/, core/ and, for the run's state, controller/ (an import-linter contract
-keeps storage, engine, RL, env and sandbox code out).
+Flows import tasks/, orchestration/ (the status lines), core/ and, for the run's state,
+controller/ (an import-linter contract keeps storage, engine, RL, env and sandbox code out).
 
 Parameters are typed (flows/run_parameters.py): `config` is a RunConfig, so the Prefect UI
 draws a form with every table's defaults and docs, and `prefect deployment run --param`
@@ -52,7 +52,8 @@ from rlpipe.flows.operations import TRAINER_LEASE_S, TRAINER_LIMIT
 from rlpipe.flows.run_parameters import derive_run_id, resolve_config
 from rlpipe.flows.stale_task_runs import crash_stale_task_runs
 from rlpipe.flows.steps import StepsOutcome, run_steps
-from rlpipe.tasks import lifecycle, quality_gate, status
+from rlpipe.orchestration import status
+from rlpipe.tasks import lifecycle, quality_gate
 
 log = logging.getLogger(__name__)
 

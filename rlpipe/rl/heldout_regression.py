@@ -5,7 +5,7 @@ domain near 0.1 that falls to 0.02 is seen: 200 tasks, z = 3.2, where an absolut
 fire, while a swing of 0.08 at 0.2 is noise: z = 2.1). Pure: numbers in, findings out.
 
 What it does not: read evaluations or raise alerts (tasks/lifecycle.py reads the stored
-evaluations, tasks/track.py `alert_regressions` writes the artifact, tag and warning); it
+evaluations, orchestration/track.py `alert_regressions` writes the artifact, tag and warning); it
 never stops a run.
 """
 

@@ -279,7 +279,7 @@ class Lake:
 
     def write_staged(self, run_id: str, step: int, stage: str, key: str, trajectories: list[Trajectory]) -> str:
         """Store the rows a stage of an uncommitted step computed under `key` (everything that
-        determines them: tasks/stage_options.py `stage_key`); return their path. The name is
+        determines them: orchestration/stage_options.py `stage_key`); return their path. The name is
         a digest of the key, so a retry or a resumed run finds them with `read_staged`."""
         relative = self._staged_path(run_id, step, stage, key)
         data = _parquet_bytes(to_table(trajectories))

@@ -13,7 +13,7 @@ reads the pipeline class from a task registry that now holds class names).
 
 Through an `MlflowClient` only (no fluent global run), like storage/tracking.py, which calls
 it and translates MLflow's errors. What it does not: export the folder (workers/), decide
-whether to log (tasks/track.py), or retry.
+whether to log (orchestration/track.py), or retry.
 """
 
 from __future__ import annotations

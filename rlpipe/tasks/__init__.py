@@ -1,1 +1,3 @@
-"""Prefect tasks (thin: each calls library code) and the Runtime they share in-process."""
+"""Prefect tasks: thin @task functions, each one call per stage into controller/ (beside
+them only the records they return and a few private helpers); their retry policy, logging,
+status and tracking are in rlpipe/orchestration/."""

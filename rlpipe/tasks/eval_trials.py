@@ -49,12 +49,12 @@ from rlpipe.agents.trial import TrialOptions
 from rlpipe.controller.eval_policy import WorkerChatEngine, open_policy_engine
 from rlpipe.controller.eval_tracking import EvalTracking, build_eval_tracker, track_eval
 from rlpipe.core.errors import InfraError
+from rlpipe.orchestration.stage_options import STAGE_OPTIONS, STAGE_RETRY_DELAYS, STAGE_RETRY_JITTER, retry_infra_errors_only
+from rlpipe.orchestration.track import artifact_key
 from rlpipe.storage.eval_records import EvalInfo
 from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.filesystem import open_lake_location
 from rlpipe.storage.lake import Lake
-from rlpipe.tasks.stage_options import STAGE_OPTIONS, STAGE_RETRY_DELAYS, STAGE_RETRY_JITTER, retry_infra_errors_only
-from rlpipe.tasks.track import artifact_key
 
 TABLE_COLUMNS = ("task", "kind", "verdict", "reward", "steps", "attempts", "duration_s")
 

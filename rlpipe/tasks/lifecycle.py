@@ -26,11 +26,11 @@ from rlpipe.core.config import config_changes, config_from_dict
 from rlpipe.core.errors import ConfigError, StorageUnavailable
 from rlpipe.core.records import SCHEMA_VERSION
 from rlpipe.core.seeds import derive_seed
+from rlpipe.orchestration.stage_options import UNCACHED_STAGE_OPTIONS
+from rlpipe.orchestration.status import WarmStartProgress
+from rlpipe.orchestration.track import MODEL_ARTIFACT, alert_regressions, artifact_key, log_final_policy, log_step
 from rlpipe.rl.heldout_regression import Evaluation, find_regressions
 from rlpipe.storage.lake_records import RunInfo
-from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
-from rlpipe.tasks.status import WarmStartProgress
-from rlpipe.tasks.track import MODEL_ARTIFACT, alert_regressions, artifact_key, log_final_policy, log_step
 from rlpipe.workers.protocol import WarmStartBegin
 
 
@@ -146,7 +146,7 @@ def evaluate(runtime: Runtime, name: str) -> dict[str, float]:
     """Greedy pass@1 on the held-out tasks, overall and per domain; stored in the lake
     under `name` (e.g. before_rl, after_rl) and logged to MLflow (`heldout_metrics`). A
     domain more than eval.regression_threshold below its best of the previous
-    eval.regression_window evaluations raises an alert (tasks/track.py `alert_regressions`;
+    eval.regression_window evaluations raises an alert (orchestration/track.py `alert_regressions`;
     the run goes on).
 
     A stored result is returned as is (the run was interrupted after it: the lake is the

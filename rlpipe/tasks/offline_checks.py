@@ -24,10 +24,10 @@ from rlpipe.controller.builders import build_lake
 from rlpipe.controller.rescore import RescoreSummary, rescore_run
 from rlpipe.core.config import load_config
 from rlpipe.core.errors import UserError
+from rlpipe.orchestration.stage_options import UNCACHED_STAGE_OPTIONS
+from rlpipe.orchestration.track import artifact_key
 from rlpipe.qa.report import summary_markdown
 from rlpipe.qa.standalone import GateRequest, gate_env
-from rlpipe.tasks.stage_options import UNCACHED_STAGE_OPTIONS
-from rlpipe.tasks.track import artifact_key
 
 
 class GateFailed(UserError):

@@ -1,5 +1,5 @@
 """Export a run's policy from its lake as a Hugging Face model folder: what `rlpipe export`
-writes, and what the end of a train run logs to MLflow (tasks/track.py).
+writes, and what the end of a train run logs to MLflow (orchestration/track.py).
 
 A checkpoint's step folder already is that folder (rl/checkpoint_layout.py: config.json,
 generation_config.json, the weights as safetensors, the tokenizer files; for a LoRA run the
@@ -16,7 +16,7 @@ evaluation scored (storage/checkpoint_retention.py `best_step`); else the newest
 files is passed over, and the result says so). Works on any lake (a folder or s3://).
 
 Not here: training or merging (the trainer merged the adapter when it saved), printing
-(cli/export.py), MLflow (tasks/track.py).
+(cli/export.py), MLflow (orchestration/track.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Models out: `rlpipe export RUN [--step K] DIR` writes an HF folder from a local or S3 lake
 (workers/policy_export.py), and the end of a run logs the same folder to MLflow, as an
 artifact folder and as a registered logged model whose pyfunc generates greedily
-(tasks/track.py `upload_policy`, storage/mlflow_model.py; the train flow's own run is checked in
+(orchestration/track.py `upload_policy`, storage/mlflow_model.py; the train flow's own run is checked in
 tests/flows/test_train_flow.py).
 
 The lakes here hold real checkpoints of tiny models, written by the trainer's own code
@@ -27,13 +27,13 @@ from typer.testing import CliRunner
 
 from rlpipe.cli.main import app
 from rlpipe.core.config import RunConfig
+from rlpipe.orchestration.track import MODEL_ARTIFACT, upload_policy
 from rlpipe.rl.checkpoint import CheckpointMeta, save_checkpoint
 from rlpipe.rl.lora import apply_lora, merged_copy
 from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import RunInfo
 from rlpipe.storage.tracking import Tracker
-from rlpipe.tasks.track import MODEL_ARTIFACT, upload_policy
 from tests.cli.cli_process import REPO_ROOT
 from tests.helpers.mlflow_db import seed_mlflow_db
 from tests.helpers.s3_server import unique_bucket

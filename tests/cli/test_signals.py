@@ -257,7 +257,7 @@ def test_the_temporary_prefect_server_does_not_outlive_a_killed_cli(tmp_path: Pa
     program = (
         "import time\n"
         "from prefect.server.api.server import SubprocessASGIServer\n"
-        "from rlpipe.tasks.prefect_server import temporary_prefect_server\n"
+        "from rlpipe.orchestration.prefect_server import temporary_prefect_server\n"
         "with temporary_prefect_server():\n"
         "    print(SubprocessASGIServer._instances[None].server_process.pid, flush=True)\n"
         "    time.sleep(600)\n"

@@ -296,7 +296,7 @@ def test_lost_files_fall_back_to_an_intact_checkpoint_and_recompute_staged_rows(
 
 
 def _reused(messages: list[str], step: int) -> list[str]:
-    """The stages of `step` whose staged rows a rollout took from the lake (tasks/step_tasks.py)."""
+    """The stages of `step` whose staged rows a rollout took from the lake (orchestration/stage_options.py `staged_rows`)."""
     prefix = f"step {step}: "
     return [message.removeprefix(prefix).split("'s rows were staged")[0] for message in messages
             if message.startswith(prefix) and "'s rows were staged by an earlier attempt" in message]

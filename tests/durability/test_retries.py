@@ -33,8 +33,8 @@ from rlpipe.core.records import Task, Verdict
 from rlpipe.envs.arithmetic import ArithmeticEnv
 from rlpipe.envs.mixture import register_env
 from rlpipe.flows.train import train
+from rlpipe.orchestration.stage_options import STAGE_OPTIONS, first_retry_delay_s
 from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.stage_options import STAGE_OPTIONS, first_retry_delay_s
 from tests.flows.runs import tiny_config
 from tests.helpers.prefect_runs import step_stage_runs
 

@@ -1,4 +1,4 @@
-"""What a run reports while it runs (tasks/status.py): warm-start metrics in MLflow and the
+"""What a run reports while it runs (orchestration/status.py): warm-start metrics in MLflow and the
 lake, the links document, and the Prefect step table rebuilt after a resume."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The flow run's logs carry the run's progress (tasks/run_log.py), read back through
+"""The flow run's logs carry the run's progress (orchestration/run_log.py), read back through
 Prefect's API as the UI's Logs tab reads them: the MLflow run, the warm start's steps and
 accuracy checks, and one line per RL step with its reward and time. And the warm start's
 lines are thinned by time, not by step count."""
@@ -16,7 +16,7 @@ from prefect.client.schemas.sorting import LogSort
 from prefect.logging.handlers import APILogHandler
 
 from rlpipe.flows.train import train
-from rlpipe.tasks.run_log import WarmStartLines
+from rlpipe.orchestration.run_log import WarmStartLines
 from tests.flows.runs import tiny_config
 
 STEPS, WARM_STEPS = 2, 5
@@ -49,7 +49,7 @@ def test_warm_start_lines_come_at_most_every_interval_and_at_the_end() -> None:
             logged.append(record.getMessage())
 
     handler = Collect()
-    logger = logging.getLogger("rlpipe.tasks.run_log")
+    logger = logging.getLogger("rlpipe.orchestration.run_log")
     logger.addHandler(handler)
     previous_level = logger.level
     logger.setLevel(logging.INFO)

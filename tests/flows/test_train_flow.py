@@ -19,9 +19,9 @@ from transformers import AutoModelForCausalLM
 from rlpipe.controller.builders import build_lake
 from rlpipe.core.config import RunConfig
 from rlpipe.flows.train import TrainSummary, train
+from rlpipe.orchestration.track import MODEL_ARTIFACT
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
-from rlpipe.tasks.track import MODEL_ARTIFACT
 from rlpipe.workers.policy_export import export_policy
 from tests.flows.runs import tiny_config
 from tests.helpers.prefect_runs import step_stage_runs

@@ -19,10 +19,10 @@ from mlflow.tracking import MlflowClient
 from prefect.artifacts import Artifact
 
 from rlpipe.controller.builders import build_tracker
+from rlpipe.controller.quality_gate import OUTCOME_DOCUMENT, QualityGateFailed, gate_before_train, gate_domains
 from rlpipe.controller.sample import build_mixture
 from rlpipe.core.config import QaConfig, RunConfig, load_config
 from rlpipe.storage.lake import Lake
-from rlpipe.tasks.quality_gate import OUTCOME_DOCUMENT, QualityGateFailed, gate_before_train, gate_domains
 
 TASKS = 12  # rows of the broken file: enough for both splits at heldout_fraction 0.5
 

@@ -85,7 +85,7 @@ class RecordingTracker:
 
 
 def test_the_alert_is_an_artifact_a_tag_and_a_warning(prefect_api_url, caplog):
-    from rlpipe.tasks.track import alert_regressions
+    from rlpipe.orchestration.track import alert_regressions
 
     runtime = SimpleNamespace(run_id="Run_1", records=SimpleNamespace(mlflow_run_id="m", tracker=RecordingTracker()),
                               config=load_config(None))

@@ -9,7 +9,7 @@ API with the flow run's id), else through this module's logger (a plain call). `
 train` hides Prefect's INFO lines unless --verbose (cli/main.py): its own display reads the
 lake (cli/progress.py).
 
-Not here: metrics (MLflow, the lake: tasks/track.py), status.json (tasks/status.py).
+Not here: metrics (MLflow, the lake: orchestration/track.py), status.json (orchestration/status.py).
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
 from rlpipe.controller.runtime import Runtime
+from rlpipe.orchestration.run_log import WarmStartLines, log_links
+from rlpipe.orchestration.track import link_runs
 from rlpipe.storage.lake_records import RunState, RunStatus
-from rlpipe.tasks.run_log import WarmStartLines, log_links
-from rlpipe.tasks.track import link_runs
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,8 @@ def record_links(runtime: Runtime) -> dict[str, str | None]:
         records.lake.write_json(run_id, LINKS_DOCUMENT, links)
     except Exception as exc:  # noqa: BLE001 - best effort
         log.warning("could not write the links of run %s: %s", run_id, exc)
-    link_runs(runtime, links)  # MLflow tags/description <-> a Prefect artifact (tasks/track.py)
-    log_links(links)  # the MLflow run's URL in the flow run's logs (tasks/run_log.py)
+    link_runs(runtime, links)  # MLflow tags/description <-> a Prefect artifact (orchestration/track.py)
+    log_links(links)  # the MLflow run's URL in the flow run's logs (orchestration/run_log.py)
     return links
 
 
@@ -135,7 +135,7 @@ class WarmStartProgress:
         }
         self._losses: list[tuple[int, float]] = []
         self._written_at = 0.0
-        self._lines = WarmStartLines(max_steps)  # the flow run's log lines (tasks/run_log.py)
+        self._lines = WarmStartLines(max_steps)  # the flow run's log lines (orchestration/run_log.py)
         self.write(force=True)
 
     def step(self, step: int, loss: float) -> None:

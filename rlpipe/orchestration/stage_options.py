@@ -1,4 +1,4 @@
-"""Retry and cache policy shared by every stage task.
+"""Retry and cache policy shared by every stage task, and the rows a retried stage takes back.
 
 - Retries: only `InfraError` (storage unreachable, sandbox daemon gone, engine died) is
   retried, 6 times, with exponential backoff and jitter. Bad data or config fails at once.
@@ -10,9 +10,9 @@
   for the concurrency limits of a task run's tags on every call (a round trip per stage).
 - Stage keys (`stage_key`): (run id, run incarnation, step and round, stage, config hash,
   the policy version that generates the step), never the Prefect run id. The rollout task
-  stages what `generate` and `verify` computed in the lake under this key, so a retry of the
-  task, a UI retry of a crashed flow run and a new flow run started with --resume all take
-  them from there instead of computing them again. Prefect's own cache is not used: it
+  stages what `generate` and `verify` computed in the lake under this key (`staged_rows`),
+  so a retry of the task, a UI retry of a crashed flow run and a new flow run started with
+  --resume all take them from there instead of computing them again. Prefect's own cache is not used: it
   caches per task run, and a task run per stage costs more than a small step can spare
   (docs/ARCHITECTURE.md, "What orchestration costs"). A step whose manifest exists is
   skipped before any of its stages runs.
@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from rlpipe.core.errors import ConfigError, InfraError
+from rlpipe.core.records import Trajectory
+from rlpipe.orchestration.run_log import run_logger
 
 if TYPE_CHECKING:
     from rlpipe.controller.runtime import Runtime
@@ -85,6 +87,25 @@ def stage_key(runtime: Runtime, step: int, round_: int, stage: str) -> str:
             f"policy={generation_version(step, runtime.config.rollout.max_staleness)}",
         ]
     )
+
+
+def staged_rows(runtime: Runtime, step: int, round_: int, stage: str, compute: Callable[[], list[Trajectory]]) -> list[Trajectory]:
+    """The rows an earlier attempt staged for this stage, else `compute()`'s, staged now."""
+    records = runtime.records
+    name, key = staged_name(stage, round_), stage_key(runtime, step, round_, stage)
+    rows = records.lake.read_staged(runtime.run_id, step, name, key)
+    if rows is not None:
+        run_logger().warning("step %d: %s's rows were staged by an earlier attempt; taken from the lake, not computed again",
+                          step, name)
+        return rows
+    rows = compute()
+    records.lake.write_staged(runtime.run_id, step, name, key, rows)
+    return rows
+
+
+def staged_name(stage: str, round_: int) -> str:
+    """The staged-rows name of a stage's output in a round (round 0 keeps the plain name)."""
+    return stage if round_ == 0 else f"{stage}-round-{round_}"
 
 
 STAGE_OPTIONS: dict[str, Any] = dict(

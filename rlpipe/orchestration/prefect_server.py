@@ -16,7 +16,7 @@ harness does), so every client in the process uses it. On the way out it lets Pr
 log and event workers send what they hold, then stops the server: last.
 
 Not here: catching signals (cli/signals.py), what a run records when interrupted
-(flows/train.py, tasks/status.py).
+(flows/train.py, orchestration/status.py).
 """
 
 from __future__ import annotations

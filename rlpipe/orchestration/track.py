@@ -32,8 +32,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from rlpipe.controller.runtime import Runtime
 from rlpipe.controller.sample import step_ratios
+from rlpipe.orchestration.run_log import log_rl_step, run_logger
 from rlpipe.rl.heldout_regression import Regression
-from rlpipe.tasks.run_log import log_rl_step, run_logger
 from rlpipe.workers.policy_export import export_policy
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def artifact_key(run_id: str) -> str:
 
 
 def link_runs(runtime: Runtime, links: Mapping[str, str | None]) -> None:
-    """Cross-link the run's records (`links` as tasks/status.py `record_links` made them):
+    """Cross-link the run's records (`links` as orchestration/status.py `record_links` made them):
     MLflow tags prefect.flow_run_id, prefect.flow_run_url (when a Prefect server with a UI is
     known), rlpipe.lake_uri, rlpipe.run_uri and rlpipe.checkpoints_uri, and the same as the
     MLflow run's description; the Prefect markdown artifact `rlpipe-links-<run>` with the
