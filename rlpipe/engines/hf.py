@@ -263,7 +263,7 @@ class HFEngine:
         return output.logits[:, -1, :].float()
 
 
-MIN_COMMON_PREFIX_TOKENS = 8
+MIN_COMMON_PREFIX_TOKENS = 4
 """The shortest common prefix prefilled on its own: below it, the prefix's extra forward pass
 (one per layer call, whatever its length) costs about what it saves."""
 
