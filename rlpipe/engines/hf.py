@@ -7,7 +7,7 @@ left-padded batches of up to `batch_size` rows with a KV cache, in a hand-writte
 that reads each sampled token's logprob from the very distribution it was drawn from
 (temperature and top-p applied; see engines/base.py for the logprob and stop conventions).
 
-What makes it fast (each can be switched off, so benchmarks/engines.py measures before/after):
+What makes it fast (each can be switched off, so benchmarks/engines.py and eval_cost.py measure before/after):
 - prefix sharing (`prefix_sharing`): each distinct prompt of a batch is prefilled once and
   its KV cache, attention mask and positions are gathered n ways for its n samples;
 - a common prefix prefilled once (`common_prefix_sharing`): the token prefix every distinct
