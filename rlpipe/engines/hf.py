@@ -7,9 +7,14 @@ left-padded batches of up to `batch_size` rows with a KV cache, in a hand-writte
 that reads each sampled token's logprob from the very distribution it was drawn from
 (temperature and top-p applied; see engines/base.py for the logprob and stop conventions).
 
-What makes it fast (each can be switched off, so benchmarks/engines.py measures before/after):
+What makes it fast (each can be switched off, so benchmarks/engines.py and eval_cost.py measure before/after):
 - prefix sharing (`prefix_sharing`): each distinct prompt of a batch is prefilled once and
   its KV cache, attention mask and positions are gathered n ways for its n samples;
+- a common prefix prefilled once (`common_prefix_sharing`): the token prefix every distinct
+  prompt of a batch starts with (a chat template's system turn and the task's fixed opening:
+  27 of the 56 tokens of a SmolLM2 arithmetic chat prompt) runs as one row, its KV cache is
+  repeated to every prompt, and only each prompt's own suffix is prefilled (left-padded
+  between the prefix and the suffix, masked out); at least MIN_COMMON_PREFIX_TOKENS tokens;
 - dropping finished rows (`drop_finished_rows`): a row that hit EOS or a stop string leaves
   the batch (ids, mask, positions and every cache layer are sliced to the live rows), so the
   next forward pass only computes live rows; off, finished rows are fed padding until the
@@ -60,6 +65,7 @@ class HFEngine:
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch_size: int = 128, device: str = "cpu",
         prompt_format: PromptFormat = "plain", *, dtype: torch.dtype | str = torch.float32,
         prefix_sharing: bool = True, drop_finished_rows: bool = True, copy_model: bool = True,
+        common_prefix_sharing: bool = True,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -81,6 +87,7 @@ class HFEngine:
         self._prompt_format = prompt_format
         self._prefix_sharing = prefix_sharing
         self._drop_finished_rows = drop_finished_rows
+        self._common_prefix_sharing = common_prefix_sharing
 
     @property
     def policy_version(self) -> int:
@@ -207,15 +214,27 @@ class HFEngine:
     def _prefill(self, prompt_ids: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
         """(last-position logits, attention mask, position ids, KV cache), one row per batch
         row; with prefix sharing each distinct prompt runs once and its row is gathered to
-        every batch row of that prompt."""
+        every batch row of that prompt; with common prefix sharing the tokens every distinct
+        prompt starts with run once before the prompts' own suffixes (a row's attention mask
+        is then 1 over the prefix, 0 over the suffix's left padding, 1 over its suffix; the
+        position ids count on from the prefix, so every token sits where an unpadded forward
+        pass of its prompt puts it)."""
         cache = DynamicCache(config=self._model.config)
         if self._prefix_sharing:
             position_of = {ids: position for position, ids in enumerate(dict.fromkeys(prompt_ids))}
             distinct = list(position_of)
         else:
             distinct = prompt_ids
-        input_ids, attention_mask = self._left_pad(distinct)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        common = common_prefix_length(distinct) if self._common_prefix_sharing and len(distinct) > 1 else 0
+        if common < MIN_COMMON_PREFIX_TOKENS:
+            common = 0
+        if common:  # the common prefix once, as one row, its cache repeated to every prompt
+            prefix_ids = torch.tensor([distinct[0][:common]], dtype=torch.long, device=self._device)
+            self._forward(prefix_ids, torch.ones_like(prefix_ids), torch.arange(common, device=self._device)[None], cache)
+            cache.batch_repeat_interleave(len(distinct))
+        input_ids, attention_mask = self._left_pad([ids[common:] for ids in distinct])
+        position_ids = common + (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        attention_mask = torch.cat([attention_mask.new_ones((len(distinct), common)), attention_mask], dim=1)
         logits = self._forward(input_ids, attention_mask, position_ids, cache)
         if len(distinct) < len(prompt_ids):
             index = torch.tensor([position_of[ids] for ids in prompt_ids], device=self._device)
@@ -242,6 +261,21 @@ class HFEngine:
             logits_to_keep=1,
         )
         return output.logits[:, -1, :].float()
+
+
+MIN_COMMON_PREFIX_TOKENS = 4
+"""The shortest common prefix prefilled on its own: below it, the prefix's extra forward pass
+(one per layer call, whatever its length) costs about what it saves."""
+
+
+def common_prefix_length(prompt_ids: list[tuple[int, ...]]) -> int:
+    """Tokens every prompt starts with, leaving each prompt at least one token of its own (the
+    suffix prefill must produce every prompt's last-position logits)."""
+    shortest = min(len(ids) for ids in prompt_ids)
+    length = 0
+    while length < shortest - 1 and all(ids[length] == prompt_ids[0][length] for ids in prompt_ids):
+        length += 1
+    return length
 
 
 @dataclass
