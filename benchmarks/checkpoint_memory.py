@@ -9,7 +9,7 @@ the trainer worker's CheckpointWriter into a temporary lake (wired to the traine
 trainer worker wires it), then the same updates again while the write runs (the write meets
 the next update's gradients, the trainer's peak in a run that checkpoints), then the wait for
 the write. A thread polls the process's PSS (/proc/self/smaps_rollup) every 0.05 s and the
-script prints the peak of each phase against the state the trainer must hold (fp32 weights,
+script prints the peak of each phase (and its seconds) against the state the trainer must hold (fp32 weights,
 gradients, AdamW's two moments: 4 x 4 bytes per parameter). Run it on two checkouts to
 compare designs (`PYTHONPATH=OTHER_CHECKOUT python benchmarks/checkpoint_memory.py`).
 
@@ -54,6 +54,8 @@ class PhasePeaks:
     def __init__(self) -> None:
         self.phase = "build"
         self.peaks: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self._entered = time.perf_counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -65,9 +67,10 @@ class PhasePeaks:
             time.sleep(0.05)
 
     def enter(self, phase: str) -> None:
-        pss = _pss_kib()
+        pss, now = _pss_kib(), time.perf_counter()
         self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), pss)
-        self.phase = phase
+        self.seconds[self.phase] = now - self._entered
+        self.phase, self._entered = phase, now
 
     def stop(self) -> None:
         self.enter("end")
@@ -120,7 +123,8 @@ def main() -> None:
           f"{PROMPT_TOKENS}+{config.rollout.max_new_tokens} tokens; {time.perf_counter() - started:.0f} s")
     for phase, kib in peaks.peaks.items():
         if phase != "end":
-            print(f"  peak PSS {phase:22s} {kib * 1024 / 1e9:5.2f} GB = {kib * 1024 / 1e9 / state_gb:.2f}x the state")
+            print(f"  peak PSS {phase:22s} {kib * 1024 / 1e9:5.2f} GB = {kib * 1024 / 1e9 / state_gb:.2f}x the state "
+                  f"({peaks.seconds[phase]:.0f} s)")
 
 
 if __name__ == "__main__":
