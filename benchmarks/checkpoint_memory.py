@@ -106,7 +106,8 @@ def main() -> None:
                        policy.config.vocab_size, config.seed)
     with tempfile.TemporaryDirectory(prefix="rlpipe-ckpt-memory-") as folder:
         writer = CheckpointWriter(Lake.open(str(Path(folder) / "lake")), "memory", RetentionRule(2, 0, False))
-        trainer.before_state_change = writer.join  # as the trainer worker wires it (a no-op where nothing calls it)
+        if hasattr(writer, "join"):  # as the trainer worker wires it (a checkout whose writer copies the state has none)
+            trainer.before_state_change = writer.join
         peaks.enter("updates")
         for update in range(args.updates):
             trainer.update(samples, shuffle_seed=update)
