@@ -22,8 +22,8 @@ so someone altered it (digests do not help when the writer of the bucket rewrite
 CHECKPOINT.json too).
 
 Not here: where checkpoints live (storage/checkpoint_store.py writes a lake's checkpoint
-folders, workers/checkpoint_writer.py in the background), the snapshot and the streamed
-files themselves (rl/checkpoint_snapshot.py).
+folders, workers/checkpoint_writer.py in the background), the gathering of the contents and
+the streamed files themselves (rl/checkpoint_contents.py).
 """
 
 from __future__ import annotations
@@ -49,15 +49,15 @@ from rlpipe.rl.checkpoint_layout import (  # noqa: F401 - re-exported
     CheckpointLayout,
     layout_of,
 )
-from rlpipe.rl.checkpoint_snapshot import CheckpointMeta, SnapshotTaker, write_snapshot  # noqa: F401 - re-exported
+from rlpipe.rl.checkpoint_contents import CheckpointMeta, ContentsGatherer, write_contents  # noqa: F401 - re-exported
 from rlpipe.rl.lora import is_lora_model
 
 
 def save_checkpoint(folder: Path, model, tokenizer, trainer_state: dict, meta: CheckpointMeta) -> None:
     """Write the checkpoint folder (rl/checkpoint_layout.py) at `folder`, made if missing; a
     LoRA model writes its merged weights as the model files and its adapter to adapter/."""
-    snapshot = SnapshotTaker().take(model, tokenizer, trainer_state, meta)
-    write_snapshot(snapshot, lambda relative: _local_file(folder / relative))
+    contents = ContentsGatherer().gather(model, tokenizer, trainer_state, meta)
+    write_contents(contents, lambda relative: _local_file(folder / relative))
 
 
 def _local_file(path: Path):

@@ -13,6 +13,8 @@ What it does not: create the optimizer, clip, or save files (the trainer does).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -50,22 +52,27 @@ class MasterWeights:
                 for parameter, master in zip(self.parameters, self.masters):
                     parameter.copy_(master)
 
-    def sync_if_model_changed(self) -> bool:
+    def sync_if_model_changed(self, before_change: Callable[[], None] | None = None) -> bool:
         """Re-read the masters from the weights when something else changed the weights (a
         warm-start, a checkpoint's weights loaded): a master that no longer rounds to its
-        weight is stale. Returns whether any was."""
+        weight is stale. `before_change` is called once before the first master is
+        overwritten (the trainer's wait for a checkpoint write that reads them). Returns
+        whether any was stale."""
         if self.masters is None:
             return False
         stale = False
         with torch.no_grad():
             for parameter, master in zip(self.parameters, self.masters):
                 if not torch.equal(master.to(parameter.dtype), parameter):
+                    if not stale and before_change is not None:
+                        before_change()
                     master.copy_(parameter.float())
                     stale = True
         return stale
 
     def state(self) -> list[torch.Tensor] | None:
-        return None if self.masters is None else [master.detach().cpu().clone() for master in self.masters]
+        """The masters themselves (detached, no copy: a checkpoint writes them as they are)."""
+        return None if self.masters is None else [master.detach() for master in self.masters]
 
     def load(self, saved: list[torch.Tensor] | None) -> None:
         """Masters from `state()`; None (e.g. an fp32 run's checkpoint) re-reads the weights."""

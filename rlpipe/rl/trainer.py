@@ -49,7 +49,12 @@ per-domain gradient conflict, rl/grad_conflict.py); it touches no `.grad` and no
 
 `state_dict()` / `load_state_dict()` cover the optimizer (and the fp32 master weights); the
 model's weights (or adapter) are saved by the caller (rl/checkpoint.py); `named_weights()`
-yields the tensors to sync into a rollout engine.
+yields the tensors to sync into a rollout engine. `state_dict()` holds the live tensors, which
+a checkpoint may write in the background (workers/checkpoint_writer.py): the hook
+`before_state_change` (no-op by default) runs before each in-place change of the weights,
+masters or optimizer state: each optimizer step (after forward, backward and clipping, which
+change only gradients), re-read stale masters, `load_state_dict`, `broadcast_state`,
+`drop_momentum`, `warm_start_optimizer` (its caller steps the optimizer).
 
 Data parallel (`share`, rl/data_parallel.py): in a process group of W ranks (torchrun,
 workers/trainer_rank.py) every rank holds the whole model and optimizer and runs `update` on
@@ -67,7 +72,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +183,7 @@ class Trainer:
             self.reference_model = reference_model if reference_model is not None else copy.deepcopy(model)
             self.reference_model.eval().requires_grad_(False)
         self._device = next(model.parameters()).device
+        self.before_state_change: Callable[[], None] = _no_wait  # see the module docstring
         self._weights = MasterWeights([p for p in model.parameters() if p.requires_grad])
         self.optimizer = torch.optim.AdamW(self._weights.stepped, lr=lr, weight_decay=weight_decay,
                                            fused=self._device.type in FUSED_ADAMW_DEVICES or None)
@@ -187,7 +193,7 @@ class Trainer:
         None keeps the samples' order (contiguous mini-batches), for tests that need it."""
         scored = [sample for sample in samples if sample.advantage is not None]
         tokens = completion_tokens(scored)
-        self._weights.sync_if_model_changed()  # e.g. a warm-start trained the bf16 weights
+        self._weights.sync_if_model_changed(self.before_state_change)  # e.g. a warm-start trained the bf16 weights
         if self.tis_cap is not None:
             scored = self._with_proximal_logprobs(scored)
         losses, kls, clips, grad_norms, tis_weights, tis_capped = [], [], [], [], [], []
@@ -316,6 +322,7 @@ class Trainer:
         """Clip, step, and (with master weights) round the master into the model; returns the
         pre-clip gradient norm."""
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self._weights.stepped, self.grad_clip))
+        self.before_state_change()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # 1x the weights freed before anything else (a sync) allocates
         self._weights.copy_to_model()
@@ -324,6 +331,7 @@ class Trainer:
     def broadcast_state(self) -> None:
         """Rank 0's weights (and reference), optimizer state and fp32 masters on every rank
         of the process group (data parallel; see the module docstring)."""
+        self.before_state_change()
         broadcast_module(self.model)
         if self.reference_model is not None:
             broadcast_module(self.reference_model)
@@ -350,24 +358,28 @@ class Trainer:
     def warm_start_optimizer(self) -> tuple[torch.optim.Optimizer, MasterWeights]:
         """The optimizer and the tensors it steps, for a warm start that the RL updates should
         continue (rl/warmstart.py, warmstart.keep_optimizer); then call drop_momentum()."""
+        self.before_state_change()
         return self.optimizer, self._weights
 
     def drop_momentum(self) -> None:
         """Zero AdamW's first moments, keep its second moments and step count: the RL updates
         keep the per-weight step scale the warm start measured (small along the directions its
         gradients were large in) without being pushed along the warm start's last direction."""
+        self.before_state_change()
         for state in self.optimizer.state.values():
             if "exp_avg" in state:
                 state["exp_avg"].zero_()
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state (torch's own format; save with torch.save or safetensors+json),
-        plus the fp32 master weights under MASTER_WEIGHTS_KEY when the model is bf16."""
+        plus the fp32 master weights under MASTER_WEIGHTS_KEY when the model is bf16: the
+        live tensors, not copies."""
         state = self.optimizer.state_dict()
         masters = self._weights.state()
         return state if masters is None else {**state, MASTER_WEIGHTS_KEY: masters}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.before_state_change()
         state = dict(state)
         masters = state.pop(MASTER_WEIGHTS_KEY, None)
         implementation = [(group["fused"], group["foreach"]) for group in self.optimizer.param_groups]
@@ -375,6 +387,10 @@ class Trainer:
         for group, (fused, foreach) in zip(self.optimizer.param_groups, implementation):
             group["fused"], group["foreach"] = fused, foreach  # a state saved by another implementation steps as this one
         self._weights.load(masters)
+
+
+def _no_wait() -> None:
+    """The default `before_state_change`: nothing reads the state in the background."""
 
 
 def _as_device(device: str | torch.device) -> torch.device:

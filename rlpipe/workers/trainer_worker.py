@@ -1,8 +1,11 @@
 """The trainer worker's service: the policy, its Trainer (optimizer; reference model when
 algo.kl_coef > 0) and the lake. It warm-starts, updates from committed rows it reads from
 the lake itself, writes checkpoints into the lake itself in the background
-(workers/checkpoint_writer.py: a snapshot in host memory, then the next request goes on;
-checkpoint 0 and the run's last are waited for), restores from the lake (newest intact
+(workers/checkpoint_writer.py: straight from the live tensors, no copy; the next request
+goes on, and whatever changes the weights or optimizer state first waits for the write: the
+Trainer's `before_state_change` hook before each optimizer step, a state load or a rank
+sync, and the warm start and the restore here; checkpoint 0 and the run's last are waited
+for), restores from the lake (newest intact
 checkpoint + replay of the committed steps after it; partial checkpoint folders a kill left
 are deleted first) and publishes its weights.
 
@@ -94,6 +97,7 @@ class TrainerService:
         self.trainer = build_trainer(config, policy, share)  # trainer.model: the policy (its peft wrapper with LoRA)
         self.lake = build_lake(config)
         self.checkpoints = CheckpointWriter(self.lake, run_id, rule_of(config))
+        self.trainer.before_state_change = self.checkpoints.join  # a write reads the live state
         self.policy_version = 0
         self.poisoned = False
         self._warm: _WarmStart | None = None
@@ -115,6 +119,7 @@ class TrainerService:
         if isinstance(request, Restore):
             return self.restore(request.target_version, request.seed)
         if isinstance(request, WarmStartBegin):
+            self.checkpoints.join()  # it trains the weights in place (with its own optimizer, maybe)
             self.weights_generation += 1
             self.poisoned = True  # until it ends well: a half warm-start is no state to go on from
             self._warm = _WarmStart(self, request)
@@ -201,8 +206,8 @@ class TrainerService:
         return gradient_conflict(self.trainer.policy_gradient, {name: train_samples(domain_rows) for name, domain_rows in by_domain.items()})
 
     def save(self, step: int, config_hash: str) -> None:
-        """Snapshot the state and write checkpoint `step` in the background (the previous
-        write is waited for first; checkpoint 0 and the last step's are waited for too)."""
+        """Write checkpoint `step` from the live state in the background (the previous write
+        is waited for first; checkpoint 0 and the last step's are waited for too)."""
         meta = CheckpointMeta(step=step, policy_version=self.policy_version, config_hash=config_hash)
         wait = step == 0 or step >= self.config.train.steps
         self.checkpoints.save(self.trainer.model, self.tokenizer, self.trainer.state_dict(), meta, wait=wait)

@@ -1,5 +1,5 @@
 """The step folder is an HF model folder (from_pretrained loads it), written in one pass
-from a snapshot; checkpoints of the older layout (policy/ + trainer/) still restore and
+from the live tensors; checkpoints of the older layout (policy/ + trainer/) still restore and
 export."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlpipe.core.config import load_config
 from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, save_checkpoint
 from rlpipe.rl.checkpoint_layout import LEGACY_LAYOUT, LAYOUT, layout_of
-from rlpipe.rl.checkpoint_snapshot import SnapshotTaker
+from rlpipe.rl.checkpoint_contents import ContentsGatherer
 from rlpipe.storage.lake import Lake
 from rlpipe.workers.builders import build_policy, build_trainer
 from rlpipe.workers.policy_export import export_policy
@@ -37,17 +37,11 @@ def test_from_pretrained_loads_the_step_folder_itself(tmp_path: Path) -> None:
     assert layout_of(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == LAYOUT
 
 
-def test_a_snapshot_does_not_move_with_the_weights_and_reuses_its_buffers(tmp_path: Path) -> None:
+def test_the_contents_are_the_live_tensors_with_a_tied_one_once(tmp_path: Path) -> None:
     _, policy, tokenizer, trainer = _trained()
-    taker = SnapshotTaker()
-    first = taker.take(trainer.model, tokenizer, trainer.state_dict(), CheckpointMeta(1, 1, "h"))
-    before = {name: tensor.clone() for name, tensor in first.weights}
-    with torch.no_grad():
-        for parameter in policy.parameters():
-            parameter.add_(1.0)  # training goes on after the snapshot
-    assert all(torch.equal(tensor, before[name]) for name, tensor in first.weights)
-    second = taker.take(trainer.model, tokenizer, trainer.state_dict(), CheckpointMeta(2, 2, "h"))
-    assert [tensor.data_ptr() for _, tensor in second.weights] == [tensor.data_ptr() for _, tensor in first.weights]
+    contents = ContentsGatherer().gather(trainer.model, tokenizer, trainer.state_dict(), CheckpointMeta(1, 1, "h"))
+    live = list(dict.fromkeys(tensor.data_ptr() for tensor in policy.state_dict().values()))  # a tied one once
+    assert [tensor.data_ptr() for _, tensor in contents.weights] == live
 
 
 def test_an_old_layout_checkpoint_restores_and_exports(tmp_path: Path) -> None:

@@ -1,26 +1,31 @@
-"""A checkpoint as a snapshot in host memory, and the writing of its files as streams.
+"""What a checkpoint holds, gathered as references to the live tensors, and the writing of
+its files as streams.
 
-`SnapshotTaker.take` copies what a checkpoint holds (the policy's weights, a LoRA policy's
-merged weights and adapter, the trainer's state) into host-memory tensors, so that training
-can go on while another thread writes them: the snapshot never changes after `take`. Its
-buffers are the taker's until `release` (workers/checkpoint_writer.py releases them once the
-snapshot is written: held for the whole run, they were one more copy of the weights and the
-AdamW state in the trainer's memory between checkpoints, 3x the fp32 weights); a snapshot
-must be written before the next one is taken (the writer keeps at most one in flight). The small files (config.json, generation_config.json, the
-tokenizer's, adapter_config.json) are rendered once per taker by transformers and peft
-themselves and kept as bytes.
+`gather_contents` collects what a checkpoint writes (the policy's weights, a LoRA policy's
+merged weights and adapter, the trainer's state) WITHOUT copying it: the contents hold the
+trainer's own tensors (the parameters, AdamW's moments and step counts, a bf16 policy's
+fp32 masters), so a checkpoint costs no second copy of the state in memory. The price is a
+rule for the caller: nothing may change those tensors in place until the files are written
+(workers/checkpoint_writer.py writes them in a background thread; the trainer's
+`before_state_change` hook, rl/trainer.py, waits for that write before each optimizer step
+and every other change of the weights or optimizer state). A LoRA policy's merged weights
+are a fresh model (rl/lora.py `merged_copy`), the one copy a LoRA checkpoint makes. The
+small files (config.json, generation_config.json, the tokenizer's, adapter_config.json) are
+rendered once per `ContentsGatherer` by transformers and peft themselves and kept as bytes.
 
-`write_snapshot` writes the folder of rl/checkpoint_layout.py file by file through an
+`write_contents` writes the folder of rl/checkpoint_layout.py file by file through an
 `open_file(relative_path)` context manager that the caller provides (a local folder, or a
-lake's checkpoint folder: storage/checkpoint_store.py), so the bytes go once, straight to
-where they stay. model.safetensors is streamed tensor by tensor in safetensors' own format
-(a header, then the raw bytes: what `safetensors.torch.save_file` writes, with the
-`{"format": "pt"}` metadata transformers requires); a tensor that shares its storage with an
-earlier one (tied embeddings) is written once, as `save_pretrained` does. optimizer.pt is
-`torch.save` of the trainer state into the stream.
+lake's checkpoint folder: storage/checkpoint_store.py), so the bytes go once, straight from
+the tensors' memory to where they stay. model.safetensors is streamed tensor by tensor in
+safetensors' own format (a header, then the raw bytes: what `safetensors.torch.save_file`
+writes, with the `{"format": "pt"}` metadata transformers requires); a tensor that shares
+its storage with an earlier one (tied embeddings) is written once, as `save_pretrained`
+does. optimizer.pt is `torch.save` of the trainer state into the stream (torch hands the
+stream each storage's own memory).
 
 What it does not: decide where files go, digest them or commit a checkpoint (the caller's
-`open_file` and storage/), or load checkpoints (rl/checkpoint.py).
+`open_file` and storage/), keep the tensors still while they are written (the caller), or
+load checkpoints (rl/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -55,8 +60,8 @@ class CheckpointMeta:
 
 
 @dataclass
-class CheckpointSnapshot:
-    """What one checkpoint writes, frozen in host memory at `take`."""
+class CheckpointContents:
+    """What one checkpoint writes: references to the live tensors (see the module docstring)."""
 
     meta: CheckpointMeta
     weights: list[tuple[str, torch.Tensor]]  # the model's tensors, a tied one only once
@@ -70,73 +75,51 @@ class CheckpointSnapshot:
         return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
-class SnapshotTaker:
-    """Takes snapshots into buffers that it reuses from one snapshot to the next."""
+class ContentsGatherer:
+    """Gathers checkpoint contents; renders the small files once and keeps them."""
 
     def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
         self._small_files: dict[str, bytes] | None = None
 
-    def take(self, model, tokenizer, trainer_state: dict[str, Any], meta: CheckpointMeta) -> CheckpointSnapshot:
-        """Copy the model's weights (merged for a LoRA model), its adapter and the trainer
-        state into host memory."""
+    def gather(self, model, tokenizer, trainer_state: dict[str, Any], meta: CheckpointMeta) -> CheckpointContents:
+        """The model's weights (merged for a LoRA model), its adapter and the trainer state,
+        as the live tensors themselves (detached, on their device; no copy but a LoRA
+        policy's merged weights)."""
         if has_lora_layers(model) and not is_lora_model(model):
             raise ValueError("a checkpoint got the base model of a LoRA policy; pass the peft model "
                              "(Trainer.model) so that it holds the merged weights and adapter/ the adapter")
         adapter = None
         if is_lora_model(model):
-            merged = merged_copy(model)  # a fresh copy already: no buffer needed
-            weights = _untied(merged.state_dict(), lambda name, tensor: tensor.detach().to("cpu"))
-            adapter = _untied(get_peft_model_state_dict(model), lambda name, tensor: self._copy(f"adapter/{name}", tensor))
+            merged = merged_copy(model)  # a fresh model: nothing else changes it
+            weights = _untied(merged.state_dict())
+            adapter = _untied(get_peft_model_state_dict(model))
             small_source = merged
         else:
-            weights = _untied(model.state_dict(), lambda name, tensor: self._copy(f"weights/{name}", tensor))
+            weights = _untied(model.state_dict())
             small_source = model
-        state = self._copy_tree("trainer", trainer_state)
         if self._small_files is None:
             self._small_files = _small_files(small_source, tokenizer, model if adapter is not None else None)
         files = {**self._small_files, META_FILE: json.dumps(asdict(meta)).encode()}
-        return CheckpointSnapshot(meta=meta, weights=weights, trainer_state=state, adapter=adapter, small_files=files)
-
-    def release(self) -> None:
-        """Drop the buffers (a snapshot that still holds them keeps them alive until it goes)."""
-        self._buffers = {}
-
-    def _copy(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
-        buffer = self._buffers.get(key)
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
-            self._buffers[key] = buffer
-        buffer.copy_(tensor.detach())
-        return buffer
-
-    def _copy_tree(self, key: str, value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return self._copy(key, value)
-        if isinstance(value, dict):
-            return {name: self._copy_tree(f"{key}/{name}", item) for name, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(self._copy_tree(f"{key}/{index}", item) for index, item in enumerate(value))
-        return value
+        return CheckpointContents(meta=meta, weights=weights, trainer_state=trainer_state, adapter=adapter, small_files=files)
 
 
-def write_snapshot(snapshot: CheckpointSnapshot, open_file: OpenFile) -> None:
+def write_contents(contents: CheckpointContents, open_file: OpenFile) -> None:
     """Write the files of the checkpoint folder through `open_file` (see the module docstring);
     model.safetensors and optimizer.pt are streamed, never built whole in memory."""
-    for path, data in sorted(snapshot.small_files.items()):
+    for path, data in sorted(contents.small_files.items()):
         if path == META_FILE:
             continue  # last of all: a folder with it has every other file
         with open_file(path) as stream:
             stream.write(data)
     with open_file(WEIGHTS_FILE) as stream:
-        write_safetensors(snapshot.weights, stream)
-    if snapshot.adapter is not None:
+        write_safetensors(contents.weights, stream)
+    if contents.adapter is not None:
         with open_file(f"{ADAPTER_DIR}/adapter_model.safetensors") as stream:
-            write_safetensors(snapshot.adapter, stream)
+            write_safetensors(contents.adapter, stream)
     with open_file(OPTIMIZER_FILE) as stream:
-        torch.save(snapshot.trainer_state, stream)
+        torch.save(contents.trainer_state, stream)
     with open_file(META_FILE) as stream:
-        stream.write(snapshot.small_files[META_FILE])
+        stream.write(contents.small_files[META_FILE])
 
 
 def write_safetensors(tensors: list[tuple[str, torch.Tensor]], stream: BinaryIO) -> None:
@@ -157,7 +140,9 @@ def write_safetensors(tensors: list[tuple[str, torch.Tensor]], stream: BinaryIO)
 
 
 def _byte_chunks(tensor: torch.Tensor) -> Iterator[memoryview]:
-    flat = tensor.detach().contiguous().reshape(-1)
+    """The tensor's own bytes (a CPU tensor's memory itself; a GPU tensor's through a host
+    copy of that one tensor)."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     if flat.numel() == 0:
         return
     data = memoryview(flat.view(torch.uint8).numpy())
@@ -165,8 +150,8 @@ def _byte_chunks(tensor: torch.Tensor) -> Iterator[memoryview]:
         yield data[start:start + _STREAM_BYTES]
 
 
-def _untied(state: dict[str, torch.Tensor], copy: Callable[[str, torch.Tensor], torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-    """(name, copy) of each tensor, skipping one whose storage an earlier tensor shares."""
+def _untied(state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """(name, detached tensor) of each tensor, skipping one whose storage an earlier tensor shares."""
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     result = []
     for name, tensor in state.items():
@@ -174,7 +159,7 @@ def _untied(state: dict[str, torch.Tensor], copy: Callable[[str, torch.Tensor], 
         if key in seen:
             continue
         seen.add(key)
-        result.append((name, copy(name, tensor)))
+        result.append((name, tensor.detach()))
     return result
 
 

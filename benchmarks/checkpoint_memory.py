@@ -1,0 +1,132 @@
+"""The trainer's memory while it checkpoints in the background, in one process: `nice -n 19
+.venv/bin/python benchmarks/checkpoint_memory.py [--config configs/smollm2.toml|tiny] [--updates N]`.
+
+Builds the run's policy and Trainer as the trainer worker does (workers/builders.py), then:
+`--updates` updates on synthetic samples of the recipe's shape (prompts_per_step x
+group_size sequences of a chat prompt's length plus max_new_tokens completion tokens, every
+other advantage +1 / -1, so every sample trains), a checkpoint written in the background by
+the trainer worker's CheckpointWriter into a temporary lake (wired to the trainer as the
+trainer worker wires it), then the same updates again while the write runs (the write meets
+the next update's gradients, the trainer's peak in a run that checkpoints), then the wait for
+the write. A thread polls the process's PSS (/proc/self/smaps_rollup) every 0.05 s and the
+script prints the peak of each phase (and its seconds) against the state the trainer must hold (fp32 weights,
+gradients, AdamW's two moments: 4 x 4 bytes per parameter). Run it on two checkouts to
+compare designs (`PYTHONPATH=OTHER_CHECKOUT python benchmarks/checkpoint_memory.py`).
+
+What it does not: generate (no engine), read rows from a lake, or assert anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rlpipe.core.config import load_config  # noqa: E402
+from rlpipe.rl.batching import TrainSample  # noqa: E402
+from rlpipe.rl.checkpoint import CheckpointMeta  # noqa: E402
+from rlpipe.storage.checkpoint_retention import RetentionRule  # noqa: E402
+from rlpipe.storage.lake import Lake  # noqa: E402
+from rlpipe.workers.builders import build_policy, build_trainer  # noqa: E402
+from rlpipe.workers.checkpoint_writer import CheckpointWriter  # noqa: E402
+
+PROMPT_TOKENS = 60  # a SmolLM2 chat prompt of the recipe: system turn, the question, the assistant turn opened
+
+
+def _pss_kib() -> int:
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
+class PhasePeaks:
+    """The process's peak PSS in each named phase, polled by a thread."""
+
+    def __init__(self) -> None:
+        self.phase = "build"
+        self.peaks: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self._entered = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            pss, phase = _pss_kib(), self.phase
+            self.peaks[phase] = max(self.peaks.get(phase, 0), pss)
+            time.sleep(0.05)
+
+    def enter(self, phase: str) -> None:
+        pss, now = _pss_kib(), time.perf_counter()
+        self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), pss)
+        self.seconds[self.phase] = now - self._entered
+        self.phase, self._entered = phase, now
+
+    def stop(self) -> None:
+        self.enter("end")
+        self._stop.set()
+        self._thread.join()
+
+
+def _samples(count: int, completion: int, vocab: int, seed: int) -> list[TrainSample]:
+    generator = torch.Generator().manual_seed(seed)
+    samples = []
+    for index in range(count):
+        tokens = torch.randint(3, vocab, (PROMPT_TOKENS + completion,), generator=generator).tolist()
+        samples.append(TrainSample(tuple(tokens[:PROMPT_TOKENS]), tuple(tokens[PROMPT_TOKENS:]), tuple([-2.0] * completion),
+                                   1.0 if index % 2 == 0 else -1.0))
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(REPO / "configs" / "smollm2.toml"), help="a run config, or 'tiny': the default small model")
+    parser.add_argument("--updates", type=int, default=1, help="updates before the checkpoint, and again during its write")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    peaks = PhasePeaks()
+    started = time.perf_counter()
+    config = load_config(None if args.config == "tiny" else args.config, args.overrides)
+    torch.manual_seed(config.seed)
+    policy, tokenizer = build_policy(config)
+    trainer = build_trainer(config, policy)
+    parameters = sum(parameter.numel() for parameter in policy.parameters())
+    state_gb = 16 * parameters / 1e9
+    samples = _samples(config.rollout.prompts_per_step * config.rollout.group_size, config.rollout.max_new_tokens,
+                       policy.config.vocab_size, config.seed)
+    with tempfile.TemporaryDirectory(prefix="rlpipe-ckpt-memory-") as folder:
+        writer = CheckpointWriter(Lake.open(str(Path(folder) / "lake")), "memory", RetentionRule(2, 0, False))
+        if hasattr(writer, "join"):  # as the trainer worker wires it (a checkout whose writer copies the state has none)
+            trainer.before_state_change = writer.join
+        peaks.enter("updates")
+        for update in range(args.updates):
+            trainer.update(samples, shuffle_seed=update)
+        peaks.enter("checkpoint + updates")
+        writer.save(trainer.model, tokenizer, trainer.state_dict(), CheckpointMeta(args.updates, args.updates, "memory"))
+        for update in range(args.updates):
+            trainer.update(samples, shuffle_seed=args.updates + update)
+        writer.wait()
+        peaks.enter("after")
+        time.sleep(0.2)
+    peaks.stop()
+    print(f"{config.model.gguf or config.model.path or 'tiny model'}: {parameters:,} parameters; the trainer's state "
+          f"(fp32 weights, gradients, 2 AdamW moments) {state_gb:.2f} GB; {len(samples)} samples of "
+          f"{PROMPT_TOKENS}+{config.rollout.max_new_tokens} tokens; {time.perf_counter() - started:.0f} s")
+    for phase, kib in peaks.peaks.items():
+        if phase != "end":
+            print(f"  peak PSS {phase:22s} {kib * 1024 / 1e9:5.2f} GB = {kib * 1024 / 1e9 / state_gb:.2f}x the state "
+                  f"({peaks.seconds[phase]:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
