@@ -26,12 +26,9 @@ Devices and memory:
   rounded after each step; pure bf16 AdamW would round small steps away). The masters are
   part of `state_dict()` (resume is exact, not re-derived from the rounded bf16 weights).
 - AdamW is torch's fused kernel on CPU and CUDA (`fused=True`): one pass over each tensor
-  with no temporaries. torch's default CPU kernel allocates two temporaries the size of each
-  parameter in turn (sqrt of the second moment, then its quotient), 2x the largest tensor at
-  the peak: +1.0 GiB for a Qwen2.5-0.5B's tied 519 MiB embedding (benchmarks/scale.py), and
-  it is ~5x slower on CPU (0.24 s against 0.04 s per step for 40M parameters, 2 threads).
-  The two agree to float rounding (1.5e-8 apart after 100 steps). The gradients are freed
-  right after each optimizer step.
+  with no temporaries (the default CPU kernel allocates two temporaries the size of each
+  parameter in turn and is slower; the two agree to float rounding). The gradients are
+  freed right after each optimizer step.
 - `gradient_checkpointing`: the model recomputes each decoder layer's activations in the
   backward pass (transformers' non-reentrant checkpointing) and keeps no KV cache.
 - `lora_rank > 0`: the model is wrapped with a LoRA adapter (rl/lora.py; `self.model` is then
@@ -51,20 +48,15 @@ per-domain gradient conflict, rl/grad_conflict.py); it touches no `.grad` and no
 model's weights (or adapter) are saved by the caller (rl/checkpoint.py); `named_weights()`
 yields the tensors to sync into a rollout engine. `state_dict()` holds the live tensors, which
 a checkpoint may write in the background (workers/checkpoint_writer.py): the hook
-`before_state_change` (no-op by default) runs before each in-place change of the weights,
-masters or optimizer state: each optimizer step (after forward, backward and clipping, which
-change only gradients), re-read stale masters, `load_state_dict`, `broadcast_state`,
-`drop_momentum`, `warm_start_optimizer` (its caller steps the optimizer).
+`before_state_change` (no-op by default) runs before every in-place change of the weights,
+masters or optimizer state (each optimizer step, after forward, backward and clipping).
 
-Data parallel (`share`, rl/data_parallel.py): in a process group of W ranks (torchrun,
-workers/trainer_rank.py) every rank holds the whole model and optimizer and runs `update` on
-the same samples; rank r computes micro-batches r, r+W, ... of each mini-batch, and one
-all-reduce SUM per optimizer step gives every rank the single-process gradient (the losses
-are normalised by the whole mini-batch's count), up to float rounding. The metrics are summed
-the same way. `broadcast_state()` copies rank 0's weights and optimizer state to the others.
+Data parallel (`share`, rl/data_parallel.py; torchrun, workers/trainer_rank.py): every rank
+holds the whole model and runs `update` on the same samples; rank r computes micro-batches
+r, r+W, ... of each mini-batch, and one all-reduce SUM per optimizer step gives every rank
+the single-process gradient and metrics, up to float rounding. `broadcast_state()` copies rank 0's weights and optimizer state to the others.
 
-What it does not: sample, verify, compute advantages, save files, or shard the model (no FSDP:
-each rank holds all of it).
+What it does not: sample, verify, compute advantages, save files, or shard the model.
 """
 
 from __future__ import annotations
@@ -389,8 +381,8 @@ class Trainer:
         self._weights.load(masters)
 
 
-def _no_wait() -> None:
-    """The default `before_state_change`: nothing reads the state in the background."""
+def _no_wait() -> None:  # the default `before_state_change`: nothing reads the state in the background
+    pass
 
 
 def _as_device(device: str | torch.device) -> torch.device:
