@@ -41,8 +41,7 @@ version that the step starts from); they are the PPO ratio's denominator, and ea
 policy-gradient term is weighted by min(exp(trainer - engine), tis_cap). `tis_cap` None keeps
 the ratio against the engine's stored logprobs, exactly as before.
 
-`policy_gradient(samples)` is the loss gradient of some samples without an update (the
-per-domain gradient conflict, rl/grad_conflict.py); it touches no `.grad` and no weight.
+`policy_gradient(samples)`: the loss gradient of some samples, no `.grad` or weight touched.
 
 `state_dict()` / `load_state_dict()` cover the optimizer (and the fp32 master weights); the
 model's weights (or adapter) are saved by the caller (rl/checkpoint.py); `named_weights()`
@@ -382,7 +381,7 @@ class Trainer:
 
 
 def _no_wait() -> None:  # the default `before_state_change`: nothing reads the state in the background
-    pass
+    return None
 
 
 def _as_device(device: str | torch.device) -> torch.device:
