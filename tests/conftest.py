@@ -24,8 +24,12 @@
   own zygote importing torch and transformers again (~5 s of CPU a run). PYTHONPATH (the
   repository, what every CLI run of the tests gets) and HF_HUB_DISABLE_PROGRESS_BARS=1 (what
   `rlpipe` sets for its workers) are set here, so that CLI runs and this process's own
-  controllers import under the same settings. A test that finds its processes by a marker in their
-  environment (tests/helpers/processes.py) must keep its runs off it (`own_zygote_env`): a
+  controllers import under the same settings; a test that leaves one of the compared
+  variables changed fails at its teardown, naming them, and they are put back
+  (`_environment_kept_for_the_shared_zygote`), so one leak cannot cost every later run of the
+  process a zygote of its own. A test that finds its processes by a marker in their
+  environment (tests/helpers/processes.py) either keeps its runs off it (`own_zygote_env`) or
+  counts the zygote's new workers beside the marked processes (`shared_zygote_workers`): a
   forked worker's /proc/PID/environ is the zygote's. Tests of the launch paths themselves
   unset it.
 - One torch thread per process (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, unless the environment
