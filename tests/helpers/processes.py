@@ -26,9 +26,10 @@ def own_zygote_env(env: Mapping[str, str]) -> dict[str, str]:
     return {key: value for key, value in env.items() if key != SHARED_ZYGOTE_ENV_VAR}
 
 
-def processes_marked(name: str, value: str) -> list[int]:
+def processes_marked(name: str, value: str, shared_zygote_counted: bool = False) -> list[int]:
     """Pids of live (not zombie) processes whose environment holds `name=value`. Raises
-    AssertionError for one that names the shared zygote (its workers would not be found)."""
+    AssertionError for one that names the shared zygote (its workers would not be found),
+    unless the caller counts that zygote's workers itself (`shared_zygote_counted`)."""
     wanted = f"{name}={value}".encode()
     shared = f"{SHARED_ZYGOTE_ENV_VAR}=".encode()
     found = []
@@ -44,7 +45,7 @@ def processes_marked(name: str, value: str) -> list[int]:
             continue
         if state == "Z":
             continue
-        assert not any(item.startswith(shared) and item != shared for item in environ), (
+        assert shared_zygote_counted or not any(item.startswith(shared) and item != shared for item in environ), (
             f"process {entry.name}, marked {name}, may fork workers from the shared zygote, which carry no "
             f"marker: start it with tests.helpers.processes.own_zygote_env")
         found.append(int(entry.name))
