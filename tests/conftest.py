@@ -24,8 +24,12 @@
   own zygote importing torch and transformers again (~5 s of CPU a run). PYTHONPATH (the
   repository, what every CLI run of the tests gets) and HF_HUB_DISABLE_PROGRESS_BARS=1 (what
   `rlpipe` sets for its workers) are set here, so that CLI runs and this process's own
-  controllers import under the same settings. A test that finds its processes by a marker in their
-  environment (tests/helpers/processes.py) must keep its runs off it (`own_zygote_env`): a
+  controllers import under the same settings; a test that leaves one of the compared
+  variables changed fails at its teardown, naming them, and they are put back
+  (`_environment_kept_for_the_shared_zygote`), so one leak cannot cost every later run of the
+  process a zygote of its own. A test that finds its processes by a marker in their
+  environment (tests/helpers/processes.py) either keeps its runs off it (`own_zygote_env`) or
+  counts the zygote's new workers beside the marked processes (`shared_zygote_workers`): a
   forked worker's /proc/PID/environ is the zygote's. Tests of the launch paths themselves
   unset it.
 - One torch thread per process (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, unless the environment
@@ -48,6 +52,7 @@ import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from rlpipe.workers.launch import LAUNCH_ENV_VAR, SHARED_ZYGOTE_ENV_VAR, start_shared_zygote
+from rlpipe.workers.zygote import import_settings
 from tests.helpers.prefect_db import snapshot_database
 from tests.helpers.s3_server import start_moto_server
 
@@ -86,17 +91,19 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # what `rlpipe` sets
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _shared_zygote() -> Iterator[None]:
+def _shared_zygote() -> Iterator[dict[str, str] | None]:
     """Start this process's shared zygote and export its socket (module docstring); none
-    where the environment names one already or asks for spawned workers."""
+    where the environment names one already or asks for spawned workers. Yields the import
+    settings it was started under (None: no zygote of this session)."""
     if os.environ.get(SHARED_ZYGOTE_ENV_VAR) or os.environ.get(LAUNCH_ENV_VAR, "").strip().lower() == "spawn":
-        yield
+        yield None
         return
     folder = tempfile.mkdtemp(prefix="rlz-")  # short: an AF_UNIX path stops at 107 bytes
+    settings = import_settings(dict(os.environ))  # what the zygote's hello will say
     zygote = start_shared_zygote(os.path.join(folder, "zygote.sock"))
     os.environ[SHARED_ZYGOTE_ENV_VAR] = os.path.join(folder, "zygote.sock")
     try:
-        yield
+        yield settings
     finally:
         os.environ.pop(SHARED_ZYGOTE_ENV_VAR, None)
         zygote.terminate()
@@ -106,6 +113,29 @@ def _shared_zygote() -> Iterator[None]:
             zygote.kill()
             zygote.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept_for_the_shared_zygote(_shared_zygote: dict[str, str] | None) -> Iterator[None]:
+    """Fail a test that leaves this process's environment other than the shared zygote's
+    import settings (module docstring), and put those variables back: otherwise every later
+    controller of the process, in-process or a CLI run, would find the zygote's settings
+    different and start a zygote of its own (torch and transformers imported again)."""
+    yield
+    if _shared_zygote is None:
+        return
+    now = import_settings(dict(os.environ))
+    changed = sorted(name for name in now.keys() | _shared_zygote.keys() if now.get(name) != _shared_zygote.get(name))
+    if not changed:
+        return
+    for name in changed:
+        if name in _shared_zygote:
+            os.environ[name] = _shared_zygote[name]
+        else:
+            os.environ.pop(name, None)
+    pytest.fail(f"the test left the environment changed in {', '.join(changed)}, which the session's shared zygote "
+                "compares: set variables with monkeypatch.setenv/delenv (undone after the test), or pass an env "
+                "to the subprocess", pytrace=False)
 
 
 @pytest.fixture(scope="session")

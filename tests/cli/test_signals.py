@@ -8,7 +8,8 @@ the warm start; ^C during an RL step with a Prefect server, under `rlpipe up`, i
 tests/cli/test_up_serves_train.py (which imports this module's helpers). After the signal the
 command must: exit 130 (SIGINT) or 143 (SIGTERM) (a run still alive 600 s after it is hung:
 killed, and the test fails), print one line with the resume command and no traceback, leave
-no process behind (no process carries the run's PREFECT_HOME in its environment), and have
+no process behind (no process carries the run's PREFECT_HOME in its environment, and no
+worker the runs forked from the session's shared zygote is left), and have
 marked the run interrupted in the lake (status.json), MLflow (KILLED) and Prefect (Crashed).
 Then the run resumes to the end. `rlpipe runs show` of an interrupted or failed run prints
 the resume command (in-process: the command's output, not a process's start-up, is tested).
@@ -41,7 +42,7 @@ from typer.testing import CliRunner
 from rlpipe.cli.main import app
 from tests.durability.cli_runs import RLPIPE, cli_env, make_where, run_cli
 from tests.helpers.prefect_db import seed_prefect_home
-from tests.helpers.processes import own_zygote_env
+from tests.helpers.processes import shared_zygote_workers
 
 # The interrupted flow run's state: Crashed (Prefect's state for a signal); Failed when the
 # signal landed in Prefect's own task set-up, which then raises ValueError("Task run is not
@@ -143,6 +144,16 @@ def wait_for_no_process(marker: str, timeout_s: float = 20) -> list[str]:
     return left
 
 
+def wait_for_no_new_worker(before: set[int], timeout_s: float = 20) -> set[int]:
+    """The shared zygote's workers (tests/helpers/processes.py) not among `before` that are
+    still alive after `timeout_s`: what the runs started since then left behind. Their
+    /proc environment is the zygote's, so `wait_for_no_process` does not see them."""
+    deadline = time.monotonic() + timeout_s
+    while (left := shared_zygote_workers() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
 def warmstart_started(lake: Path, run_id: str) -> Callable[[], bool]:
     return (lake / "runs" / run_id / "progress" / "warmstart.json").exists  # written as it begins
 
@@ -200,25 +211,28 @@ def test_sigterm_in_ephemeral_mode_ends_in_order_and_the_run_resumes(
     starts `rlpipe up`: the interrupted flow run stays in the temporary server's database."""
     where = make_where(tmp_path, EPHEMERAL_TOML)
     run_id = "sig-eph-term"
-    env = own_zygote_env(cli_env(where, prefect_api_url=None))  # wait_for_no_process finds its workers
+    env = cli_env(where, prefect_api_url=None)  # workers from the shared zygote, where its settings fit
     env.pop("PREFECT_API_URL", None)  # ephemeral mode: Prefect's temporary server
+    workers_before = shared_zygote_workers()
     seed_prefect_home(Path(env["PREFECT_HOME"]), prefect_db_snapshot)  # a ready database: no migration
     result = run_on_pty(["train", str(where.config_path), "--run-id", run_id], env, tmp_path,
                         warmstart_started(Path(where.lake_uri), run_id), "term")
     where_stopped = check_interrupted(result, where.lake_uri, run_id, "SIGTERM", 143)
     assert where_stopped == {"step": 0, "stage": "warm-start"}
     assert wait_for_no_process(env["PREFECT_HOME"]) == []
+    assert wait_for_no_new_worker(workers_before) == set()
     states = ephemeral_states(Path(env["PREFECT_HOME"]), run_id)
     assert len(states) == 1 and states[0] in ENDED
 
     shown = CliRunner().invoke(app, ["runs", "show", run_id, "--lake", where.lake_uri], env={"COLUMNS": "200"})
     assert f"resume with: rlpipe resume {run_id} --lake {where.lake_uri}" in shown.output.splitlines(), shown.output
-    served = own_zygote_env(cli_env(where, prefect_api_url=prefect_api_url))
+    served = cli_env(where, prefect_api_url=prefect_api_url)
     resumed = run_cli(["resume", run_id, "--lake", where.lake_uri], served, tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert Lake.open(where.lake_uri).committed_steps(run_id) == [1, 2]
     assert asyncio.run(flow_run_states(run_id)) == ["COMPLETED"]
     assert wait_for_no_process(env["PREFECT_HOME"]) == []
+    assert wait_for_no_new_worker(workers_before) == set()
 
 
 @pytest.mark.parametrize(

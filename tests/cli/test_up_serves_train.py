@@ -22,7 +22,9 @@ Last, `down` while a served run trains (holding the one `rlpipe-trainer` slot) s
 and its workers too.
 
 `up` runs once for the module, on free ports under a private RLPIPE_HOME; every process it
-starts inherits a marker variable, which is how "no process left" finds them.
+starts inherits a marker variable, which is how "no process left" finds them, beside the
+workers its runs forked from the session's shared zygote, which /proc shows with the zygote's
+environment (tests/helpers/processes.py: `shared_zygote_workers`).
 """
 
 from __future__ import annotations
@@ -59,10 +61,11 @@ from rlpipe.storage.query import query_trajectories
 from tests.agents.helpers import copy_task
 from tests.cli.cli_process import REPO_ROOT
 from tests.cli.test_signals import (
-    ENDED, TOML, check_interrupted, flow_run_states, run_on_pty, step_committed, step_table, wait_for_no_process,
+    ENDED, TOML, check_interrupted, flow_run_states, run_on_pty, step_committed, step_table, wait_for_no_new_worker,
+    wait_for_no_process,
 )
 from tests.durability.cli_runs import Where, cli_env, count_rows, make_where, run_cli
-from tests.helpers.processes import own_zygote_env
+from tests.helpers.processes import shared_zygote_workers
 from tests.helpers.s3_server import free_port
 from tests.sandbox._bwrap_support import require_bwrap
 
@@ -92,6 +95,7 @@ def _form(lake: Path) -> dict:
 class Up(NamedTuple):
     env: dict[str, str]
     services: LocalServices
+    workers_before: set[int]  # the shared zygote's workers before `up` started (none of its runs')
 
 
 @pytest.fixture(scope="module")
@@ -100,21 +104,23 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     folder = tmp_path_factory.mktemp("up")
     marker = f"rlpipe-up-test-{uuid.uuid4().hex}"
     # Prefect's INFO lines, as a user's `up` has them: the flow runs' progress lines are INFO
-    env = own_zygote_env(cli_env(Where(folder, folder / "unused.toml"), prefect_api_url=None, RLPIPE_UP_TEST_MARKER=marker,
-                                 PREFECT_LOGGING_LEVEL="INFO"))
+    env = cli_env(Where(folder, folder / "unused.toml"), prefect_api_url=None, RLPIPE_UP_TEST_MARKER=marker,
+                  PREFECT_LOGGING_LEVEL="INFO")
     env.pop("PREFECT_API_URL", None)
     env.pop("MLFLOW_TRACKING_URI", None)
+    workers_before = shared_zygote_workers()
     started = run_cli(["up", "--prefect-port", str(free_port()), "--mlflow-port", str(free_port())], env, folder)
     try:
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
         assert "rl-train/train" in started.stdout
         services = read_live_services(Path(env["RLPIPE_HOME"]))
         assert services is not None and len(services.pids) == 3  # Prefect, MLflow, the deployments' runner
-        yield Up(env, services)
+        yield Up(env, services, workers_before)
     finally:
         stopped = run_cli(["down"], env, folder)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert wait_for_no_process(marker) == []
+    assert wait_for_no_new_worker(workers_before) == set()
 
 
 def test_the_ui_on_a_port_other_than_4200_talks_to_its_own_api(up: Up) -> None:
@@ -211,7 +217,8 @@ def test_ctrl_c_of_a_cli_run_under_up_ends_in_order(up: Up, tmp_path: Path) -> N
     # The config `up`'s users write: no tracking section, so the run reports to up's MLflow.
     where.config_path.write_text(TOML + f'\n[storage]\nlake_uri = "{lake_uri}"\n')
     run_id = f"sig-up-{os.getpid()}"
-    env = own_zygote_env(dict(cli_env(where, prefect_api_url=None), RLPIPE_HOME=up.env["RLPIPE_HOME"]))  # up's state file
+    env = dict(cli_env(where, prefect_api_url=None), RLPIPE_HOME=up.env["RLPIPE_HOME"])  # up's state file
+    workers_before = shared_zygote_workers()
     env.pop("PREFECT_API_URL", None)
     env.pop("MLFLOW_TRACKING_URI", None)
     result = run_on_pty(["train", str(where.config_path), "--run-id", run_id], env, tmp_path,
@@ -219,6 +226,7 @@ def test_ctrl_c_of_a_cli_run_under_up_ends_in_order(up: Up, tmp_path: Path) -> N
     where_stopped = check_interrupted(result, lake_uri, run_id, "SIGINT", 130)  # MLflow: up's server, over HTTP
     assert where_stopped["step"] >= 1 and where_stopped["stage"] != "warm-start"  # step 1 persisted: in its update or later
     assert wait_for_no_process(env["PREFECT_HOME"]) == []  # nothing of the CLI's own is left
+    assert wait_for_no_new_worker(workers_before) == set()
     with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):  # over a session harness, if any
         assert asyncio.run(flow_run_states(run_id))[0] in ENDED
     # The ^C run resumes to the end, and its Prefect step table then holds every step, also
@@ -237,12 +245,14 @@ def test_down_stops_a_flow_run_in_progress_and_its_workers(up: Up, tmp_path: Pat
     marker = up.env["RLPIPE_UP_TEST_MARKER"]
     with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):
         run_deployment("rl-train/train", parameters={"config": _form(tmp_path / "lake")}, timeout=0)
-    _wait_until(lambda: len(_workers(marker)) == 2, "the run's engine and trainer workers")
+    _wait_until(lambda: len(_workers(marker)) + len(shared_zygote_workers() - up.workers_before) == 2,
+                "the run's engine and trainer workers")
     with temporary_settings({PREFECT_API_URL: up.services.prefect_api_url}):
         assert asyncio.run(_trainer_slots_taken()) == 1  # the run holds the one trainer slot (flows/operations.py)
     stopped = run_cli(["down"], up.env, tmp_path)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert wait_for_no_process(marker) == []
+    assert wait_for_no_new_worker(up.workers_before) == set()
 
 
 async def _trainer_slots_taken() -> int:
@@ -251,8 +261,9 @@ async def _trainer_slots_taken() -> int:
 
 
 def _workers(marker: str) -> list[str]:
-    """The run's worker processes: spawned (`python -m rlpipe.workers.main`) or forked by the
-    zygote (its command line is the zygote's; the name, /proc/PID/comm, says the kind)."""
+    """The run's worker processes that carry the marker: spawned (`python -m rlpipe.workers.main`)
+    or forked by the controller's own zygote (its command line is the zygote's; the name,
+    /proc/PID/comm, says the kind)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:

@@ -36,11 +36,10 @@ from rlpipe.core.errors import TrainerGroupFailed
 from rlpipe.storage.lake import Lake
 from rlpipe.workers import protocol as p
 from rlpipe.workers.client import TrainerClient, WorkerSpec
-from rlpipe.workers.launch import SHARED_ZYGOTE_ENV_VAR
 from rlpipe.workers.trainer_group import TrainerGroupService
 from rlpipe.workers.trainer_worker import TrainerService
 from tests.durability.cli_runs import REPO_ROOT
-from tests.helpers.processes import is_zygote, own_zygote_env, processes_marked
+from tests.helpers.processes import is_zygote, processes_marked, shared_zygote_workers
 from tests.helpers.trajectories import make_trajectory
 from tests.workers.workers_at_hand import wait_until_gone
 
@@ -126,15 +125,21 @@ def test_a_rank_killed_mid_update_is_an_infra_error_and_leaves_no_process(tmp_pa
     monkeypatch.setenv("RLPIPE_FAILPOINTS", "all-reduce-rank-1@1")
     mark = ("RLPIPE_TEST_TORCHRUN_GROUP", str(tmp_path))
     monkeypatch.setenv(*mark)  # inherited by the worker, torchrun and the ranks
-    monkeypatch.delenv(SHARED_ZYGOTE_ENV_VAR, raising=False)  # a zygote that has the marker too
+    workers_before = shared_zygote_workers()  # a worker forked there carries no marker: counted apart
+
+    def started(zygotes: bool) -> list[int]:
+        """This test's processes; with `zygotes`, a controller's own zygote too (it lives until close())."""
+        marked = [pid for pid in processes_marked(*mark, shared_zygote_counted=True)
+                  if pid != os.getpid() and (zygotes or not is_zygote(pid))]
+        return marked + sorted(shared_zygote_workers() - workers_before - set(marked))
+
     sockets = Path(tempfile.mkdtemp(prefix="rlg-"))
     trainer = TrainerClient(WorkerSpec("g", "trainer", config.model_dump_json(), sockets, tmp_path))
     try:
         trainer.start()
         trainer.digest()  # ready: the group started
         worker = trainer.pid
-        zygotes = [pid for pid in processes_marked(*mark) if is_zygote(pid)]  # this test's: it ends with close()
-        group = [pid for pid in processes_marked(*mark) if pid != os.getpid() and pid not in zygotes]
+        group = started(zygotes=False)
         assert worker in group and len(group) >= 4  # the worker, torchrun, two ranks
         trainer.save_checkpoint(0, config.config_hash())  # rank 0 writes it; the fresh group restores it
         with pytest.raises(TrainerGroupFailed, match="trainer group"):
@@ -148,9 +153,9 @@ def test_a_rank_killed_mid_update_is_an_infra_error_and_leaves_no_process(tmp_pa
         expected = TrainerService("g", config).update(1, parts[0], shuffle_seed=1)
         assert result.policy_version == 1
         assert result.metrics["train/grad_norm"] == pytest.approx(expected.metrics["train/grad_norm"], rel=1e-5)
-        survivors = [pid for pid in processes_marked(*mark) if pid != os.getpid()]
+        survivors = started(zygotes=True)
     finally:
-        trainer.close()  # the worker, its group and the zygote
+        trainer.close()  # the worker, its group (and its own zygote, if it had one)
         shutil.rmtree(sockets, ignore_errors=True)
     assert wait_until_gone(survivors) == []
 
@@ -172,14 +177,18 @@ CONTROLLER = textwrap.dedent("""
 
 def test_a_controller_killed_with_sigkill_leaves_no_rank_behind(tmp_path: Path) -> None:
     """The trainer worker's watchdog ends it, each rank's watchdog (or closed socket) ends the
-    ranks, and torchrun ends with its ranks: nothing of the run is left."""
+    ranks, and torchrun ends with its ranks: nothing of the run is left. The worker may fork
+    from the session's shared zygote, where no marker finds it: it is counted among that
+    zygote's new workers (tests/helpers/processes.py)."""
     mark = ("RLPIPE_TEST_TORCHRUN_GROUP", str(tmp_path))
-    env = own_zygote_env({**os.environ, "PYTHONPATH": str(REPO_ROOT), mark[0]: mark[1]})
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), mark[0]: mark[1]}
+    workers_before = shared_zygote_workers()
     controller = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                                   env=env, cwd=REPO_ROOT)
     try:
         worker = int(controller.stdout.readline())
-        started = [pid for pid in processes_marked(*mark) if pid != os.getpid()]
+        started = [pid for pid in processes_marked(*mark, shared_zygote_counted=True) if pid != os.getpid()]
+        started += sorted(shared_zygote_workers() - workers_before - set(started))
         assert worker in started and len(started) >= 5  # controller, worker, torchrun, two ranks
         controller.kill()  # SIGKILL: no finally, no atexit
         controller.wait()
