@@ -1,6 +1,8 @@
 """Char tokenizer, tiny model builder and the local loader; a saved policy folder loads the
 same through the standard transformers path (AutoTokenizer, AutoModelForCausalLM, pipeline)."""
 
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
@@ -37,9 +39,12 @@ PROMPT_WITH_SPACES = "reverse abc="  # 12 characters, 12 ids; an id per characte
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "llama"])
-def test_saved_policy_loads_the_same_through_auto_classes_and_pipeline(architecture, tokenizer, tmp_path):
+def test_saved_policy_loads_the_same_through_auto_classes_and_pipeline(architecture, tokenizer, tmp_path, monkeypatch):
     """transformers 5 loads a qwen2 folder's tokenizer as a Qwen2Tokenizer rebuilt from the
     vocabulary; the policy folder must give the same ids and greedy answers that way too."""
+    # transformers' pipeline() sets TOKENIZERS_PARALLELISM=false in os.environ when it is
+    # unset: set here first, through monkeypatch, which puts the old state back afterwards
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", os.environ.get("TOKENIZERS_PARALLELISM", "false"))
     torch.manual_seed(0)
     model = build_tiny_model(architecture, len(tokenizer), 64, 2, 4, 128, 64, seed=0)
     env = ReverseEnv(max_word_len=3)
