@@ -4,28 +4,15 @@ change the work done, never the samples, greedy or sampled, whatever the batch s
 stored logprob stays the one a full forward pass of prompt + completion recomputes."""
 
 import pytest
-import torch
 
 from rlpipe.engines.hf import MIN_COMMON_PREFIX_TOKENS, HFEngine, common_prefix_length
 from rlpipe.engines.sampling import SamplingParams
-from rlpipe.rl.policy import build_char_tokenizer
-from tests.engines.test_hf_engine import count_forward_rows, full_forward_logprobs, opinionated_model
+from tests.engines.test_hf_engine import count_forward_rows, full_forward_logprobs
 
 PREFIX = "please reverse "  # 15 tokens of the character tokenizer, above MIN_COMMON_PREFIX_TOKENS
 # suffixes of 2 to 7 tokens: the suffix prefill left-pads between the prefix and the suffix;
 # "abc=" twice: a repeated prompt is still prefilled once
 PROMPTS = [("a", PREFIX + "abc="), ("b", PREFIX + "hello="), ("c", PREFIX + "z="), ("d", PREFIX + "abc="), ("e", PREFIX + "qrstuv=")]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
-
-
-@pytest.fixture()
-def tiny_model(tokenizer):
-    torch.set_num_threads(2)
-    return opinionated_model(len(tokenizer), seed=0)
 
 
 def samples(completions):

@@ -10,16 +10,11 @@ import torch
 
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.engines.hf import HFEngine, choose_tokens, resolve_dtype
-from rlpipe.rl.policy import build_char_tokenizer, build_tiny_model
+from rlpipe.rl.policy import build_tiny_model
 
 # prompts of 1, 4, 12 and 3 tokens: every batch mixes prompt lengths (left padding)
 PROMPTS = [("short", "7"), ("mid", "12+7"), ("long", "reverse abc="), ("mid2", "3=4")]
 PATHS = [(True, True), (True, False), (False, True), (False, False)]  # (prefix_sharing, drop_finished_rows)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
 
 
 def opinionated_model(vocab_size, seed):
@@ -31,12 +26,6 @@ def opinionated_model(vocab_size, seed):
         for parameter in model.parameters():
             parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
     return model
-
-
-@pytest.fixture()
-def tiny_model(tokenizer):
-    torch.set_num_threads(2)
-    return opinionated_model(len(tokenizer), seed=0)
 
 
 def full_forward_logprobs(model, completion, temperature):
