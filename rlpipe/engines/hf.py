@@ -37,6 +37,7 @@ ends), or cache reuse across batches or calls.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -271,11 +272,8 @@ MIN_COMMON_PREFIX_TOKENS = 4
 def common_prefix_length(prompt_ids: list[tuple[int, ...]]) -> int:
     """Tokens every prompt starts with, leaving each prompt at least one token of its own (the
     suffix prefill must produce every prompt's last-position logits)."""
-    shortest = min(len(ids) for ids in prompt_ids)
-    length = 0
-    while length < shortest - 1 and all(ids[length] == prompt_ids[0][length] for ids in prompt_ids):
-        length += 1
-    return length
+    shared = len(os.path.commonprefix(prompt_ids))  # any sequences, element by element
+    return min(shared, min(len(ids) for ids in prompt_ids) - 1)
 
 
 @dataclass
