@@ -29,9 +29,10 @@ system:
 demo: venv
 	$(BIN)/rlpipe train configs/quickstart.toml
 
-# Two pytest workers (xdist), a test file stays on one worker: the slow files are mostly
-# subprocess start-up and waits, which the second worker overlaps. Files run in collection
-# order, the longest first (tests/conftest.py: LONGEST_FILES).
+# Three pytest workers (xdist) on two cores, a test file stays on one worker: much of a slow
+# file's wall time is waiting (servers starting, a subprocess's exit, a timeout a test needs),
+# which a third worker fills with another file's work. Files run in collection order, the
+# longest first (tests/conftest.py: LONGEST_FILES).
 # (.ci/run makes venv, system, lint and pytest one by one to print the time of each.)
 # `system` provisioned docker, so a docker test that finds no engine fails instead of skipping
 # (RLPIPE_TEST_DOCKER, tests/helpers/docker_engine.py); `make pytest` alone leaves it unset.
@@ -42,14 +43,14 @@ lint: venv
 	$(BIN)/lint-imports
 
 pytest: venv
-	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 
 # The tests marked `extended` (pyproject.toml): long runs whose property a cheaper test of
 # `make test` checks already (README.md, "Tests"), left out of CI to keep it under 20 minutes;
 # run before a change to what they cover (the trainer group, the learning recipe).
 test-extended: export RLPIPE_TEST_DOCKER = required
 test-extended: venv system
-	$(BIN)/pytest -q -n 2 --dist loadfile -m extended
+	$(BIN)/pytest -q -n 3 --dist loadfile -m extended
 
 bench: venv
 	$(BIN)/python benchmarks/step_breakdown.py
