@@ -25,6 +25,13 @@ process maps: the weight-sync files are written and read with write()/read(). So
 counts private memory: the polled peak of each process's RssAnon plus the peak of the sync
 folder; polling every 0.2 s can miss a short peak, so that sum is a lower bound.
 
+Or `--recipe FILE [--steps N]`: that config as a user runs it (its model, e.g. SmolLM2 from
+its GGUF, its domains and prompts and its rollout sizes), run from the repository root with no
+warm start, no checkpoint and no mid-run evaluation, N RL steps per variant; each step metric
+is then the median over steps 2.. (the first pays one-time costs). E.g. LoRA against full
+fine-tuning of SmolLM2-135M-Instruct on the math recipe:
+`benchmarks/scale.py --recipe configs/smollm2_math.toml --steps 4 --variant fp32 --variant lora`.
+
 Variants (rows): fp32 (full fine-tuning, the defaults), gc (train.gradient_checkpointing),
 bf16 (model.dtype = bfloat16: the engine's and the trainer's weights in bf16, but the trainer
 keeps fp32 master weights, fp32 gradients and fp32 AdamW states, rl/precision.py), lora (rank 8 on
@@ -43,6 +50,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -106,6 +114,15 @@ def parameter_count(folder: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def recipe_parameter_count(recipe: Path) -> int:
+    """Parameters of a recipe's model (model.path, or the folder its GGUF converts to)."""
+    from rlpipe.core.config import load_config
+    from rlpipe.rl.gguf_folder import converted_folder
+
+    model = load_config(recipe, []).model
+    return parameter_count(Path(model.path) if model.path else converted_folder(Path(model.gguf)))
+
+
 def write_config(path: Path, model: Path, lake: Path) -> None:
     path.write_text(f"""
 [model]
@@ -159,26 +176,48 @@ def mem_available_gib() -> float:
     return float("nan")
 
 
-def run_variant(name: str, overrides: list[str], model: Path, work: Path, threads: int) -> Result:
+def run_variant(name: str, overrides: list[str], model: Path | None, work: Path, threads: int,
+                recipe: Path | None = None, steps: int = 1) -> Result:
+    """One `rlpipe train` of `steps` RL steps: the built-in arithmetic config on `model`, or the
+    `recipe` file (its model, domains and prompts) with its sizes set for a short run."""
     lake = work / f"lake-{name}"
-    config = work / f"{name}.toml"
-    write_config(config, model, lake)
     run_id = f"scale-{name}"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads),
            "PREFECT_HOME": str(work / f"prefect-{name}")}
+    if recipe is None:
+        config = work / f"{name}.toml"
+        write_config(config, model, lake)
+        overrides = [f"train.steps={steps}", *overrides]
+    else:
+        config = recipe
+        overrides = [f'storage.lake_uri="{lake}"', f"train.steps={steps}", "checkpoint.every_steps=1000",
+                     "eval.every_steps=0", "envs.heldout_size=4", "warmstart.steps=0", *overrides]
     command = [sys.executable, "-m", "rlpipe.cli.main", "train", str(config), "--run-id", run_id]
     for override in overrides:
         command += ["--set", override]
     log = work / f"{name}.log"
-    returncode, wall_s, watch = run_watched(command, work, env, log, shm_base() / folder_prefix(run_id))
-    metrics: dict[str, float] = {}
-    for document in ("MANIFEST.json", "TRAIN.json"):
-        path = lake / "runs" / run_id / "steps" / "000001" / document
-        if path.exists():
-            metrics |= dict(json.loads(path.read_text())["metrics"])
+    returncode, wall_s, watch = run_watched(command, REPO if recipe else work, env, log, shm_base() / folder_prefix(run_id))
+    metrics = _step_metrics(lake / "runs" / run_id / "steps", steps)
     shutil.rmtree(lake, ignore_errors=True)
     tail = "\n".join(log.read_text().splitlines()[-15:])
     return Result(name, returncode, metrics, sorted(watch.peaks.values(), key=lambda p: -p.vmhwm_kib), watch.shm_peak, wall_s, tail)
+
+
+def _step_metrics(steps_folder: Path, steps: int) -> dict[str, float]:
+    """The step metrics of the run (MANIFEST.json and TRAIN.json of each step): step 1's if it
+    ran one step, else each metric's median over steps 2.. (step 1 pays the engine's and the
+    trainer's first-call costs)."""
+    per_step: list[dict[str, float]] = []
+    for step in range(1, steps + 1):
+        metrics: dict[str, float] = {}
+        for document in ("MANIFEST.json", "TRAIN.json"):
+            path = steps_folder / f"{step:06d}" / document
+            if path.exists():
+                metrics |= dict(json.loads(path.read_text())["metrics"])
+        per_step.append(metrics)
+    measured = per_step[1:] if steps > 1 else per_step
+    names = {name for metrics in measured for name in metrics}
+    return {name: statistics.median(m[name] for m in measured if name in m) for name in names}
 
 
 def print_result(result: Result, weights_bytes: int) -> None:
@@ -224,6 +263,11 @@ def main() -> None:
     parser.add_argument("--prime-steps", type=int, default=10,
                         help="supervised steps on the run's tasks before saving the random model, so that rewards differ "
                              "within a group (else every advantage is 0 and the trainer skips the update)")
+    parser.add_argument("--recipe", type=Path, help="run this config file (its model, domains and prompts: e.g. "
+                        "configs/smollm2_math.toml) with no warm start, checkpoint or mid-run evaluation, instead of "
+                        "the built-in arithmetic config; --model is then not needed")
+    parser.add_argument("--steps", type=int, default=1, help="RL steps per variant (more than 1: each step metric is "
+                        "the median over steps 2.., the first pays one-time costs)")
     parser.add_argument("--build-only", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build_only:
@@ -232,7 +276,10 @@ def main() -> None:
     work = Path(args.keep or tempfile.mkdtemp(prefix="rlpipe-scale-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     try:
-        if args.model:
+        if args.recipe:
+            model = None
+            count = recipe_parameter_count(args.recipe)
+        elif args.model:
             model = args.model.resolve()
             count = parameter_count(model)
         elif (work / "qwen05b" / "config.json").exists():
@@ -247,11 +294,12 @@ def main() -> None:
             count = parameter_count(model)
             print(f"built {model} in {time.perf_counter() - started:.0f} s")
         weights = count * 4
-        print(f"model {model}: {count:,} parameters, fp32 weights {weights / GIB:.2f} GiB, 6x = {6 * weights / GIB:.2f} GiB; "
-              f"4 prompts x 4 samples x 32 new tokens, 1 RL step, OMP_NUM_THREADS={args.threads}")
+        shape = f"{args.recipe}'s sizes" if args.recipe else "4 prompts x 4 samples x 32 new tokens"
+        print(f"model {args.recipe or model}: {count:,} parameters, fp32 weights {weights / GIB:.2f} GiB, "
+              f"6x = {6 * weights / GIB:.2f} GiB; {shape}, {args.steps} RL step(s), OMP_NUM_THREADS={args.threads}")
         for name in args.variant or list(VARIANTS):
             print(f"\n{name}: {', '.join(VARIANTS[name]) or 'defaults'}; MemAvailable before it {mem_available_gib():.1f} GiB")
-            print_result(run_variant(name, VARIANTS[name], model, work, args.threads), weights)
+            print_result(run_variant(name, VARIANTS[name], model, work, args.threads, args.recipe, args.steps), weights)
             sys.stdout.flush()
     finally:
         if not args.keep:
