@@ -27,18 +27,31 @@ from rlpipe.controller.sample import build_mixture
 from rlpipe.controller.weight_sync import restore_engine_version
 from rlpipe.core.config import RunConfig
 from rlpipe.envs.mixture import Mixture
+from rlpipe.storage.lake import Lake
+from rlpipe.storage.run_lock import RunHold, hold_run
+from rlpipe.storage.tracking import Tracker
 from rlpipe.workers.client import EngineClient, TrainerClient, WorkerSpec
 from rlpipe.workers.shm import create_weights_folder
 
 
 def build_runtime(run_id: str, config: RunConfig) -> Runtime:
-    """Build the controller's parts and spawn both workers (not waiting for them). Fails on
-    bad input (unreachable lake, unknown domain) before anything is written anywhere; a
-    failure here stops whatever was started. The caller closes the Runtime."""
+    """Build the controller's parts, take the run (one writer at a time: RunInUse if another
+    process writes it) and spawn both workers (not waiting for them). Fails on bad input
+    (unreachable lake, unknown domain) before anything is written anywhere but the run's lock
+    file; a failure here stops whatever was started. The caller closes the Runtime."""
     check_engine_options(config)  # a deployment's run skips the CLI's preflight
     lake = build_lake(config)
     mixture = build_mixture(config)
     tracker = build_tracker(config)
+    hold = hold_run(lake.location, run_id)  # before any worker: a refused second writer starts nothing
+    try:
+        return _spawn(run_id, config, lake, mixture, tracker, hold)
+    except BaseException:
+        hold.release()
+        raise
+
+
+def _spawn(run_id: str, config: RunConfig, lake: Lake, mixture: Mixture, tracker: Tracker, hold: RunHold) -> Runtime:
     socket_folder = Path(tempfile.mkdtemp(prefix="rlpipe-w-"))
     shm = create_weights_folder(run_id)  # private, a random name: recorded in the Runtime and the workers' specs
     storage = config.storage
@@ -57,7 +70,7 @@ def build_runtime(run_id: str, config: RunConfig) -> Runtime:
     runtime = Runtime(run_id=run_id, config=config, mixture=mixture,
                       heldout=heldout_tasks(config, mixture),
                       workers=Workers(engine, trainer, socket_folder=socket_folder, weights_folder=shm),
-                      records=RunRecords(lake, tracker))
+                      records=RunRecords(lake, tracker, hold=hold))
     try:
         trainer.start()
         engine.start()

@@ -8,7 +8,8 @@ the Runtime and changed in place:
     runtime.workers   Workers      handles to the engine worker, the trainer worker (rlpipe/workers/)
                                    and the sandbox pool, and the folders of their sockets and weights
     runtime.records   RunRecords   where the run is recorded: the lake, the tracker (MLflow), the
-                                   run's MLflow id and incarnation, the Prefect table's rows
+                                   run's MLflow id and incarnation, the Prefect table's rows, and the
+                                   hold on the run (one writer at a time, storage/run_lock.py)
     runtime.progress  RunProgress  where the run is in its schedule: which policy version the trainer
                                    and the engine hold, the published weights files, the last updates'
                                    metrics, the curriculum, whether the warm start began
@@ -40,6 +41,7 @@ from rlpipe.core.records import Task
 from rlpipe.envs.mixture import Mixture
 from rlpipe.rl.curriculum import Curriculum
 from rlpipe.storage.lake import Lake
+from rlpipe.storage.run_lock import RunHold
 from rlpipe.storage.tracking import Tracker
 from rlpipe.workers.client import EngineClient, TrainerClient
 
@@ -75,6 +77,7 @@ class RunRecords:
     mlflow_run_id: str = ""  # set by open-run
     incarnation: str = ""  # run.json's created_at: tells a run apart from an earlier one of the same id
     step_metrics: list[dict[str, float]] = field(default_factory=list)  # rows of the Prefect table (orchestration/track.py)
+    hold: RunHold | None = None  # this process writes the run; released once the workers stopped
 
 
 @dataclass(eq=False)
@@ -113,5 +116,10 @@ class Runtime:
         return f"Runtime(run_id={self.run_id!r}, policy_version={self.progress.policy_version})"
 
     def close(self) -> None:
-        """Stop the workers and the sandbox pool (Workers.close)."""
-        self.workers.close()
+        """Stop the workers and the sandbox pool (Workers.close), then let another process
+        take the run (the trainer worker writes checkpoints into the lake until it stops)."""
+        try:
+            self.workers.close()
+        finally:
+            if self.records.hold is not None:
+                self.records.hold.release()
