@@ -6,7 +6,9 @@ as an HF folder (`export_command`), the checkpoints the run keeps (step, size, h
 accuracy, why retention keeps each: storage/checkpoint_retention.py), its held-out
 evaluations (before RL, every eval.every_steps, after RL: each domain's strict and
 format-free accuracy with its binomial standard error), and, for a failed or
-interrupted run, how to resume it (`resume_command`)."""
+interrupted run, how to resume it (`resume_command`). A run whose status.json says running
+but that no process holds (storage/run_lock.py: it was killed) is shown as stopped, with
+its resume command."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from rlpipe.core.errors import RunNotFoundError
 from rlpipe.storage.checkpoint_retention import kept_checkpoints, rule_of
 from rlpipe.storage.heldout_evaluations import read_heldout_evaluations
 from rlpipe.storage.lake import Lake
+from rlpipe.storage.run_lock import run_is_held
 
 INTERRUPTED = "interrupted by "  # status.json's error for a signal (orchestration/status.py writes it)
 
@@ -44,6 +47,9 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
         state = f"{status.error} at step {status.step} in stage {status.stage}"
     elif status.state.value == "failed":
         state = f"failed at step {status.step} in stage {status.stage}: {status.error}"
+    elif status.state.value == "running" and not run_is_held(lake.location, run_id):
+        state = (f"stopped at step {status.step} in stage {status.stage}: no process writes it (killed, or its machine "
+                 "went down)")
     elif status.state.value == "running":
         state = f"running (step {status.step}, {status.stage})"
     else:
@@ -68,7 +74,8 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
         "heldout_before_rl": before,
         "heldout_after_rl": after,
         "lake_uri": lake.uri,
-        "resume_command": resume_command(run_id, lake.uri) if status and status.state.value == "failed" else None,
+        "resume_command": resume_command(run_id, lake.uri) if status and (status.state.value == "failed" or
+                                                                          state.startswith("stopped")) else None,
         "links": lake.read_json(run_id, "links.json") or _links_of(info),
         "latest_checkpoint": lake.latest_checkpoint(run_id),
         "checkpoints": [dict(step=kept.step, size_bytes=kept.size_bytes, accuracy=kept.accuracy, kept_as=list(kept.reasons))

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from rlpipe.core.errors import UserError
 from rlpipe.storage.filesystem import LakeLocation
@@ -75,6 +76,29 @@ def hold_run(location: LakeLocation, run_id: str, ttl_s: float = LEASE_TTL_S, re
         if location.is_local:
             return _hold_local(Path(location.path(f"{LOCKS}/{run_id}.lock")), run_id)
         return _S3Lease(location, run_id, ttl_s, renew_s).take()
+
+
+def run_is_held(location: LakeLocation, run_id: str) -> bool:
+    """Whether some process holds the run now (a run whose status says running but that no
+    process holds was killed). Local: the flock is tried, shared and without waiting; S3: a
+    lease object exists (a killed holder's lease counts until a start takes it over)."""
+    with storage_errors(f"reading run {run_id}'s lock", location):
+        if not location.is_local:
+            return location.filesystem.get_file_info(location.path(f"{LOCKS}/{run_id}.json")).type != pafs.FileType.NotFound
+        path = Path(location.path(f"{LOCKS}/{run_id}.lock"))
+        try:
+            handle = open(path)  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            return False
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    return True
+                raise
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
 
 
 def _holder() -> dict[str, object]:

@@ -56,6 +56,7 @@ from prefect.client.schemas.filters import (
     LogFilterFlowRunId,
 )
 
+from rlpipe.cli.runs import run_report
 from rlpipe.rl.checkpoint import WEIGHTS_FILE
 from rlpipe.storage.lake import Lake
 from tests.durability.cli_runs import (
@@ -108,6 +109,7 @@ class Outcome:
     rows_after_kill: tuple[int, int] | None = None
     committed_after_kill: list[int] | None = None
     status_after_kill: object = None
+    shown_after_kill: str = ""  # `runs show`'s state line
     resumed: object = None
 
 
@@ -133,6 +135,7 @@ def _run_scenario(root: Path, api: str, name: str, failpoints: str) -> Outcome:
     outcome.committed_after_kill = lake.committed_steps(outcome.run_id)
     outcome.rows_after_kill = count_rows(lake, outcome.run_id)
     outcome.status_after_kill = lake.read_status(outcome.run_id)
+    outcome.shown_after_kill = run_report(lake, outcome.run_id)["state_detail"]
     if name in CORRUPT_BEFORE_RESUME:
         path = f"checkpoints/{outcome.run_id}/step={CORRUPT_BEFORE_RESUME[name]:06d}/{WEIGHTS_FILE}"
         lake.objects.put(path, b"bit rot")
@@ -212,6 +215,8 @@ def test_killed_run_dies_by_sigkill_and_queries_see_only_committed_steps(runs: d
     status = outcome.status_after_kill
     assert status is not None and status.state.value == "running"  # SIGKILL leaves no chance to say more
     assert status.step in steps
+    # ... but no process holds the run any more: `runs show` says it stopped (storage/run_lock.py)
+    assert outcome.shown_after_kill.startswith(f"stopped at step {status.step} in stage "), outcome.shown_after_kill
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

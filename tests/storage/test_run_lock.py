@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from rlpipe.cli.runs import resume_command, run_report
 from rlpipe.storage.lake import Lake
-from rlpipe.storage.run_lock import LOCKS, RunInUse, hold_run
+from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus
+from rlpipe.storage.run_lock import LOCKS, RunInUse, hold_run, run_is_held
 from tests.durability.cli_runs import REPO_ROOT, cli_env, make_where, run_cli
 
 HOLDER = """
@@ -93,3 +95,22 @@ def test_a_second_train_of_a_run_in_use_exits_2_with_one_line_and_starts_nothing
     assert f"run busy is being written by another rlpipe process (pid {os.getpid()} on" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (Path(where.lake_uri) / "runs" / "busy").exists()  # nothing of the refused run was written
+
+
+@pytest.mark.parametrize("lake_kind", ["local", "s3"])
+def test_runs_show_tells_a_running_run_from_one_whose_process_is_gone(lake_kind: str, request: pytest.FixtureRequest) -> None:
+    """status.json says running in both cases; only the hold tells a live writer from a killed one."""
+    lake: Lake = request.getfixturevalue(f"{lake_kind}_lake")
+    lake.write_run_info(RunInfo(run_id="r1", config_json="{}", config_hash="h", code_version="x", created_at_ms=1))
+    lake.write_status(RunStatus(run_id="r1", state=RunState.RUNNING, step=3, stage="verify", error=None, updated_at_ms=9))
+    hold = hold_run(lake.location, "r1", ttl_s=2.0, renew_s=0.2)
+    try:
+        assert run_is_held(lake.location, "r1")
+        held = run_report(lake, "r1")
+        assert held["state_detail"] == "running (step 3, verify)" and held["resume_command"] is None
+    finally:
+        hold.release()
+    assert not run_is_held(lake.location, "r1")
+    gone = run_report(lake, "r1")
+    assert gone["state_detail"].startswith("stopped at step 3 in stage verify: no process writes it")
+    assert gone["resume_command"] == resume_command("r1", lake.uri)
