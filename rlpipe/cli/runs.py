@@ -135,7 +135,10 @@ def print_runs(lake: Lake, json_out: bool, console: Console) -> None:
     rows = []
     for run_id in lake.list_runs():
         status = lake.read_status(run_id)
-        rows.append({"run_id": run_id, "state": status.state.value if status else "unknown", "steps_committed": len(lake.committed_steps(run_id))})
+        state = status.state.value if status else "unknown"
+        if state == "running" and not run_is_held(lake.location, run_id):
+            state = "stopped"  # status.json says running, but no process holds the run: it was killed
+        rows.append({"run_id": run_id, "state": state, "steps_committed": len(lake.committed_steps(run_id))})
     if json_out:
         print(json.dumps(rows, indent=2))
         return

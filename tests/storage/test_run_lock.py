@@ -5,6 +5,8 @@ lives, taken over once it stops changing)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.cli.runs import resume_command, run_report
+from rich.console import Console
+
+from rlpipe.cli.runs import print_runs, resume_command, run_report
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus
 from rlpipe.storage.run_lock import LOCKS, RunInUse, hold_run, run_is_held
@@ -108,9 +112,19 @@ def test_runs_show_tells_a_running_run_from_one_whose_process_is_gone(lake_kind:
         assert run_is_held(lake.location, "r1")
         held = run_report(lake, "r1")
         assert held["state_detail"] == "running (step 3, verify)" and held["resume_command"] is None
+        assert _listed_state(lake) == "running"
     finally:
         hold.release()
     assert not run_is_held(lake.location, "r1")
     gone = run_report(lake, "r1")
     assert gone["state_detail"].startswith("stopped at step 3 in stage verify: no process writes it")
     assert gone["resume_command"] == resume_command("r1", lake.uri)
+    assert _listed_state(lake) == "stopped"
+
+
+def _listed_state(lake: Lake) -> str:
+    """`runs list --json`'s state of r1."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_runs(lake, json_out=True, console=Console())
+    return next(row["state"] for row in json.loads(out.getvalue()) if row["run_id"] == "r1")
