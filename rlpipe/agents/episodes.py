@@ -23,6 +23,14 @@ trainer scores exactly the sequence the policy was sampled on.
 Observation format (short, for tiny models): `out: <stdout+stderr, cut>` plus ` [exit N]`
 when a command fails; `out: ok` after write_file; `error: <kind>` after a malformed call.
 
+Chat episodes (`settings.chat`, a ChatEpisodeFormat built from the model's chat template):
+the prompt is the system prompt and the task as the user's message with the assistant turn
+opened; every reply is closed with the template's end of turn (the stop string, which the
+model learns to emit: SmolLM2's <|im_end|>, its EOS, so EOS ends a TURN here, not the
+episode); every observation is a user message headed "Tool result:" (the policy agent's
+layout, agents/policy.py), the assistant turn reopened after it. The text is exactly what
+the template renders for that conversation (checked when the format is built).
+
 What it does not: choose tasks or seeds, compute advantages, or store rows (tasks/step_tasks.py);
 the engine is any `generate(prompts, params) -> (completions, policy_version)` callable and
 the pool anything with `acquire()` (sandbox/pool.py), so tests pass their own.
@@ -36,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
+from rlpipe.agents.policy import TOOL_RESULT_HEADER
 from rlpipe.agents.tools import MalformedCall, ToolCall, parse_tool_call
 from rlpipe.core.records import Completion, Task, Verdict
 from rlpipe.engines.sampling import SamplingParams
@@ -44,6 +53,55 @@ from rlpipe.sandbox.base import Sandbox
 Generate = Callable[[list[tuple[str, str]], SamplingParams], tuple[list[Completion], int]]
 """(episode id, context text) pairs and params -> (completions with task_id = episode id,
 the policy version that sampled them)."""
+
+
+CHAT_SYSTEM_PROMPT = """You are an agent in a Linux sandbox; your working directory is /work.
+Answer every turn with exactly one tool call, a JSON object {"name": TOOL, "arguments": {...}}, and nothing after it.
+Tools: bash {"command"}, read_file {"path"}, write_file {"path", "content"}, submit {}.
+Call submit when the task is done."""
+
+_USER, _REPLY, _TOOL = "@@user@@", "@@reply@@", "@@tool@@"
+
+
+@dataclass(frozen=True)
+class ChatEpisodeFormat:
+    """The pieces of a chat template around an episode's texts (see the module docstring)."""
+
+    before_task: str  # the system turn and the user's turn opened
+    after_task: str  # the user's turn closed, the assistant's opened
+    turn_end: str  # closes a reply: the stop string
+    tool_open: str  # after turn_end, before an observation (the "Tool result:" header included)
+    tool_close: str  # after the observation: the assistant's turn reopened
+
+    def prompt(self, task_prompt: str) -> str:
+        return self.before_task + task_prompt.strip() + self.after_task
+
+    def observation(self, text: str) -> str:
+        return self.tool_open + text.rstrip("\n") + self.tool_close
+
+    @classmethod
+    def from_template(cls, render: Callable[[tuple[tuple[str, str], ...]], str], turn_end: str,
+                      system: str = CHAT_SYSTEM_PROMPT) -> ChatEpisodeFormat:
+        """Cut the pieces out of conversations rendered by `render` ((role, content) pairs ->
+        the template's text, the assistant turn opened), then check that a two-round
+        conversation renders to exactly the pieces joined; ValueError when the template is not
+        linear that way or does not close a reply with `turn_end`."""
+        head = render((("system", system), ("user", _USER)))
+        before, sep, after = head.partition(_USER)
+        one = render((("system", system), ("user", _USER), ("assistant", _REPLY), ("user", TOOL_RESULT_HEADER + _TOOL)))
+        if not sep or not one.startswith(head + _REPLY) or _TOOL not in one:
+            raise ValueError("the chat template does not render a conversation as its head followed by the turns")
+        between, _, tool_close = one[len(head + _REPLY):].partition(_TOOL)
+        if not turn_end or not between.startswith(turn_end):
+            raise ValueError(f"the chat template closes an assistant turn with {between[:20]!r}, not the stop string "
+                             f"{turn_end!r}; set rollout.stop to the template's end of turn")
+        chat = cls(before, after, turn_end, between[len(turn_end):], tool_close)
+        two = render((("system", system), ("user", "t"), ("assistant", "r1"), ("user", TOOL_RESULT_HEADER + "o1"),
+                      ("assistant", "r2"), ("user", TOOL_RESULT_HEADER + "o2")))
+        joined = chat.prompt("t") + "r1" + turn_end + chat.observation("o1") + "r2" + turn_end + chat.observation("o2")
+        if two != joined:
+            raise ValueError("the chat template renders a two-round episode differently from its pieces joined")
+        return chat
 
 
 @dataclass(frozen=True)
@@ -55,6 +113,7 @@ class EpisodeSettings:
     command_timeout_s: float = 10.0
     exec_threads: int = 8  # tool calls run at once (sandboxes are held per episode; this bounds processes)
     eos_token_id: int | None = None  # a reply ending on it ends the episode; None: only the stop string ends a reply
+    chat: ChatEpisodeFormat | None = None  # render through a chat template; None: one plain-text context
 
 
 @dataclass
@@ -62,6 +121,7 @@ class _Episode:
     task: Task
     sample_idx: int
     sandbox: Sandbox
+    prompt_text: str
     prompt_ids: tuple[int, ...] = ()
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
@@ -80,7 +140,7 @@ class _Episode:
 
     @property
     def context(self) -> str:
-        return self.task.prompt + self.text + self.pending_observation
+        return self.prompt_text + self.text + self.pending_observation
 
 
 @dataclass(frozen=True)
@@ -119,7 +179,8 @@ def _run_wave(keys: list[tuple[Task, int]], params: SamplingParams, generate: Ge
         for task, sample_idx in keys:
             sandbox = held.enter_context(pool.acquire())
             sandbox.write_files(env_for(task).initial_files(task))
-            episodes.append(_Episode(task, sample_idx, sandbox))
+            prompt = settings.chat.prompt(task.prompt) if settings.chat else task.prompt
+            episodes.append(_Episode(task, sample_idx, sandbox, prompt))
         turn = 0
         while live := [episode for episode in episodes if not episode.ending]:
             _one_turn(live, turn, params, generate, env_for, settings, threads)
@@ -133,7 +194,7 @@ def _one_turn(live: list[_Episode], turn: int, params: SamplingParams, generate:
     """One reply of every live episode (one generate call, a row per episode: rows draw
     their own random numbers), then its tool call."""
     for episode in live:  # the next context must leave room for a whole reply (characters >= tokens)
-        if len(episode.prompt_ids or episode.task.prompt) + len(episode.token_ids) + len(episode.pending_observation) + params.max_new_tokens \
+        if len(episode.prompt_ids or episode.prompt_text) + len(episode.token_ids) + len(episode.pending_observation) + params.max_new_tokens \
                 > settings.max_context_tokens:
             episode.ending = "context"
     live = [episode for episode in live if not episode.ending]
@@ -149,7 +210,8 @@ def _one_turn(live: list[_Episode], turn: int, params: SamplingParams, generate:
         _take_reply(episode, completion, params, env_for(episode.task).max_turns, settings)
     acting = [episode for episode in live if episode.call is not None]  # includes those that just hit max_turns
     for episode, observation in zip(acting, threads.map(lambda e: _act(e, settings), acting)):
-        episode.pending_observation, episode.call = observation, None
+        episode.pending_observation = settings.chat.observation(observation) if settings.chat else observation
+        episode.call = None
 
 
 def _take_reply(episode: _Episode, completion: Completion, params: SamplingParams, max_turns: int,
@@ -177,7 +239,10 @@ def _take_reply(episode: _Episode, completion: Completion, params: SamplingParam
     episode.turns += 1
     ended_by_eos = settings.eos_token_id is not None and completion.token_ids[-1:] == (settings.eos_token_id,)
     # the reply's text is cut before the stop string; the context goes on after it
-    episode.text += completion.text + (params.stop[0] if completion.finish_reason == "stop" and not ended_by_eos else "")
+    if settings.chat is not None:  # a reply is always closed, as the template renders it
+        episode.text += completion.text + settings.chat.turn_end
+    else:
+        episode.text += completion.text + (params.stop[0] if completion.finish_reason == "stop" and not ended_by_eos else "")
     call = parse_tool_call(completion.text)
     if isinstance(call, MalformedCall):
         episode.malformed += 1

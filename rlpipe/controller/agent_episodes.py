@@ -28,13 +28,14 @@ Not here: the episode loop (agents/episodes.py), the tasks (envs/), the stages (
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlpipe.agents.episodes import EpisodeResult, EpisodeSettings, run_episodes
+from rlpipe.agents.episodes import ChatEpisodeFormat, EpisodeResult, EpisodeSettings, run_episodes
 from rlpipe.controller.runtime import Runtime
 from rlpipe.core.errors import ConfigError
 from rlpipe.core.records import Completion, Segments, Task, Verdict, VerdictReason
@@ -47,11 +48,36 @@ def is_multi_turn(env: object) -> bool:
 
 
 def episode_settings(runtime: Runtime) -> EpisodeSettings:
-    """The episode limits of this run: the tiny model's context, its EOS id."""
+    """The episode limits of this run: the model's context, its EOS id; with
+    envs.agent_chat_template the chat format cut from the engine's own template (the EOS
+    then ends a turn, not the episode)."""
     config = runtime.config
     if config.model.prompt_format != "plain":
-        raise ConfigError("multi-turn domains (agent_tasks) need model.prompt_format = \"plain\" for now",
-                          "the episode is one growing plain-text context; set model.prompt_format=plain")
+        raise ConfigError("multi-turn domains (agent_tasks) need model.prompt_format = \"plain\"",
+                          "the episode runner renders each context itself; for a chat model set "
+                          "model.prompt_format=plain and envs.agent_chat_template=true")
+    settings = _model_settings(runtime)
+    if not config.envs.agent_chat_template:
+        return settings
+    return dataclasses.replace(settings, eos_token_id=None, chat=chat_format(runtime))
+
+
+def chat_format(runtime: Runtime) -> ChatEpisodeFormat:
+    """The episode's chat format, cut from conversations the engine worker's tokenizer renders
+    (three small requests, made for every batch of episodes)."""
+    stop = runtime.config.rollout.stop
+    if not stop:
+        raise ConfigError("envs.agent_chat_template needs rollout.stop = [the template's end of turn]",
+                          "for SmolLM2: rollout.stop = [\"<|im_end|>\"]")
+    try:
+        return ChatEpisodeFormat.from_template(lambda messages: runtime.workers.engine.render_chat(messages).text, stop[0])
+    except ValueError as exc:
+        raise ConfigError(f"envs.agent_chat_template: {exc}", "use a chat model whose template renders turns one after "
+                          "another (ChatML: SmolLM2, Qwen2)") from exc
+
+
+def _model_settings(runtime: Runtime) -> EpisodeSettings:
+    config = runtime.config
     if config.model.path is None and config.model.gguf is None:
         from rlpipe.rl.char_tokenizer import EOS_TOKEN, char_tokenizer_backend, policy_alphabet
 

@@ -52,7 +52,9 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
     - `format_free`, `format_free/<domain>`: the reply's last number equals the task's
       numeric answer (envs/format_free.py), for the domains whose answers are numbers
       (absent for the others; `format_free` over those domains only);
-    - `n/<domain>`: the tasks scored, the n of each accuracy's binomial standard error."""
+    - `n/<domain>`: the tasks scored, the n of each accuracy's binomial standard error;
+    - `wellformed/<domain>`, `replies/<domain>` (multi-turn domains): the share of the
+      episodes' replies that parsed as a tool call (agents/tools.py), over that many replies."""
     params = SamplingParams(
         n=1, temperature=1.0, top_p=1.0, max_new_tokens=runtime.config.rollout.max_new_tokens,
         stop=runtime.config.rollout.stop, seed=0, greedy=True,
@@ -67,9 +69,16 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
     for (task_, text), verdict in zip(pairs, verify_all(runtime, pairs)):  # code runs in the run's sandbox pool
         passed[task_.domain].append(1.0 if verdict.passed else 0.0)
         _add_format_free(free, task_, text)
+    calls: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # per multi-turn domain: replies, well-formed ones
     for episode in run_agent_episodes(runtime, episodic, 1, params) if episodic else []:  # greedy whole episodes
-        passed[by_id[episode.completion.task_id].domain].append(1.0 if episode.verdict.passed else 0.0)
-    return accuracy_figures(passed, free)
+        domain = by_id[episode.completion.task_id].domain
+        passed[domain].append(1.0 if episode.verdict.passed else 0.0)
+        calls[domain][0] += episode.turns
+        calls[domain][1] += episode.turns - episode.malformed_calls
+    figures = accuracy_figures(passed, free)
+    figures.update({f"wellformed/{domain}": formed / replies for domain, (replies, formed) in sorted(calls.items()) if replies})
+    figures.update({f"replies/{domain}": float(replies) for domain, (replies, _) in sorted(calls.items())})
+    return figures
 
 
 def _add_format_free(free: dict[str, list[float]], task: Task, text: str) -> None:
@@ -98,7 +107,7 @@ def heldout_metrics(result: dict[str, float]) -> dict[str, float]:
     metrics = {}
     for key, value in result.items():
         kind, _, domain = key.partition("/")
-        if kind == "n":
+        if kind in ("n", "replies"):
             continue
         metrics[f"heldout/{domain}/{kind}" if domain else f"heldout/{key}"] = value
     return metrics

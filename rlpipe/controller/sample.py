@@ -23,6 +23,7 @@ def build_mixture(config: RunConfig) -> Mixture:
     envs_config = config.envs
     envs = {
         name: build_env(name, max_operand=envs_config.max_operand, max_word_len=envs_config.max_word_len,
+                        agent_families=envs_config.agent_families,
                         timeout_s=config.sandbox.timeout_s, **envs_config.domain_tables())
         for name in envs_config.domains
     }

@@ -114,6 +114,14 @@ class EnvConfig(Section):
     """arithmetic: operands are drawn from [0, max_operand]."""
     max_word_len: int = Field(6, gt=0)
     """reverse: words have 3..max_word_len letters."""
+    agent_families: list[str] = ["lookup"]
+    """agent_tasks: the task families drawn (envs/agent_task_families.py): lookup (copy a
+    key's value), count, sum, which_file, two_step."""
+    agent_chat_template: bool = False
+    """agent_tasks: render each episode through the model's chat template (system prompt, the
+    task as the user's message, each tool output as a user message "Tool result:", the
+    replies as assistant turns; agents/episodes.py ChatEpisodeFormat), as the policy agent of
+    `rlpipe eval` does; False: one growing plain-text context (the tiny models' format)."""
 
     def domain_tables(self) -> dict[str, dict[str, dict[str, Any]]]:
         """envs.reasoning_gym and envs.files as build_env's keyword arguments (prompt_format,

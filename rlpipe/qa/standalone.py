@@ -49,6 +49,7 @@ def build_env_for_gate(env_name: str, config_path: Path | None, timeout_s: float
 
         run_config = load_config(config_path, [])
         params = dict(max_operand=run_config.envs.max_operand, max_word_len=run_config.envs.max_word_len,
+                      agent_families=run_config.envs.agent_families,
                       timeout_s=run_config.sandbox.timeout_s, **run_config.envs.domain_tables())
         prompt_format = run_config.model.prompt_format
     if timeout_s is not None:

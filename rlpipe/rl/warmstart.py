@@ -7,7 +7,9 @@ example is (prompt, answer), or (prompt, segments) for a whole multi-turn episod
 segments are (text, trained) pairs in order (the replies trained, the tool output between
 them context only, as in the RL loss), each tokenized on its own, so one sequence trains
 every reply of the episode given what came before it (controller/agent_episodes.py). Ending
-every answer with EOS is what teaches the policy to stop; the rollout engine stops on EOS.
+every answer with EOS is what teaches the policy to stop; the rollout engine stops on EOS
+(an answer whose text already ends with the EOS token, as a chat episode's closed last reply
+does, gets no second one).
 A tiny random model needs this to be partially right (non-zero pass rate) before GRPO has
 any reward signal. The budget is exactly steps * batch_size sequences, constant learning
 rate, gradients clipped to norm 1.0. Only parameters that require gradients train (a LoRA
@@ -127,7 +129,8 @@ def _encode(tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str | Segme
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         token_ids += ids
         mask += [int(trained)] * len(ids)
-    token_ids.append(tokenizer.eos_token_id)
-    mask.append(1)
+    if token_ids[-1:] != [tokenizer.eos_token_id]:  # a chat episode's last reply already ends with it
+        token_ids.append(tokenizer.eos_token_id)
+        mask.append(1)
     return TrainSample(prompt_token_ids=prompt_ids, token_ids=tuple(token_ids), old_logprobs=(0.0,) * len(token_ids),
                        advantage=None, loss_mask=None if all(mask) else tuple(mask))
