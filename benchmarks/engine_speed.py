@@ -1,11 +1,10 @@
 """Rollout engines and their options on a real model, side by side in one run:
 `nice -n 19 .venv/bin/python benchmarks/engine_speed.py [CONFIG] [--reps R] [--threads T]
-[--variant NAME ...] [--eval-max-new-tokens N ...] [--rollout-sets K]`.
+[--variant NAME ...] [--eval-max-new-tokens N ...] [--rollout-sets K] [--save RESULTS.json]`.
 
 The workload is CONFIG's (default configs/smollm2.toml; `make smollm2` first): its held-out
 set (envs.heldout_size problems, greedy, as `controller/evaluation.greedy_accuracy` asks the
-engine worker) at rollout.max_new_tokens and at each `--eval-max-new-tokens`, and K RL steps'
-generations (rollout.prompts_per_step prompts x rollout.group_size samples at
+engine worker) at rollout.max_new_tokens, and K RL steps' generations (rollout.prompts_per_step prompts x rollout.group_size samples at
 rollout.temperature, K prompt sets and seeds). Each variant (an engine, its weight dtype, its
 batch size, whether finished rows leave the batch) runs in a process of its own
 (benchmarks/engine_speed_run.py, under the interpreter its engine needs: `--vllm-python`, else
@@ -26,7 +25,9 @@ second, and the speed-up over hf-fp32 in CPU seconds; then what the precision ch
 strict accuracy of each evaluation (the domain's verifier on each reply), how many of the
 replies are the same text as hf-fp32's and how many pass/fail alike, and the rollouts' mean
 reward with its standard error (samples differ between engines and dtypes: only the
-distribution is comparable). Nothing here asserts: numbers are for reading.
+distribution is comparable); for each `--eval-max-new-tokens N`, what evaluating at N new
+tokens would save and lose, read off the greedy replies (a greedy reply at N tokens is the
+first N tokens of the longer one). Nothing here asserts: numbers are for reading.
 
 What it does not: run the workers, Prefect or the trainer (benchmarks/long_run.py times whole
 runs), or measure a GPU.
@@ -120,7 +121,8 @@ def score(mixture, tasks: dict, completions: list) -> list[tuple[str, str, float
     return out
 
 
-def report(results: dict[str, list[dict]], tasks_of: dict, mixture, eval_cases: list[str], rollout_cases: list[str]) -> None:  # noqa: ANN001
+def report(results: dict[str, list[dict]], tasks_of: dict, mixture, eval_cases: list[str], rollout_cases: list[str],  # noqa: ANN001
+           shorter: list[int]) -> None:
     ran = {name: runs for name, runs in results.items() if runs}
     base = ran.get(BASELINE)
 
@@ -156,6 +158,14 @@ def report(results: dict[str, list[dict]], tasks_of: dict, mixture, eval_cases: 
                 line += f"; same text as {BASELINE} {same_text}/{len(scored)}, same pass/fail {same_pass}/{len(scored)}"
             stable = all(run[case]["completions"] == runs[0][case]["completions"] for run in runs)
             print(line + f"; identical across repetitions: {stable}", flush=True)
+            for length in shorter:
+                # greedy: the reply at `length` new tokens is this one's first `length` tokens, so
+                # a passing reply longer than that is what the shorter limit would lose
+                lost = sum(passed and count > length for (*_, passed), (_, _, count) in zip(scored, runs[0][case]["completions"]))
+                saved = sum(max(0, count - length) for _, _, count in runs[0][case]["completions"])
+                total = sum(count for _, _, count in runs[0][case]["completions"])
+                print(f"    at max_new_tokens {length}: {saved} of {total} generated tokens fewer ({saved / total:.0%}); "
+                      f"passing replies longer than {length} tokens (lost): {lost}", flush=True)
     for name, runs in ran.items():
         rewards = [reward for case in rollout_cases for _, _, reward, _ in score(mixture, tasks_of[case], runs[0][case]["completions"])]
         mean = statistics.fmean(rewards)
@@ -171,13 +181,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--variant", action="append", help="only these variants (default: all that can run here)")
     parser.add_argument("--eval-max-new-tokens", type=int, action="append", default=[],
-                        help="evaluate also at this many new tokens (rollout.max_new_tokens always)")
+                        help="what a shorter evaluation would cut: tokens saved and passing replies lost (from the greedy replies)")
+    parser.add_argument("--save", type=Path, help="write the raw results here (JSON) after each variant's run")
     parser.add_argument("--rollout-sets", type=int, default=4, help="RL steps' generations per variant and repetition")
     parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     args = parser.parse_args()
     config = load_config(args.config, args.overrides)
-    eval_lengths = [config.rollout.max_new_tokens, *[n for n in args.eval_max_new_tokens if n != config.rollout.max_new_tokens]]
+    eval_lengths = [config.rollout.max_new_tokens]
     workload, tasks_of, mixture = build_workload(config, eval_lengths, args.rollout_sets)
     chosen = {name: v for name, v in variants(config.rollout.batch_size).items() if not args.variant or name in args.variant}
     if not Path(args.vllm_python).exists():
@@ -199,11 +210,14 @@ def main() -> None:
                 run = run_variant(python, workload_path, variant, work, name, args.threads)
                 if run:
                     results[name].append(run)
+                    if args.save:
+                        args.save.write_text(json.dumps(results))
                     cases = [c["name"] for c in workload["cases"]]
                     print(f"rep {rep} {name}: build {run['build']['wall']:.0f} s, "
                           f"cpu {sum(run[c]['cpu'] for c in cases):.1f} s, wall {sum(run[c]['wall'] for c in cases):.1f} s, "
                           f"load {os.getloadavg()[0]:.1f}", flush=True)
-    report(results, tasks_of, mixture, [f"eval-{n}" for n in eval_lengths], [f"rollout-{i}" for i in range(args.rollout_sets)])
+    report(results, tasks_of, mixture, [f"eval-{n}" for n in eval_lengths], [f"rollout-{i}" for i in range(args.rollout_sets)],
+           sorted(n for n in args.eval_max_new_tokens if n < eval_lengths[0]))
 
 
 if __name__ == "__main__":
