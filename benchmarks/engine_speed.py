@@ -57,16 +57,18 @@ from rlpipe.rl.pretrained import converted_gguf_folder  # noqa: E402
 BASELINE = "hf-fp32"
 
 
-def variants(batch_size: int) -> dict[str, dict]:
-    return {
-        "hf-fp32": {"engine": "hf", "dtype": "float32", "batch_size": batch_size},
+def variants(config) -> dict[str, dict]:  # noqa: ANN001 - a RunConfig
+    batch_size = config.rollout.batch_size
+    trainer = {"micro_batch_size": config.train.micro_batch_size, "temperature": config.rollout.temperature}
+    return {name: {**variant, **trainer} for name, variant in {
+        "hf-fp32": {"engine": "hf", "dtype": "float32", "batch_size": batch_size, "trainer_pass": True},
         "hf-bf16": {"engine": "hf", "dtype": "bfloat16", "batch_size": batch_size},
         "hf-bf16-b32": {"engine": "hf", "dtype": "bfloat16", "batch_size": 32},
         "hf-bf16-b200": {"engine": "hf", "dtype": "bfloat16", "batch_size": 200},
         "hf-bf16-keep": {"engine": "hf", "dtype": "bfloat16", "batch_size": batch_size, "drop_finished_rows": False},
         "vllm-fp32": {"engine": "vllm", "dtype": "float32", "batch_size": 256},
         "vllm-bf16": {"engine": "vllm", "dtype": "bfloat16", "batch_size": 256},
-    }
+    }.items()}
 
 
 def build_workload(config, eval_lengths: list[int], rollout_sets: int):  # noqa: ANN001, ANN201
@@ -172,6 +174,11 @@ def report(results: dict[str, list[dict]], tasks_of: dict, mixture, eval_cases: 
         stderr = statistics.stdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else float("nan")
         print(f"  rollouts {name:<14} mean reward {mean:.3f} +- {stderr:.3f} over {len(rewards)} samples "
               f"(samples iid within a group only approximately: a group shares its prompt)", flush=True)
+    passes = [f"trainer-pass-{case}" for case in rollout_cases]
+    if base and all(p in base[0] for p in passes):
+        print(f"\ntruncated importance sampling's extra pass in the trainer (float32, no grad, every sample of the "
+              f"{len(rollout_cases)} rollouts: an upper bound), what an engine dtype other than the trainer's adds to "
+              f"an update: cpu {_spread(cpu(base, passes))} s, wall {_spread(wall(base, passes))} s", flush=True)
 
 
 def main() -> None:
@@ -190,7 +197,7 @@ def main() -> None:
     config = load_config(args.config, args.overrides)
     eval_lengths = [config.rollout.max_new_tokens]
     workload, tasks_of, mixture = build_workload(config, eval_lengths, args.rollout_sets)
-    chosen = {name: v for name, v in variants(config.rollout.batch_size).items() if not args.variant or name in args.variant}
+    chosen = {name: v for name, v in variants(config).items() if not args.variant or name in args.variant}
     if not Path(args.vllm_python).exists():
         for name in [n for n, v in chosen.items() if v["engine"] == "vllm"]:
             print(f"{name}: skipped, no {args.vllm_python} (`make venv-vllm`)")

@@ -72,6 +72,25 @@ def main() -> None:
         print(json.dumps({"case": case["name"], "cpu": cpu, "wall": wall,
                           "tokens": sum(len(c.token_ids) for c in completions),
                           "completions": [[c.task_id, c.text, len(c.token_ids)] for c in completions]}), flush=True)
+        if variant.get("trainer_pass") and case["name"].startswith("rollout"):
+            print(json.dumps({"case": f"trainer-pass-{case['name']}", **trainer_pass(engine, completions, variant)}), flush=True)
+
+
+def trainer_pass(engine, completions: list, variant: dict) -> dict:  # noqa: ANN001 - an HFEngine
+    """CPU and wall seconds of the pass truncated importance sampling adds to an update: the
+    trainer's own logprobs of every completion (no grad, float32, micro-batches of
+    variant["micro_batch_size"]), as rl/trainer.py's _with_proximal_logprobs takes them when all
+    samples train (an upper bound: samples of all-equal groups are skipped)."""
+    from rlpipe.rl.batching import TrainSample, micro_batches, pad_samples, token_logprobs
+
+    samples = [TrainSample(c.prompt_token_ids, c.token_ids, c.logprobs, advantage=1.0) for c in completions]
+    model = engine._model  # the hf-fp32 variant's float32 copy: the trainer's weights and dtype
+    wall, cpu = time.perf_counter(), _cpu_seconds()
+    with torch.no_grad():
+        for chunk in micro_batches(samples, variant["micro_batch_size"]):
+            token_logprobs(model, pad_samples(chunk, engine.tokenizer.pad_token_id or 0), variant["temperature"])
+    return {"cpu": _cpu_seconds() - cpu, "wall": time.perf_counter() - wall, "tokens": sum(len(s.token_ids) for s in samples),
+            "completions": []}
 
 
 if __name__ == "__main__":
