@@ -1,5 +1,5 @@
 """What a long run costs besides its steps, side by side in one run: `nice -n 5
-.venv/bin/python benchmarks/long_run.py [--model smollm2|tiny] [--steps N] [--reps R]`.
+.venv/bin/python benchmarks/long_run.py [--model smollm2|tiny] [--steps N] [--reps R] [--set K=V]`.
 
 Three variants of the same `rlpipe train` (the CLI as a user runs it, its own temporary
 Prefect server, lake, MLflow sqlite file and Prefect home each), run interleaved (none,
@@ -30,6 +30,12 @@ hold: fp32 weights, gradients and AdamW's two moments in the trainer plus the en
 weights, 5 x 4 bytes per parameter. Then the memory reference: the same step's work in one
 plain PyTorch process (benchmarks/plain_step.py), its peak PSS against its own state (4 x 4
 bytes per parameter).
+
+Within the `eval` run itself: the evaluation after step 4, from step 4's TRAIN.json to its
+evals/step_000004.json (whatever runs between them, the weight sync, included), over 8 of
+the same run's median steps: a share taken at one load, less exposed than the span ratio to
+the load of a shared machine drifting between runs. `--set KEY=VALUE` (repeatable) applies
+an override to every variant (e.g. rollout.engine_dtype, rollout.engine).
 
 Goals beside the ratios (issue 38): a checkpoint every 4 steps <= 3% of the wall time;
 evaluation every 8 steps on 200 held-out problems <= 5%; the summed peak <= 1.5x the state.
@@ -88,6 +94,7 @@ class RunResult:
     returncode: int
     wall_s: float
     span_s: float | None
+    eval_s: float | None  # the evaluation after step EVENT_EVERY, within the run (eval variant)
     step_s_median: float | None
     lake_bytes: int
     checkpoint_bytes: int
@@ -125,12 +132,15 @@ def run_variant(name: str, rep: int, config: Path, base: list[str], work: Path, 
     steps = int(next(o.split("=", 1)[1] for o in base if o.startswith("train.steps=")))
     first, last = _step_document(lake, run_id, 1, "MANIFEST.json"), _step_document(lake, run_id, steps, "TRAIN.json")
     span_s = last.stat().st_mtime - first.stat().st_mtime if first.exists() and last.exists() else None
+    evaluated = lake / "runs" / run_id / "evals" / f"step_{EVENT_EVERY:06d}.json"
+    trained = _step_document(lake, run_id, EVENT_EVERY, "TRAIN.json")
+    eval_s = evaluated.stat().st_mtime - trained.stat().st_mtime if evaluated.exists() and trained.exists() else None
     step_times = []
     for step in range(1, steps + 1):
         path = _step_document(lake, run_id, step, "TRAIN.json")
         if path.exists():
             step_times.append(float(dict(json.loads(path.read_text())["metrics"]).get("time/step_s", float("nan"))))
-    result = RunResult(name, rep, returncode, wall_s, span_s, statistics.median(step_times) if step_times else None,
+    result = RunResult(name, rep, returncode, wall_s, span_s, eval_s, statistics.median(step_times) if step_times else None,
                        _tree_bytes(lake), _tree_bytes(lake / "checkpoints"), load_before, os.getloadavg()[0],
                        sorted(watch.peaks.values(), key=lambda p: -p.pss_kib), watch.pss_sum_peak_kib, watch.shm_peak,
                        "\n".join(log.read_text().splitlines()[-12:]))
@@ -146,6 +156,11 @@ def print_run(result: RunResult) -> None:
           f"median step {step}, lake {result.lake_bytes / GB:.2f} GB (checkpoints {result.checkpoint_bytes / GB:.2f} GB), "
           f"peak summed PSS {result.pss_sum_peak_kib * 1024 / GB:.2f} GB, load {result.load_before:.1f} -> {result.load_after:.1f}",
           flush=True)
+    if result.eval_s is not None and result.step_s_median:
+        share = result.eval_s / (GOAL_EVERY["eval"] * result.step_s_median)
+        print(f"  within this run: the evaluation after step {EVENT_EVERY} took {result.eval_s:.1f} s (step "
+              f"{EVENT_EVERY}'s TRAIN.json to evals/step_{EVENT_EVERY:06d}.json) = {share:.1%} of {GOAL_EVERY['eval']} of its "
+              f"median steps (goal <= {GOALS['eval']:.0%}: {'MET' if share <= GOALS['eval'] else 'NOT MET'})", flush=True)
     if result.returncode:
         print("  last lines:\n    " + result.tail.replace("\n", "\n    "), flush=True)
 
@@ -224,7 +239,7 @@ def run_plain(config: Path, base: list[str], work: Path, threads: int) -> RunRes
     tail = "\n".join(log.read_text().splitlines()[-6:])
     for peak in watch.peaks.values():
         peak.role = "plain process" if peak.pid == watch.root else peak.role
-    return RunResult("plain", 0, returncode, wall_s, None, None, 0, 0, load_before,
+    return RunResult("plain", 0, returncode, wall_s, None, None, None, 0, 0, load_before,
                      os.getloadavg()[0], list(watch.peaks.values()), watch.pss_sum_peak_kib, 0, tail)
 
 
@@ -236,6 +251,8 @@ def main() -> None:
     parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="only these variants (default: all)")
     parser.add_argument("--no-plain", action="store_true", help="skip the one-process PyTorch reference")
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the run's processes")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                        help="a config override for every variant, e.g. rollout.engine_dtype='\"bfloat16\"'")
     parser.add_argument("--keep", type=Path, help="keep the work folder (configs, logs; each lake is deleted once measured) here")
     args = parser.parse_args()
     work = Path(args.keep or tempfile.mkdtemp(prefix="rlpipe-long-run-")).resolve()
@@ -247,7 +264,7 @@ def main() -> None:
     else:
         config = work / "tiny.toml"
         config.write_text(TINY_TOML)
-    base = [f"train.steps={args.steps}"]
+    base = [f"train.steps={args.steps}", *args.overrides]
     variants = args.variant or list(VARIANTS)
     print(f"{args.model}: {config.name} --set {' --set '.join(base)}; variants {', '.join(variants)} x {args.reps}, "
           f"interleaved; OMP_NUM_THREADS={args.threads}; {os.cpu_count()} CPUs; load {os.getloadavg()}; "

