@@ -25,10 +25,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from rlpipe.core.config_operations import (
+    CheckpointConfig, ClusterConfig, QaConfig, SandboxConfig, StorageConfig, TrackingConfig,
+)
 from rlpipe.core.config_sections import (
-    AlgoConfig, CheckpointConfig, ClusterConfig, CurriculumConfig, EnvConfig, EvalConfig, FileDomainConfig, ModelConfig,
-    QaConfig, ReasoningGymDomainConfig, RolloutConfig, SandboxConfig, StorageConfig, TrackingConfig, TrainConfig,
-    WarmstartConfig, Section,
+    AlgoConfig, CurriculumConfig, EnvConfig, EvalConfig, FileDomainConfig, ModelConfig, ReasoningGymDomainConfig,
+    RolloutConfig, TrainConfig, WarmstartConfig, Section,
 )
 from rlpipe.core.errors import ConfigError
 
