@@ -115,3 +115,11 @@ def test_lora_adapter_gradients_equal_the_plain_ones():
     assert torch.allclose(logprobs, plain_logprobs, atol=1e-6, rtol=0)
     for name, grad in grads.items():
         assert torch.allclose(grad, plain_grads[name], atol=1e-6, rtol=1e-5), name
+
+
+def test_the_chunk_size_leaves_the_config_hash_alone():
+    from rlpipe.core.config import load_config
+
+    default = load_config(None, [])
+    assert load_config(None, ["train.logprob_chunk_positions=0"]).config_hash() == default.config_hash()
+    assert load_config(None, ["train.micro_batch_size=8"]).config_hash() != default.config_hash()
