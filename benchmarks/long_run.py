@@ -8,6 +8,10 @@ alike:
   none   no checkpoint but the run's first and last, evaluation only before and after RL
   ckpt4  checkpoint.every_steps = 4 (retention's default keep_last)
   eval   eval.every_steps = 4 on envs.heldout_size = 200 held-out problems
+  lowmem (only with --variant lowmem) `none` with the update's low-memory settings:
+         train.micro_batch_size = 8, the LM head's logits 128 positions at a time
+         (train.logprob_chunk_positions = 128); `--variant none --variant lowmem` compares
+         the step time and peak memory of the recipe's settings against those, interleaved
 with N RL steps (default 6). `--model smollm2`: configs/smollm2.toml (`make smollm2` first);
 `--model tiny`: the small default model on 4 x 4 arithmetic rollouts, a smoke run.
 none and ckpt4 hold 20 held-out problems: their evaluations (before and after RL) are outside
@@ -71,7 +75,12 @@ VARIANTS: dict[str, list[str]] = {
     "none": ["checkpoint.every_steps=1000", "eval.every_steps=0", "envs.heldout_size=20"],
     "ckpt4": [f"checkpoint.every_steps={EVENT_EVERY}", "eval.every_steps=0", "envs.heldout_size=20"],
     "eval": ["checkpoint.every_steps=1000", f"eval.every_steps={EVENT_EVERY}", "envs.heldout_size=200"],
+    # `none` with the update's low-memory settings (opt-in: --variant lowmem): micro-batches of 8
+    # sequences, the LM head's logits 128 positions at a time (rl/chunked_logprobs.py)
+    "lowmem": ["checkpoint.every_steps=1000", "eval.every_steps=0", "envs.heldout_size=20",
+               "train.micro_batch_size=8", "train.logprob_chunk_positions=128"],
 }
+DEFAULT_VARIANTS = ("none", "ckpt4", "eval")
 GOAL_EVERY = {"ckpt4": 4, "eval": 8}  # the frequencies of the goals
 GOALS = {"ckpt4": 0.03, "eval": 0.05}
 MEMORY_GOAL = 1.5
@@ -195,7 +204,13 @@ def print_ratios(results: list[RunResult], steps: int) -> None:
     by_rep: dict[int, dict[str, RunResult]] = {}
     for result in results:
         by_rep.setdefault(result.rep, {})[result.variant] = result
-    for variant in ("ckpt4", "eval"):
+    pairs = [(runs["none"], runs["lowmem"]) for runs in by_rep.values() if "none" in runs and "lowmem" in runs]
+    if pairs:
+        print("  lowmem (the update's low-memory settings) against none (the recipe's), per rep: median step "
+              + ", ".join(f"{new.step_s_median or float('nan'):.2f} s against {old.step_s_median or float('nan'):.2f} s"
+                          for old, new in pairs) + "; span "
+              + ", ".join(f"{new.span_s or float('nan'):.1f} s against {old.span_s or float('nan'):.1f} s" for old, new in pairs))
+    for variant in [name for name in ("ckpt4", "eval") if any(name in runs for runs in by_rep.values())]:
         every, goal = GOAL_EVERY[variant], GOALS[variant]
         events = (steps - 1) // EVENT_EVERY  # events after steps 1..N-1, inside the span
         costs, ratios, walls = [], [], []
@@ -265,7 +280,7 @@ def main() -> None:
         config = work / "tiny.toml"
         config.write_text(TINY_TOML)
     base = [f"train.steps={args.steps}", *args.overrides]
-    variants = args.variant or list(VARIANTS)
+    variants = args.variant or list(DEFAULT_VARIANTS)
     print(f"{args.model}: {config.name} --set {' --set '.join(base)}; variants {', '.join(variants)} x {args.reps}, "
           f"interleaved; OMP_NUM_THREADS={args.threads}; {os.cpu_count()} CPUs; load {os.getloadavg()}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)

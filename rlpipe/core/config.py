@@ -44,7 +44,7 @@ __all__ = [
 
 _HASH_EXCLUDED: dict[str, Any] = {
     "storage": True, "tracking": True, "eval": True, "checkpoint": True, "qa": True, "cluster": True,
-    "train": {"steps"}, "sandbox": {"pool_size"}, "rollout": {"engine_python"},
+    "train": {"steps", "logprob_chunk_positions"}, "sandbox": {"pool_size"}, "rollout": {"engine_python"},
 }
 
 
@@ -75,7 +75,8 @@ class RunConfig(Section):
 
     def config_hash(self) -> str:
         """Hash of everything that changes what a run computes: not where it is stored or
-        tracked, how long it runs, how often it checkpoints and evaluates, or whether the
+        tracked, how long it runs, how often it checkpoints and evaluates, how many positions'
+        logits the update holds at once (the same values up to rounding), or whether the
         quality gate ran before it (so a run can
         be resumed with more steps: see `hash_excluded`)."""
         data = self.model_dump(mode="json", exclude=_HASH_EXCLUDED)

@@ -223,6 +223,11 @@ class TrainConfig(Section):
     """Optimizer steps per pass: the step's batch is split into this many mini-batches."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of keeping them (less memory, ~30% slower)."""
+    logprob_chunk_positions: int = Field(0, ge=0)
+    """> 0: the update's log-probs go through the LM head this many positions at a time, the
+    logits recomputed in the backward pass (rl/chunked_logprobs.py; llama/qwen2/qwen3/mistral
+    heads, same values up to float rounding), so long completions do not hold a micro-batch's
+    full-vocabulary logits at once (costs one more LM-head pass); 0: the model's own logits."""
     lora_rank: int = Field(0, ge=0)
     """LoRA adapter rank (peft); 0 = train every weight. With LoRA only the adapter is
     trained, synced and checkpointed; the exported policy folder is merged."""

@@ -12,7 +12,9 @@ Logprobs are those of the sampling distribution at temperature T: log_softmax(lo
 the convention of engines/base.py. They are computed as gather - logsumexp in float32 over
 the columns from the first completion column on only (the model's `logits_to_keep`: the LM
 head itself projects only those positions), never as a full-vocabulary log_softmax over every
-position; columns before that hold 0. The model runs with `use_cache=False` (a training
+position (or, with `chunk_positions`, through rl/chunked_logprobs.py: the LM head and
+logsumexp a chunk of positions at a time, the logits recomputed in the backward pass);
+columns before that hold 0. The model runs with `use_cache=False` (a training
 forward keeps no KV cache).
 
 This module does not decide which samples train nor in which order (the trainer does).
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
+
+from rlpipe.rl.chunked_logprobs import chunked_target_logprobs, decoder_hidden_states, supports_chunked_logprobs
 
 
 @dataclass(frozen=True)
@@ -106,13 +110,22 @@ def pad_samples(samples: list[TrainSample], pad_token_id: int = 0, device: str |
     )
 
 
-def token_logprobs(model: PreTrainedModel, batch: PaddedBatch, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(model: PreTrainedModel, batch: PaddedBatch, temperature: float = 1.0,
+                   chunk_positions: int = 0) -> torch.Tensor:
     """log p_T(target) of the shifted positions, [batch, length - 1], at temperature T;
-    exact on every completion column (0 on prompt columns before the first completion one)."""
+    exact on every completion column (0 on prompt columns before the first completion one).
+    `chunk_positions` > 0: through rl/chunked_logprobs.py (that many positions' vocabulary
+    logits at a time, recomputed in the backward pass) where the model supports it; 0, or a
+    model that does not: the model's own logits of all kept positions at once."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     columns = batch.targets.shape[1]
     first = int(batch.completion_mask.any(dim=0).float().argmax()) if bool(batch.completion_mask.any()) else columns - 1
+    if chunk_positions > 0 and supports_chunked_logprobs(model):
+        hidden = decoder_hidden_states(model, batch.input_ids, batch.attention_mask)[:, first:-1]
+        selected = chunked_target_logprobs(hidden, model.get_output_embeddings(), batch.targets[:, first:], temperature,
+                                           chunk_positions)
+        return torch.nn.functional.pad(selected, (first, 0))
     keep = columns - first + 1  # logits of positions first .. length-1; the last predicts nothing
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep,
                    use_cache=False).logits[:, :-1, :]

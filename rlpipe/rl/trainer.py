@@ -31,6 +31,8 @@ Devices and memory:
   freed right after each optimizer step.
 - `gradient_checkpointing`: the model recomputes each decoder layer's activations in the
   backward pass (transformers' non-reentrant checkpointing) and keeps no KV cache.
+- `logprob_chunk_positions` > 0: the LM head's logits that many positions at a time,
+  recomputed in the backward pass (rl/chunked_logprobs.py); 0: the model's own, all at once.
 - `lora_rank > 0`: the model is wrapped with a LoRA adapter (rl/lora.py; `self.model` is then
   the peft model, which the caller uses for checkpoints): only the adapter has gradients and
   optimizer state, and `named_weights()` yields only the adapter's tensors.
@@ -138,6 +140,7 @@ class Trainer:
         lora_target_modules: Sequence[str] = DEFAULT_LORA_TARGETS,
         tis_cap: float | None = None,
         share: RankShare = RankShare(),
+        logprob_chunk_positions: int = 0,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
@@ -169,6 +172,7 @@ class Trainer:
         self.pad_token_id = pad_token_id
         self.tis_cap = tis_cap
         self.share = share
+        self.chunk = logprob_chunk_positions
         self.reference_model = None
         if kl_coef > 0:
             self.reference_model = reference_model if reference_model is not None else copy.deepcopy(model)
@@ -237,7 +241,7 @@ class Trainer:
         try:
             for chunk in micro_batches([sample for sample in scored if sample.advantage != 0.0], self.micro_batch_size):
                 batch = pad_samples(chunk, self.pad_token_id, self._device)
-                loss, _ = policy_loss(token_logprobs(self.model, batch, self.temperature), batch.old_logprobs, batch.advantages,
+                loss, _ = policy_loss(token_logprobs(self.model, batch, self.temperature, self.chunk), batch.old_logprobs, batch.advantages,
                                       batch.completion_mask, self.clip_eps, loss_agg=self.loss_agg, normalizer=normalizer)
                 for accumulated, grad in zip(total, torch.autograd.grad(loss, parameters, allow_unused=True)):
                     if grad is not None:
@@ -259,7 +263,7 @@ class Trainer:
         with torch.no_grad():
             for chunk in micro_batches(training, self.micro_batch_size):
                 batch = pad_samples([samples[index] for index in chunk], self.pad_token_id, self._device)
-                logprobs = token_logprobs(self.model, batch, self.temperature).cpu()
+                logprobs = token_logprobs(self.model, batch, self.temperature, self.chunk).cpu()
                 for row, index in enumerate(chunk):
                     sample = samples[index]
                     first = len(sample.prompt_token_ids) - 1
@@ -275,25 +279,17 @@ class Trainer:
         total_loss, kl_sum, clip_sum, tis_sum, capped_sum = 0.0, 0.0, 0.0, 0.0, 0.0
         for chunk in self.share.mine(micro_batches(trained, self.micro_batch_size)):  # all of them in one process
             batch = pad_samples(chunk, self.pad_token_id, self._device)
-            new_logprobs = token_logprobs(self.model, batch, self.temperature)
+            new_logprobs = token_logprobs(self.model, batch, self.temperature, self.chunk)
             ref_logprobs = None
             if self.reference_model is not None:
                 with torch.no_grad():
-                    ref_logprobs = token_logprobs(self.reference_model, batch, self.temperature)
+                    ref_logprobs = token_logprobs(self.reference_model, batch, self.temperature, self.chunk)
             with_tis = batch.proximal_logprobs is not None
             loss, metrics = policy_loss(
-                new_logprobs,
-                batch.proximal_logprobs if with_tis else batch.old_logprobs,
-                batch.advantages,
-                batch.completion_mask,
-                self.clip_eps,
-                ref_logprobs=ref_logprobs,
-                kl_coef=self.kl_coef,
-                loss_agg=self.loss_agg,
-                normalizer=normalizer,
-                behaviour_logprobs=batch.old_logprobs if with_tis else None,
-                tis_cap=self.tis_cap if with_tis else None,
-            )
+                new_logprobs, batch.proximal_logprobs if with_tis else batch.old_logprobs, batch.advantages,
+                batch.completion_mask, self.clip_eps, ref_logprobs=ref_logprobs, kl_coef=self.kl_coef,
+                loss_agg=self.loss_agg, normalizer=normalizer, behaviour_logprobs=batch.old_logprobs if with_tis else None,
+                tis_cap=self.tis_cap if with_tis else None)
             loss.backward()
             self._weights.move_grads()
             total_loss += loss.item()

@@ -133,5 +133,6 @@ def build_trainer(config: RunConfig, policy: torch.nn.Module, share: RankShare =
         lora_alpha=train.lora_alpha,
         lora_target_modules=train.lora_target_modules,
         tis_cap=tis_cap(config),
+        logprob_chunk_positions=train.logprob_chunk_positions,
         share=share,  # a rank of the trainer's torchrun group (workers/trainer_rank.py), or the only process
     )

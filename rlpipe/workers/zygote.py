@@ -28,6 +28,11 @@ torch's intra-op threads set from OMP_NUM_THREADS when that is set (libgomp read
 zygote imported torch), then server.run_worker. The bootstrap and the handshake are those of
 a spawned worker (server.py); the owner watchdog watches the controller, not the zygote.
 
+After the imports the zygote moves every object to the collector's permanent generation
+(gc.freeze): a child's garbage collections then never write the flags of the objects it
+inherited, so their pages stay shared with the zygote and the other workers instead of being
+copied into each worker on its first collection.
+
 `sys.path[0]` becomes the request's working folder where it was the zygote's own (what
 `python -m` gives a spawned worker).
 
@@ -48,6 +53,7 @@ never initialised here (only imported): a fork after CUDA init breaks the child.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -204,6 +210,8 @@ def _preload(wanted: Callable[[], bool]) -> None:
             pass
     done.set()
     watcher.join()
+    gc.collect()
+    gc.freeze()  # see the module docstring: a child's collections never write the imported objects' pages
 
 
 def _closed(control: socket.socket) -> bool:
