@@ -107,25 +107,26 @@ def _lookup(rng: random.Random, max_files: int, lines_per_file: int, digits: int
                      [call_text("bash", command=f"grep -h {key} *"), write_call(value), call_text("submit")])
 
 
-def _count(rng: random.Random, max_files: int, lines_per_file: int, digits: int) -> Generated:
+def _key_on_lines(rng: random.Random, max_files: int, lines_per_file: int, digits: int, fewest: int,
+                  most: int) -> tuple[str, dict[str, str]]:
+    """A key drawn, distractor files, then the key on fewest..most lines with drawn values."""
     key = rng.choice(KEYS)
     draw = _Draw(rng, max_files, lines_per_file, digits)
     draw.distractors(key)
-    for _ in range(rng.randint(1, 4)):
+    for _ in range(rng.randint(fewest, most)):
         draw.place(f"{key}={draw.value()}")
-    files = draw.files()
+    return key, draw.files()
+
+
+def _count(rng: random.Random, max_files: int, lines_per_file: int, digits: int) -> Generated:
+    key, files = _key_on_lines(rng, max_files, lines_per_file, digits, 1, 4)
     return Generated(files, key, f"put the number of lines with key {key} in {ANSWER_PATH}, then submit",
                      [call_text("bash", command=f"cat * | grep -c ^{key}="), write_call(_count_truth(files, key)),
                       call_text("submit")])
 
 
 def _sum(rng: random.Random, max_files: int, lines_per_file: int, digits: int) -> Generated:
-    key = rng.choice(KEYS)
-    draw = _Draw(rng, max_files, lines_per_file, digits)
-    draw.distractors(key)
-    for _ in range(rng.randint(2, 3)):
-        draw.place(f"{key}={draw.value()}")
-    files = draw.files()
+    key, files = _key_on_lines(rng, max_files, lines_per_file, digits, 2, 3)
     command = "awk -F= '$1==\"%s\"{s+=$2} END{print s}' *" % key
     return Generated(files, key, f"put the sum of the values of {key} in {ANSWER_PATH}, then submit",
                      [call_text("bash", command=command), write_call(_sum_truth(files, key)), call_text("submit")])
