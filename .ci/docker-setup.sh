@@ -5,7 +5,8 @@
 # starts dockerd in the background (log: ${DOCKERD_LOG:-/tmp/dockerd.log}) unless an engine
 # already answers, waits up to 60 s for `docker info`, then builds `rlpipe-sandbox:<hash>`
 # (rlpipe/sandbox/image.py; no registry is contacted). Idempotent: run it again at no cost.
-# PYTHON selects the interpreter that has rlpipe installed (default: .venv/bin/python).
+# PYTHON selects the interpreter that has rlpipe installed (default: .venv/bin/python);
+# NO_IMAGE=1 stops before the image (no venv needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
@@ -35,6 +36,7 @@ if ! docker info >/dev/null 2>&1; then
     exit 1
 fi
 
+[ -n "${NO_IMAGE:-}" ] && exit 0
 "$PYTHON" -c 'from rlpipe.sandbox.docker_backend import docker_client
 from rlpipe.sandbox.image import ensure_image
 print("sandbox image:", ensure_image(docker_client()))'

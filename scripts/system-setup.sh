@@ -4,7 +4,11 @@
 # about 10 s to install on a lightly loaded 2-core machine, 40 s at a load of 8).
 # Idempotent; installs only what is missing. Needs root (or sudo) to install; without it,
 # prints what is missing and the tests that need it skip with a reason.
+# `--no-image`: everything but the sandbox image, which needs the venv (.ci/run installs the
+# packages and starts the engine while the venv installs, then builds the image).
 set -uo pipefail
+no_image=
+[ "${1:-}" = --no-image ] && no_image=1
 cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
@@ -26,6 +30,6 @@ if ! command -v docker-compose >/dev/null; then
 fi
 
 if [ -f .ci/docker-setup.sh ]; then
-  bash .ci/docker-setup.sh || echo "system-setup: docker engine not available; docker tests will skip"
+  NO_IMAGE=$no_image bash .ci/docker-setup.sh || echo "system-setup: docker engine not available; docker tests will skip"
 fi
 exit 0
