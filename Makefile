@@ -42,7 +42,12 @@ test: venv system lint pytest
 lint: venv
 	$(BIN)/lint-imports
 
+# compileall first: where PYTHONDONTWRITEBYTECODE is set (CI's machines set it), no process
+# caches what it compiles, and each of the suite's hundred-odd Python processes (CLI runs,
+# zygotes, torchrun ranks, pytest workers) would compile the rlpipe modules it imports again;
+# the venv's packages are byte-compiled at install (scripts/install-locked.sh).
 pytest: venv
+	$(BIN)/python -m compileall -q rlpipe tests
 	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 
 # The tests marked `extended` (pyproject.toml): long runs whose property a cheaper test of
