@@ -45,9 +45,10 @@ lint: venv
 # compileall first: where PYTHONDONTWRITEBYTECODE is set (CI's machines set it), no process
 # caches what it compiles, and each of the suite's hundred-odd Python processes (CLI runs,
 # zygotes, torchrun ranks, pytest workers) would compile the rlpipe modules it imports again;
-# the venv's packages are byte-compiled at install (scripts/install-locked.sh).
+# the venv's packages are byte-compiled at install (scripts/install-locked.sh). Not the
+# built-in tasks' folders (agents/suite/): they are data, whose files a task carries.
 pytest: venv
-	$(BIN)/python -m compileall -q rlpipe tests
+	$(BIN)/python -m compileall -q -x "rlpipe/agents/suite/" rlpipe tests
 	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 
 # The tests marked `extended` (pyproject.toml): long runs whose property a cheaper test of
