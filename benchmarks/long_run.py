@@ -38,7 +38,9 @@ bytes per parameter).
 Within the `eval` run itself: the evaluation after step 4, from step 4's TRAIN.json to its
 evals/step_000004.json (whatever runs between them, the weight sync, included), over 8 of
 the same run's median steps: a share taken at one load, less exposed than the span ratio to
-the load of a shared machine drifting between runs. `--set KEY=VALUE` (repeatable) applies
+the load of a shared machine drifting between runs; and the same in CPU seconds of the run's
+processes (user + sys, polled): the evaluation's against a median step's (TRAIN.json to the
+next, steps with no event after the one before), the work whatever the load. `--set KEY=VALUE` (repeatable) applies
 an override to every variant (e.g. rollout.engine_dtype, rollout.engine).
 
 Goals beside the ratios (issue 38): a checkpoint every 4 steps <= 3% of the wall time;
@@ -105,6 +107,8 @@ class RunResult:
     span_s: float | None
     eval_s: float | None  # the evaluation after step EVENT_EVERY, within the run (eval variant)
     step_s_median: float | None
+    eval_cpu_s: float | None  # the run's processes' CPU seconds over that evaluation
+    step_cpu_s_median: float | None  # ... over one step: TRAIN.json to TRAIN.json, steps without an event
     lake_bytes: int
     checkpoint_bytes: int
     load_before: float
@@ -149,7 +153,14 @@ def run_variant(name: str, rep: int, config: Path, base: list[str], work: Path, 
         path = _step_document(lake, run_id, step, "TRAIN.json")
         if path.exists():
             step_times.append(float(dict(json.loads(path.read_text())["metrics"]).get("time/step_s", float("nan"))))
+    eval_cpu_s = (watch.cpu_between(trained.stat().st_mtime, evaluated.stat().st_mtime)
+                  if evaluated.exists() and trained.exists() else None)
+    ends = {step: _step_document(lake, run_id, step, "TRAIN.json") for step in range(1, steps + 1)}
+    step_cpu = [watch.cpu_between(ends[step - 1].stat().st_mtime, ends[step].stat().st_mtime) for step in range(2, steps + 1)
+                if (step - 1) % EVENT_EVERY and ends[step - 1].exists() and ends[step].exists()]  # no event after step - 1
+    step_cpu = [cpu for cpu in step_cpu if cpu is not None]
     result = RunResult(name, rep, returncode, wall_s, span_s, eval_s, statistics.median(step_times) if step_times else None,
+                       eval_cpu_s, statistics.median(step_cpu) if step_cpu else None,
                        _tree_bytes(lake), _tree_bytes(lake / "checkpoints"), load_before, os.getloadavg()[0],
                        sorted(watch.peaks.values(), key=lambda p: -p.pss_kib), watch.pss_sum_peak_kib, watch.shm_peak,
                        "\n".join(log.read_text().splitlines()[-12:]))
@@ -170,6 +181,11 @@ def print_run(result: RunResult) -> None:
         print(f"  within this run: the evaluation after step {EVENT_EVERY} took {result.eval_s:.1f} s (step "
               f"{EVENT_EVERY}'s TRAIN.json to evals/step_{EVENT_EVERY:06d}.json) = {share:.1%} of {GOAL_EVERY['eval']} of its "
               f"median steps (goal <= {GOALS['eval']:.0%}: {'MET' if share <= GOALS['eval'] else 'NOT MET'})", flush=True)
+    if result.eval_cpu_s is not None and result.step_cpu_s_median:
+        share = result.eval_cpu_s / (GOAL_EVERY["eval"] * result.step_cpu_s_median)
+        print(f"  in CPU seconds of the run's processes (user + sys, less exposed to the load): the evaluation "
+              f"{result.eval_cpu_s:.1f} s, a median step {result.step_cpu_s_median:.1f} s: {share:.1%} of "
+              f"{GOAL_EVERY['eval']} steps", flush=True)
     if result.returncode:
         print("  last lines:\n    " + result.tail.replace("\n", "\n    "), flush=True)
 
@@ -254,7 +270,7 @@ def run_plain(config: Path, base: list[str], work: Path, threads: int) -> RunRes
     tail = "\n".join(log.read_text().splitlines()[-6:])
     for peak in watch.peaks.values():
         peak.role = "plain process" if peak.pid == watch.root else peak.role
-    return RunResult("plain", 0, returncode, wall_s, None, None, None, 0, 0, load_before,
+    return RunResult("plain", 0, returncode, wall_s, None, None, None, None, None, 0, 0, load_before,
                      os.getloadavg()[0], list(watch.peaks.values()), watch.pss_sum_peak_kib, 0, tail)
 
 

@@ -6,7 +6,8 @@ With `pss=True` it also reads /proc/PID/smaps_rollup: each process's peak PSS (i
 pages plus its share of pages it shares: the zygote's pages a forked worker has not written,
 shared libraries, mapped model files), split at that moment into anonymous, file and shmem
 PSS, and the peak of the tree's summed PSS at one poll (not the sum of peaks reached at
-different times).
+different times). It also samples the tree's CPU seconds (user + sys, an exited process
+counted with its last value) at each poll: `cpu_between` gives them over a window.
 
 Linux only (/proc). What it does not: start or stop anything, or report (scale.py prints).
 """
@@ -45,11 +46,22 @@ class Watch:
     interval_s: float = 0.2
     pss_sum_peak_kib: int = 0  # the largest sum of the tree's PSS at one poll
     stop: threading.Event = field(default_factory=threading.Event)
+    cpu_samples: list[tuple[float, float]] = field(default_factory=list)  # (time.time(), the tree's CPU s so far)
+    _cpu_by_pid: dict[int, float] = field(default_factory=dict)  # an exited process keeps its last value
+
+    def cpu_between(self, start: float, end: float) -> float | None:
+        """CPU seconds (user + sys) of the whole tree between two time.time() instants,
+        interpolated between polls; None outside the polled span."""
+        at = [_interpolate(self.cpu_samples, moment) for moment in (start, end)]
+        return None if None in at else at[1] - at[0]
 
     def run(self) -> None:
         while not self.stop.is_set():
             pss_sum = 0
             for pid in _descendants(self.root):
+                cpu = _cpu_s(pid)
+                if cpu is not None:
+                    self._cpu_by_pid[pid] = cpu
                 status = _status_kib(pid)
                 if "VmHWM" not in status:
                     continue
@@ -66,6 +78,7 @@ class Watch:
                     if rollup.get("Pss", 0) > peak.pss_kib:
                         peak.pss_kib, peak.pss_anon_kib = rollup["Pss"], rollup.get("Pss_Anon", 0)
                         peak.pss_file_kib, peak.pss_shmem_kib = rollup.get("Pss_File", 0), rollup.get("Pss_Shmem", 0)
+            self.cpu_samples.append((time.time(), sum(self._cpu_by_pid.values())))
             self.pss_sum_peak_kib = max(self.pss_sum_peak_kib, pss_sum)
             self.shm_peak = max(self.shm_peak, sum(map(_folder_bytes, self.shm_prefix.parent.glob(self.shm_prefix.name + "*"))))
             self.stop.wait(self.interval_s)
@@ -122,6 +135,26 @@ def _descendants(root: int) -> list[int]:
         found.append(pid)
         todo.extend(children.get(pid, []))
     return found
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float | None:
+    """utime + stime of /proc/PID/stat in seconds (None when the process is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # fields 14 and 15 of stat(5), after pid and comm
+
+
+def _interpolate(samples: list[tuple[float, float]], moment: float) -> float | None:
+    """The value at `moment` of a list of (time, value) polls, linear between the two around it."""
+    for (t0, v0), (t1, v1) in zip(samples, samples[1:]):
+        if t0 <= moment <= t1:
+            return v0 + (v1 - v0) * ((moment - t0) / (t1 - t0) if t1 > t0 else 0.0)
+    return None
 
 
 def _status_kib(pid: int) -> dict[str, int]:

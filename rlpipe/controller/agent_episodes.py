@@ -34,6 +34,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from rlpipe.agents.episodes import ChatEpisodeFormat, EpisodeResult, EpisodeSettings, run_episodes
 from rlpipe.controller.runtime import Runtime
@@ -94,14 +95,16 @@ def _model_settings(runtime: Runtime) -> EpisodeSettings:
                            eos_token_id=eos if isinstance(eos, int) else None)
 
 
-def run_agent_episodes(runtime: Runtime, tasks: list[Task], group_size: int, params: SamplingParams) -> list[EpisodeResult]:
-    """`group_size` episodes of each task through the engine worker, in the run's pool."""
+def run_agent_episodes(runtime: Runtime, tasks: list[Task], group_size: int, params: SamplingParams,
+                       engine_options: dict[str, Any] | None = None) -> list[EpisodeResult]:
+    """`group_size` episodes of each task through the engine worker, in the run's pool;
+    `engine_options`: the Generate options of every turn (an evaluation's dtype, batch size)."""
     workers = runtime.workers
     if workers.sandbox_pool is None:
         raise RuntimeError("a multi-turn domain needs the run's sandbox pool (build_sandbox_pool)")
 
     def generate(prompts: list[tuple[str, str]], sampling: SamplingParams) -> tuple[list[Completion], int]:
-        result = workers.engine.generate(prompts, sampling)
+        result = workers.engine.generate(prompts, sampling, **(engine_options or {}))
         return result.completions, result.policy_version
 
     return run_episodes(tasks, group_size, params, generate, workers.sandbox_pool, runtime.mixture.env_for,

@@ -14,6 +14,7 @@ Not here: when an evaluation runs and where its result is stored (tasks/lifecycl
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from rlpipe.controller.agent_episodes import is_multi_turn, run_agent_episodes
 from rlpipe.controller.runtime import Runtime
@@ -46,7 +47,8 @@ def heldout_tasks(config: RunConfig, mixture: Mixture) -> list[Task]:
 
 def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
     """Greedy pass@1 of the engine's policy on `tasks` (one batched request to the engine
-    worker for the single-turn tasks), as flat figures:
+    worker for the single-turn tasks, in eval.engine_dtype at eval.batch_size where set: see
+    `evaluation_options`), as flat figures:
 
     - `accuracy`, `accuracy/<domain>`: strict, the domain's own verifier on the whole reply;
     - `format_free`, `format_free/<domain>`: the reply's last number equals the task's
@@ -61,7 +63,9 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
     )
     episodic = [t for t in tasks if is_multi_turn(runtime.mixture.env_for(t))]
     single = [t for t in tasks if not is_multi_turn(runtime.mixture.env_for(t))]
-    completions = runtime.workers.engine.generate([(t.task_id, t.prompt) for t in single], params).completions if single else []
+    options = evaluation_options(runtime.config)
+    completions = (runtime.workers.engine.generate([(t.task_id, t.prompt) for t in single], params, **options).completions
+                   if single else [])
     by_id = {t.task_id: t for t in tasks}
     passed: dict[str, list[float]] = defaultdict(list)
     free: dict[str, list[float]] = defaultdict(list)
@@ -70,7 +74,7 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
         passed[task_.domain].append(1.0 if verdict.passed else 0.0)
         _add_format_free(free, task_, text)
     calls: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # per multi-turn domain: replies, well-formed ones
-    for episode in run_agent_episodes(runtime, episodic, 1, params) if episodic else []:  # greedy whole episodes
+    for episode in run_agent_episodes(runtime, episodic, 1, params, options) if episodic else []:  # greedy whole episodes
         domain = by_id[episode.completion.task_id].domain
         passed[domain].append(1.0 if episode.verdict.passed else 0.0)
         calls[domain][0] += episode.turns
@@ -79,6 +83,14 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
     figures.update({f"wellformed/{domain}": formed / replies for domain, (replies, formed) in sorted(calls.items()) if replies})
     figures.update({f"replies/{domain}": float(replies) for domain, (replies, _) in sorted(calls.items())})
     return figures
+
+
+def evaluation_options(config: RunConfig) -> dict[str, Any]:
+    """The engine worker's Generate options of a greedy evaluation: eval.engine_dtype as
+    `dtype` and eval.batch_size as `batch_size`, each only where set (else the engine's own)."""
+    settings = config.eval
+    return {key: value for key, value in (("dtype", settings.engine_dtype), ("batch_size", settings.batch_size))
+            if value is not None}
 
 
 def _add_format_free(free: dict[str, list[float]], task: Task, text: str) -> None:

@@ -63,6 +63,12 @@ def check_engine_options(config: RunConfig) -> None:
             f"train.lora_rank={train.lora_rank} with rollout.engine={rollout.engine!r}: only the hf engine takes LoRA adapter weights",
             "use rollout.engine=\"hf\" with LoRA, or train every weight (train.lora_rank=0)",
         )
+    if rollout.engine != "hf" and (config.eval.engine_dtype is not None or config.eval.batch_size is not None):
+        raise ConfigError(
+            f"eval.engine_dtype / eval.batch_size with rollout.engine={rollout.engine!r}: only the hf engine evaluates in "
+            "a dtype or batch size of its own",
+            "unset them (the engine's own dtype and batching are used), or use rollout.engine=\"hf\"",
+        )
     cluster = config.cluster
     if cluster.engine_on_ray and not cluster.ray_address:
         raise ConfigError("cluster.engine_on_ray needs cluster.ray_address (the Ray cluster that runs the engine actor)",

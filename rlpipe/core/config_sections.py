@@ -281,6 +281,18 @@ class EvalConfig(Section):
     difference of two accuracies on envs.heldout_size tasks each (binomial, pooled): it sees a
     domain near 0.1 collapse, which an absolute threshold of 0.1 cannot; None = only the
     absolute threshold."""
+    engine_dtype: Literal["float32", "bfloat16"] | None = None
+    """Weights dtype of the hf engine for greedy evaluations alone (held-out and warm-start
+    checks); None = the rollout engine's (rollout.engine_dtype, else model.dtype). Another
+    dtype evaluates a copy of the engine's weights cast to it, made for each evaluation request
+    and freed after it (bfloat16 on SmolLM2: half the fp32 weights while it runs); rollouts
+    and the weight syncs are untouched, so no truncated importance sampling is needed. bf16
+    measures the policy's weights rounded to bf16: some greedy replies flip near ties, so its
+    accuracies are comparable with each other across a run, not digit for digit with a
+    float32 evaluation's (docs/RESULTS.md, "What a held-out evaluation of SmolLM2 costs")."""
+    batch_size: int | None = Field(None, gt=0)
+    """Rows of one forward batch in greedy evaluations (hf engine); None = rollout.batch_size.
+    All 200 held-out problems in one batch evaluate ~1.4x cheaper than batches of 64 in bf16."""
     grad_conflict_every_steps: int = Field(0, ge=0)
     """Every N RL steps, the cosine similarity of the per-domain policy gradients of the
     step's batch, per pair (MLflow `grad_conflict/<a>__<b>`); 0 = off. It costs one backward

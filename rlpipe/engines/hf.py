@@ -152,6 +152,20 @@ class HFEngine:
         """The engine now serves `policy_version` (after a complete weight stream)."""
         self._policy_version = policy_version
 
+    def with_settings(self, dtype: torch.dtype | str | None = None, batch_size: int | None = None) -> HFEngine:
+        """This engine for one request at another batch size and/or weights dtype (None = its
+        own): in its own dtype it shares this engine's weights; in another, it holds a copy of
+        them cast to that dtype, made here without a float32 copy on the way (this engine's
+        weights stay as they are; the copy lives as long as the returned engine)."""
+        other = copy.copy(self)
+        other._batch_size = batch_size or self._batch_size
+        target = self._dtype if dtype is None else resolve_dtype(dtype)
+        if target != self._dtype:
+            cast = {id(p): torch.nn.Parameter(p.detach().to(target), requires_grad=False) for p in self._model.parameters()}
+            other._model = copy.deepcopy(self._model, cast).to(dtype=target)  # the parameters come from `cast`, tied ones once
+            other._parameters, other._dtype = dict(other._model.named_parameters()), target
+        return other
+
     def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> list[Completion]:
         """`params.n` completions per prompt, in prompt order then sample_idx order."""
         generator = torch.Generator(device=self._device).manual_seed(params.seed)

@@ -40,7 +40,10 @@ Devices and memory:
 Truncated importance sampling (`tis_cap` set; see losses.py): before the first optimizer
 step the trainer computes its own logprobs of the samples it will train (no grad, the policy
 version that the step starts from); they are the PPO ratio's denominator, and each token's
-policy-gradient term is weighted by min(exp(trainer - engine), tis_cap). `tis_cap` None keeps
+policy-gradient term is weighted by min(exp(trainer - engine), tis_cap). With one epoch and
+no dropout, the first mini-batch's are its own update's forward pass, detached (the weights
+have not moved yet): a single optimizer step needs no extra pass (`own_first_proximal=False`
+takes them in the separate pass too, as a reference). `tis_cap` None keeps
 the ratio against the engine's stored logprobs, exactly as before.
 
 `policy_gradient(samples)`: the loss gradient of some samples, no `.grad` or weight touched.
@@ -141,6 +144,7 @@ class Trainer:
         tis_cap: float | None = None,
         share: RankShare = RankShare(),
         logprob_chunk_positions: int = 0,
+        own_first_proximal: bool = True,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
@@ -171,6 +175,7 @@ class Trainer:
         self.loss_agg = loss_agg
         self.pad_token_id = pad_token_id
         self.tis_cap = tis_cap
+        self.own_first_proximal = own_first_proximal
         self.share = share
         self.chunk = logprob_chunk_positions
         self.reference_model = None
@@ -189,22 +194,25 @@ class Trainer:
         scored = [sample for sample in samples if sample.advantage is not None]
         tokens = completion_tokens(scored)
         self._weights.sync_if_model_changed(self.before_state_change)  # e.g. a warm-start trained the bf16 weights
-        if self.tis_cap is not None:
-            scored = self._with_proximal_logprobs(scored)
         losses, kls, clips, grad_norms, tis_weights, tis_capped = [], [], [], [], [], []
         order = random.Random(shuffle_seed) if shuffle_seed is not None else None
-        self.model.train()
-        for _ in range(self.epochs_per_step):
+        own_first = self.tis_cap is not None and self._first_proximal_from_its_update()
+        for epoch in range(self.epochs_per_step):
             if order is not None:
                 scored = scored[:]
                 order.shuffle(scored)
-            for mini_batch in _split(scored, self.mini_batches_per_step):
+            if epoch == 0 and self.tis_cap is not None:  # the first mini-batch's own when its update can give them
+                skipped = _split(scored, self.mini_batches_per_step)[0] if own_first else []
+                scored = self._with_proximal_logprobs(scored, {id(sample) for sample in skipped})
+            self.model.train()
+            for index, mini_batch in enumerate(_split(scored, self.mini_batches_per_step)):
                 trained = [s for s in mini_batch if self._trains(s)]
                 if not trained:
                     continue
                 mini_tokens = completion_tokens(mini_batch)
                 normalizer = float(mini_tokens if self.loss_agg == "token_mean" else len(mini_batch))
-                loss, kl, clip_frac, tis = self._accumulate(trained, normalizer, mini_tokens)
+                loss, kl, clip_frac, tis = self._accumulate(trained, normalizer, mini_tokens,
+                                                            own_proximal=own_first and epoch == 0 and index == 0)
                 grad_norms.append(self._optimizer_step())
                 losses.append(loss), kls.append(kl), clips.append(clip_frac)
                 if tis is not None:
@@ -254,10 +262,23 @@ class Trainer:
         """Advantage 0 adds nothing to the policy-gradient term: skipped unless a KL term trains it."""
         return self.kl_coef > 0 or sample.advantage != 0.0
 
-    def _with_proximal_logprobs(self, samples: list[TrainSample]) -> list[TrainSample]:
+    def _first_proximal_from_its_update(self) -> bool:
+        """Whether the first mini-batch's proximal logprobs can be its own update's forward
+        pass, detached: one epoch (later epochs would need them again after the weights have
+        moved), and no dropout (train mode then computes what the no-grad pass computes)."""
+        if not self.own_first_proximal or self.epochs_per_step != 1:
+            return False
+        config = getattr(self.model, "config", None)
+        rates = [getattr(config, key, 0.0) or 0.0 for key in ("attention_dropout", "hidden_dropout", "dropout",
+                                                              "resid_pdrop", "embd_pdrop", "attn_pdrop")]
+        modules = (m for m in self.model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0)
+        return not any(rates) and next(modules, None) is None
+
+    def _with_proximal_logprobs(self, samples: list[TrainSample], skipped: set[int]) -> list[TrainSample]:
         """`samples` with the trainer's own logprobs (no grad, the current weights) on those
-        that will train; see the module docstring (truncated importance sampling)."""
-        training = [index for index, sample in enumerate(samples) if self._trains(sample)]
+        that will train, except the samples whose id() is in `skipped` (their update's own
+        forward pass gives them); see the module docstring (truncated importance sampling)."""
+        training = [index for index, sample in enumerate(samples) if self._trains(sample) and id(sample) not in skipped]
         result = list(samples)
         self.model.eval()
         with torch.no_grad():
@@ -271,10 +292,12 @@ class Trainer:
                     result[index] = dataclasses.replace(sample, proximal_logprobs=values)
         return result
 
-    def _accumulate(self, trained: list[TrainSample], normalizer: float, tokens: int
+    def _accumulate(self, trained: list[TrainSample], normalizer: float, tokens: int, own_proximal: bool = False
                     ) -> tuple[float, float, float, tuple[float, float] | None]:
         """Backward over all micro-batches; returns (loss, token-mean kl, clip_frac over
-        `tokens`, (mean TIS weight, capped fraction) or None without TIS)."""
+        `tokens`, (mean TIS weight, capped fraction) or None without TIS). `own_proximal`:
+        the TIS ratio's denominator is this forward pass's logprobs, detached (the weights
+        the update starts from: the first optimizer step)."""
         self.optimizer.zero_grad(set_to_none=True)
         total_loss, kl_sum, clip_sum, tis_sum, capped_sum = 0.0, 0.0, 0.0, 0.0, 0.0
         for chunk in self.share.mine(micro_batches(trained, self.micro_batch_size)):  # all of them in one process
@@ -284,9 +307,10 @@ class Trainer:
             if self.reference_model is not None:
                 with torch.no_grad():
                     ref_logprobs = token_logprobs(self.reference_model, batch, self.temperature, self.chunk)
-            with_tis = batch.proximal_logprobs is not None
+            proximal = new_logprobs.detach() if own_proximal else batch.proximal_logprobs
+            with_tis = proximal is not None
             loss, metrics = policy_loss(
-                new_logprobs, batch.proximal_logprobs if with_tis else batch.old_logprobs, batch.advantages,
+                new_logprobs, proximal if with_tis else batch.old_logprobs, batch.advantages,
                 batch.completion_mask, self.clip_eps, ref_logprobs=ref_logprobs, kl_coef=self.kl_coef,
                 loss_agg=self.loss_agg, normalizer=normalizer, behaviour_logprobs=batch.old_logprobs if with_tis else None,
                 tis_cap=self.tis_cap if with_tis else None)

@@ -276,8 +276,9 @@ class WorkerClient:
 
 
 class EngineClient(WorkerClient):
-    def generate(self, prompts: list[tuple[str, str]], params: Any) -> p.GenerateResult:
-        return self.call(p.Generate(tuple(prompts), params))
+    def generate(self, prompts: list[tuple[str, str]], params: Any, *, dtype: str | None = None,
+                 batch_size: int | None = None) -> p.GenerateResult:
+        return self.call(p.Generate(tuple(prompts), params, dtype, batch_size))
 
     def load_weights_file(self, path: str, policy_version: int) -> int:
         return self.call(p.LoadWeightsFile(path, policy_version))

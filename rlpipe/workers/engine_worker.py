@@ -18,6 +18,9 @@ infra error), and any failure in that state makes the worker exit after its repl
 so the fresh worker the retried task starts is synced from scratch.
 
 Every completion carries the engine's policy version (the version it acknowledged last).
+A Generate with its own `dtype` or `batch_size` (a greedy evaluation: eval.engine_dtype,
+eval.batch_size) runs on HFEngine.with_settings: in another dtype, a cast copy of the
+weights made for that request and dropped with it; the engine's own weights never change.
 Not here: sockets (server.py), when weights change (the controller decides).
 """
 
@@ -91,7 +94,13 @@ class EngineService:
                 raise RuntimeError(f"the engine's weights are half-loaded (weight stream {self._stream.stream_id} did not "
                                    "finish); it does not generate with them and exits")
             failpoint("engine-generate", whole_run=False)  # tests: this worker dies mid-run
-            completions = self.engine.generate(list(request.prompts), request.params)
+            engine = self.engine
+            if request.dtype is not None or request.batch_size is not None:  # an evaluation's own settings
+                if not hasattr(engine, "with_settings"):
+                    raise ValueError(f"{type(engine).__name__} evaluates in its own dtype and batching only "
+                                     "(eval.engine_dtype and eval.batch_size are for the hf engine)")
+                engine = engine.with_settings(request.dtype, request.batch_size)  # a cast copy lives for this request only
+            completions = engine.generate(list(request.prompts), request.params)
             return GenerateResult(completions, self.engine.policy_version)
         if isinstance(request, LoadWeightsFile):
             self.poisoned = True  # a load that fails half-way leaves mixed weights: start afresh

@@ -62,10 +62,15 @@ class WeightsDigest:
 
 @dataclass(frozen=True)
 class Generate:
-    """`params.n` completions per (task_id, prompt) pair; reply: GenerateResult."""
+    """`params.n` completions per (task_id, prompt) pair; reply: GenerateResult. `dtype` and
+    `batch_size` (hf engine; None = the engine's own): this request alone runs at that batch
+    size, in that weights dtype on a copy of the engine's weights made for it and freed after
+    it (a greedy evaluation, eval.engine_dtype / eval.batch_size)."""
 
     prompts: tuple[tuple[str, str], ...]
     params: Any  # engines.base.SamplingParams (typed as Any to keep this module torch-free)
+    dtype: str | None = None
+    batch_size: int | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@ depend on how the engine worker batches and prefills it: the engine's fast paths
 rollout.batch_size, each distinct prompt once, the prompts' common prefix once, finished rows
 dropped) give the figures, strict and format-free per domain, that the plainest greedy decode
 gives (one prompt at a time, no sharing, no padding); and the evaluation asks the engine for
-each task once, greedily, with the run's max_new_tokens and stop strings."""
+each task once, greedily, with the run's max_new_tokens and stop strings; with
+eval.engine_dtype / eval.batch_size it asks for them and measures what an engine built in that
+dtype and batch size measures."""
 
 import dataclasses
 
@@ -32,17 +34,20 @@ class ServedEngine:
     def __init__(self, engine: HFEngine) -> None:
         self.engine = engine
         self.requests: list[tuple[list[tuple[str, str]], object]] = []
+        self.options: list[dict] = []
 
-    def generate(self, prompts, params) -> GenerateResult:
+    def generate(self, prompts, params, **options) -> GenerateResult:
         self.requests.append((list(prompts), params))
-        return GenerateResult(self.engine.generate(list(prompts), params), self.engine.policy_version)
+        self.options.append(options)
+        engine = self.engine.with_settings(**options) if options else self.engine  # as workers/engine_worker.py does
+        return GenerateResult(engine.generate(list(prompts), params), self.engine.policy_version)
 
 
 def evaluate_with(engine: HFEngine, config, mixture, tasks, tmp_path):
     served = ServedEngine(engine)
     workers = Workers(engine=served, trainer=None, socket_folder=tmp_path, weights_folder=tmp_path)
     runtime = Runtime("r", config, mixture, tasks, workers, records=None)  # an evaluation reads no records
-    return greedy_accuracy(runtime, tasks), served.requests
+    return greedy_accuracy(runtime, tasks), served.requests, served.options
 
 
 def test_the_engines_fast_paths_measure_what_the_plainest_decode_measures(tmp_path):
@@ -65,9 +70,9 @@ def test_the_engines_fast_paths_measure_what_the_plainest_decode_measures(tmp_pa
                  for task in chat]
     tasks = chat + own_reply + [task for task in heldout if task.domain == "arithmetic"]  # numeric answers: format-free
 
-    reference, _ = evaluate_with(plainest, config, mixture, tasks, tmp_path)
+    reference, _, _ = evaluate_with(plainest, config, mixture, tasks, tmp_path)
     shapes.clear()
-    figures, requests = evaluate_with(fast, config, mixture, tasks, tmp_path)
+    figures, requests, options = evaluate_with(fast, config, mixture, tasks, tmp_path)
 
     assert figures == reference
     assert reference["n/arithmetic_chat_equation"] == len(chat) and reference["n/arithmetic"] == 2 * len(chat)
@@ -78,7 +83,22 @@ def test_the_engines_fast_paths_measure_what_the_plainest_decode_measures(tmp_pa
     assert common >= MIN_COMMON_PREFIX_TOKENS and (1, common) in shapes  # the fast path prefilled it once per batch
     [(prompts, params)] = requests
     assert prompts == [(task.task_id, task.prompt) for task in tasks]
-    assert params == _greedy(config)
+    assert params == _greedy(config) and options == [{}]  # the engine's own dtype and batching
+
+
+def test_an_evaluation_in_its_own_dtype_and_batch_measures_an_engine_built_so(tmp_path):
+    torch.set_num_threads(2)
+    config = load_config(None, [*OVERRIDES, 'eval.engine_dtype="bfloat16"', "eval.batch_size=7"])
+    mixture = build_mixture(config)
+    tokenizer = build_tokenizer(config)
+    model = opinionated_model(len(tokenizer), seed=0)
+    tasks = heldout_tasks(config, mixture)
+    figures, _, options = evaluate_with(HFEngine(model, tokenizer, batch_size=config.rollout.batch_size), config, mixture,
+                                        tasks, tmp_path)
+    assert options == [{"dtype": "bfloat16", "batch_size": 7}]
+    built_so = HFEngine(model, tokenizer, batch_size=7, dtype="bfloat16")
+    plain_config = load_config(None, OVERRIDES)
+    assert figures == evaluate_with(built_so, plain_config, mixture, tasks, tmp_path)[0]
 
 
 def _greedy(config):
