@@ -45,7 +45,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from rlpipe.agents.policy import TOOL_RESULT_HEADER
-from rlpipe.agents.tools import MalformedCall, ToolCall, parse_tool_call
+from rlpipe.agents.tools import CHAT_SYSTEM_PROMPT, MalformedCall, ToolCall, parse_tool_call
 from rlpipe.core.records import Completion, Task, Verdict
 from rlpipe.engines.sampling import SamplingParams
 from rlpipe.sandbox.base import Sandbox
@@ -54,11 +54,6 @@ Generate = Callable[[list[tuple[str, str]], SamplingParams], tuple[list[Completi
 """(episode id, context text) pairs and params -> (completions with task_id = episode id,
 the policy version that sampled them)."""
 
-
-CHAT_SYSTEM_PROMPT = """You are an agent in a Linux sandbox; your working directory is /work.
-Answer every turn with exactly one tool call, a JSON object {"name": TOOL, "arguments": {...}}, and nothing after it.
-Tools: bash {"command"}, read_file {"path"}, write_file {"path", "content"}, submit {}.
-Call submit when the task is done."""
 
 _USER, _REPLY, _TOOL = "@@user@@", "@@reply@@", "@@tool@@"
 

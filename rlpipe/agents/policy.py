@@ -37,10 +37,16 @@ from typing import Literal, Protocol
 
 from rlpipe.agents.agents import Agent, AgentFactory, ContextExhausted, Message
 from rlpipe.agents.task_format import AgentTask
+from rlpipe.agents.tools import CHAT_SYSTEM_PROMPT
 from rlpipe.core.errors import ConfigError
+from rlpipe.sandbox.base import WORK
 
 POLICY_AGENT = "policy"
 TOOL_RESULT_HEADER = "Tool result:\n"
+SYSTEM_PROMPTS = ("suite", "training")
+"""suite: the loop's own system prompt (agents/trial.py, the tools' schemas); training: the
+short one the agent_tasks chat episodes train with (agents/tools.py CHAT_SYSTEM_PROMPT), so
+a policy trained there is evaluated on the prompt it learned."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,7 @@ class PolicyOptions:
     `openai_base_url` generates and `policy`/`gguf` give the tokenizer (its chat template).
     `config`: a run config TOML whose [model] and [rollout] tables the engine worker starts
     from (device, dtype, engine_python, ...); the options here override them.
-    Sampling: temperature 0 is greedy."""
+    Sampling: temperature 0 is greedy. `system_prompt`: one of SYSTEM_PROMPTS."""
 
     engine: Literal["hf", "vllm", "openai"] = "hf"
     policy: str | None = None
@@ -116,8 +122,11 @@ class PolicyOptions:
     context_tokens: int = 4096
     episode_tokens: int | None = None
     max_observation_chars: int = 2000
+    system_prompt: str = "suite"
 
     def __post_init__(self) -> None:
+        if self.system_prompt not in SYSTEM_PROMPTS:
+            raise ConfigError(f"unknown system prompt {self.system_prompt!r}", hint=f"one of {', '.join(SYSTEM_PROMPTS)}")
         if (self.policy is None) == (self.gguf is None):
             raise ConfigError("the policy agent needs exactly one model: --policy DIR (an HF folder or a checkpoint's "
                               "step=N/policy) or --gguf FILE", hint="e.g. --agent policy --gguf models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -136,6 +145,10 @@ class PolicyOptions:
 
     def context(self) -> ContextOptions:
         return ContextOptions(self.context_tokens, self.episode_tokens, self.max_observation_chars)
+
+    def system_override(self) -> str | None:
+        """The system prompt in place of the loop's, or None to keep the loop's."""
+        return CHAT_SYSTEM_PROMPT if self.system_prompt == "training" else None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -159,17 +172,20 @@ def cut_middle(text: str, max_chars: int) -> str:
 
 
 class PolicyAgent:
-    """One episode of a model through a ChatEngine (state: turns dropped, tokens spent)."""
+    """One episode of a model through a ChatEngine (state: turns dropped, tokens spent).
+    `system`: a system prompt in place of the conversation's (None: the conversation's)."""
 
-    def __init__(self, engine: ChatEngine, options: ContextOptions, task_id: str) -> None:
+    def __init__(self, engine: ChatEngine, options: ContextOptions, task_id: str, system: str | None = None) -> None:
         self._engine = engine
         self._options = options
         self._task_id = task_id
+        self._system = system
         self.dropped_turns = 0
         self.tokens_used = 0  # prompt + generated tokens of every call so far
 
     def act(self, messages: Sequence[Message]) -> str:
         system, instruction, turns = _split(messages)
+        system = system if self._system is None else self._system
         max_new = self._engine.max_new_tokens
         last_droppable = max(0, len(turns) - 1)  # the latest turn always stays
         dropped = min(self.dropped_turns, last_droppable)
@@ -220,10 +236,12 @@ def _split(messages: Sequence[Message]) -> tuple[str, str, list[tuple[str, str |
     return messages[0].content, messages[1].content, turns
 
 
-def policy_agent_factory(engine: ChatEngine, options: ContextOptions) -> AgentFactory:
-    """Agents of one eval, one per trial, all through `engine`."""
+def policy_agent_factory(engine: ChatEngine, options: ContextOptions, system: str | None = None) -> AgentFactory:
+    """Agents of one eval, one per trial, all through `engine`; `system` (PolicyOptions.
+    system_override) replaces the loop's system prompt, with /work as the task's work dir."""
 
     def build(task: AgentTask) -> Agent:
-        return PolicyAgent(engine, options, task.task_id)
+        own = None if system is None else system.replace(WORK, task.workdir)
+        return PolicyAgent(engine, options, task.task_id, own)
 
     return build

@@ -45,6 +45,13 @@ TOOL_SCHEMAS: tuple[dict, ...] = (
 TOOL_ARGUMENTS = {schema["function"]["name"]: tuple(schema["function"]["parameters"]["required"]) for schema in TOOL_SCHEMAS}
 MALFORMED_KINDS = ("no_call", "invalid_json", "not_an_object", "unknown_tool", "bad_arguments")
 MAX_REPLY_CHARS = 200_000  # longer replies are cut before parsing (a runaway generation)
+CHAT_SYSTEM_PROMPT = """You are an agent in a Linux sandbox; your working directory is /work.
+Answer every turn with exactly one tool call, a JSON object {"name": TOOL, "arguments": {...}}, and nothing after it.
+Tools: bash {"command"}, read_file {"path"}, write_file {"path", "content"}, submit {}.
+Call submit when the task is done."""
+"""The short system prompt of chat episodes in training (agents/episodes.py), a few dozen
+tokens where the suite's (agents/trial.py SYSTEM_PROMPT, with the schemas) has ~300; the
+policy agent of `rlpipe eval --system-prompt training` uses it in place of the suite's."""
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _FENCED = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)

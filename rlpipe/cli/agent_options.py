@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from rlpipe.agents.policy import POLICY_AGENT, PolicyOptions
+from rlpipe.agents.policy import POLICY_AGENT, SYSTEM_PROMPTS, PolicyOptions
 from rlpipe.core.errors import ConfigError, ModelNotFoundError
 
 
@@ -47,17 +47,22 @@ EPISODE_TOKENS = typer.Option(None, "--episode-tokens", help="Policy agent: toke
                               "generated tokens over its turns); the trial ends context_exhausted when spent. Default: none.")
 MAX_OBSERVATION_CHARS = typer.Option(2000, "--max-observation-chars", help="Policy agent: tool results longer than "
                                      "this are cut in the middle (head and tail kept) in the prompt.")
+SYSTEM_PROMPT = typer.Option("suite", "--system-prompt", help=f"Policy agent: {' or '.join(SYSTEM_PROMPTS)}; suite is the "
+                             "loop's prompt with the tools' schemas, training the short prompt of agent_tasks chat "
+                             "episodes (a policy trained by configs/smollm2_agent.toml learned that one).")
 
 
 def policy_options(agent: Optional[str], policy: Optional[Path], gguf: Optional[Path], engine: EngineName,
                    openai_base_url: Optional[str], openai_model: Optional[str], config: Optional[Path], device: Optional[str],
                    temperature: float, top_p: float, max_new_tokens: int, seed: int, context_tokens: int,
-                   episode_tokens: Optional[int], max_observation_chars: int) -> PolicyOptions | None:
+                   episode_tokens: Optional[int], max_observation_chars: int, system_prompt: str = "suite") -> PolicyOptions | None:
     """PolicyOptions for --agent policy; None for another agent (which must get none of them)."""
     if agent != POLICY_AGENT:
         given = [flag for flag, value in (("--policy", policy), ("--gguf", gguf), ("--openai-base-url", openai_base_url),
                                           ("--openai-model", openai_model), ("--config", config), ("--device", device),
                                           ("--episode-tokens", episode_tokens)) if value is not None]
+        if system_prompt != "suite":
+            given.append("--system-prompt")
         if engine is not EngineName.hf:
             given.append("--engine")
         if given and agent is None:  # --resume: the eval's own agent options
@@ -78,4 +83,5 @@ def policy_options(agent: Optional[str], policy: Optional[Path], gguf: Optional[
         engine=engine.value, policy=str(policy.resolve()) if policy else None, gguf=str(gguf.resolve()) if gguf else None,
         openai_base_url=openai_base_url, openai_model=openai_model, config=str(config.resolve()) if config else None,
         device=device, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
-        context_tokens=context_tokens, episode_tokens=episode_tokens, max_observation_chars=max_observation_chars)
+        context_tokens=context_tokens, episode_tokens=episode_tokens, max_observation_chars=max_observation_chars,
+        system_prompt=system_prompt)

@@ -89,6 +89,7 @@ def eval_command(
     context_tokens: int = agent_options.CONTEXT_TOKENS,
     episode_tokens: Optional[int] = agent_options.EPISODE_TOKENS,
     max_observation_chars: int = agent_options.MAX_OBSERVATION_CHARS,
+    system_prompt: str = agent_options.SYSTEM_PROMPT,
 ) -> None:
     """Run an agent on every task; commit each trial to the lake; print each verdict and the success rate."""
     if ctx.invoked_subcommand is not None:
@@ -100,7 +101,8 @@ def eval_command(
         raise ConfigError(f"--max-attempts {max_attempts} must be at least 1", hint="e.g. --max-attempts 3")
     if resume is not None:
         agent_options.policy_options(None, policy, gguf, engine, openai_base_url, openai_model, config, device, temperature,
-                                     top_p, max_new_tokens, seed, context_tokens, episode_tokens, max_observation_chars)
+                                     top_p, max_new_tokens, seed, context_tokens, episode_tokens, max_observation_chars,
+                                     system_prompt=system_prompt)
         eval_id, lake_uri = _resume(resume, lake, tasks, agent, backend, eval_id)
     else:
         if agent is None:
@@ -108,7 +110,7 @@ def eval_command(
         check_agent_name(agent)  # an unknown agent is bad input before any sandbox starts
         chosen = agent_options.policy_options(agent, policy, gguf, engine, openai_base_url, openai_model, config, device,
                                               temperature, top_p, max_new_tokens, seed, context_tokens, episode_tokens,
-                                              max_observation_chars)
+                                              max_observation_chars, system_prompt=system_prompt)
         backend_name = (backend or Backend.bwrap).value
         loaded = load_tasks(tasks if tasks is not None else builtin_suite_dir())
         options = TrialOptions(command_timeout_s=command_timeout_s)

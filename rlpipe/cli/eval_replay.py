@@ -64,12 +64,13 @@ def replay_command(
     context_tokens: int = agent_options.CONTEXT_TOKENS,
     episode_tokens: Optional[int] = agent_options.EPISODE_TOKENS,
     max_observation_chars: int = agent_options.MAX_OBSERVATION_CHARS,
+    system_prompt: str = agent_options.SYSTEM_PROMPT,
 ) -> None:
     """Restore the state after step K of a recorded trial and continue it with another agent."""
     check_agent_name(agent)
     chosen = agent_options.policy_options(agent, policy, gguf, engine, openai_base_url, openai_model, config, device,
                                           temperature, top_p, max_new_tokens, seed, context_tokens, episode_tokens,
-                                          max_observation_chars)
+                                          max_observation_chars, system_prompt=system_prompt)
     try:
         store = EvalStore(Lake(open_lake_location(lake, create=False)))
     except LakeNotFoundError as exc:
@@ -83,7 +84,7 @@ def replay_command(
         from rlpipe.controller.eval_policy import open_policy_engine
 
         engine_handle = open_policy_engine(chosen, new_id)
-        factory = policy_agent_factory(engine_handle, chosen.context())
+        factory = policy_agent_factory(engine_handle, chosen.context(), chosen.system_override())
     else:
         factory = agent_factory(agent)
     try:

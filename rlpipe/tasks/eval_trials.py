@@ -116,7 +116,7 @@ def _agent(info: EvalInfo) -> tuple[AgentFactory, WorkerChatEngine | None]:
         return agent_factory(info.agent), None
     options = PolicyOptions.from_dict(info.agent_options)
     engine = open_policy_engine(options, info.eval_id)
-    return policy_agent_factory(engine, options.context()), engine
+    return policy_agent_factory(engine, options.context(), options.system_override()), engine
 
 
 @task(name="open-eval", cache_policy=NO_CACHE, persist_result=False, **STAGE_OPTIONS)

@@ -8,13 +8,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import dataclasses
+
 import pytest
 
 from rlpipe.agents.agents import ContextExhausted, Message
 from rlpipe.agents.policy import ContextOptions, Generation, PolicyAgent, PolicyOptions, RenderedPrompt, policy_agent_factory
 from rlpipe.agents.records import Ending, TrialVerdict
 from rlpipe.agents.task_format import builtin_suite_dir, load_task
-from rlpipe.agents.tools import tool_call_json
+from rlpipe.agents.tools import CHAT_SYSTEM_PROMPT, tool_call_json
 from rlpipe.agents.trial import run_trial
 from rlpipe.cli.agent_options import EngineName, policy_options
 from rlpipe.core.errors import ConfigError, UserError
@@ -106,6 +108,7 @@ def test_the_episode_token_budget_ends_the_episode_before_a_call_it_cannot_pay_f
     ({"gguf": "a.gguf", "openai_model": "m"}, "are for the openai engine"),
     ({"gguf": "a.gguf", "max_new_tokens": 4096}, "leaves no room"),
     ({"gguf": "a.gguf", "episode_tokens": 0}, "episode_tokens 0"),
+    ({"gguf": "a.gguf", "system_prompt": "short"}, "unknown system prompt 'short'"),
 ])
 def test_policy_options_refuse_contradictions(options, error):
     with pytest.raises(ConfigError, match=error):
@@ -117,6 +120,21 @@ def test_policy_options_round_trip_through_the_eval_record():
     assert PolicyOptions.from_dict(options.to_dict()) == options
     with pytest.raises(ConfigError, match="unknown policy agent options"):
         PolicyOptions.from_dict({**options.to_dict(), "beam": 4})
+
+
+@pytest.mark.parametrize("workdir", ["/work", "/app"])
+def test_the_training_system_prompt_replaces_the_loops_and_names_the_tasks_work_dir(workdir):
+    task = dataclasses.replace(load_task(builtin_suite_dir() / "fix-median-bug"), workdir=workdir)
+    chosen = PolicyOptions(gguf="/m.gguf", system_prompt="training")
+    engine = FakeChatEngine()
+    policy_agent_factory(engine, chosen.context(), chosen.system_override())(task).act(conversation(1))
+    assert engine.generated[-1][0] == ("system", CHAT_SYSTEM_PROMPT.replace("/work", workdir))
+    assert f"working directory is {workdir}." in engine.generated[-1][0][1]
+    assert engine.generated[-1][1:] == (("user", "I"), ("assistant", "reply 0"), ("user", "Tool result:\nout 0"))
+    suite = FakeChatEngine()
+    default = PolicyOptions(gguf="/m.gguf")
+    policy_agent_factory(suite, default.context(), default.system_override())(task).act(conversation(1))
+    assert suite.generated[-1][0] == ("system", "S")
 
 
 def policy_trial(engine: FakeChatEngine, options: ContextOptions):
@@ -153,6 +171,7 @@ def test_a_spent_budget_is_the_agent_verdict_context_exhausted():
     ("policy", {"gguf": Path("absent.gguf")}, "--gguf absent.gguf: no such file"),
     ("policy", {"policy": Path(".")}, "is not an HF model folder"),
     (None, {"gguf": Path("m.gguf")}, "--resume goes on with the agent options recorded in EVAL.json, not --gguf"),
+    ("oracle", {"system_prompt": "training"}, "--system-prompt are options of the policy agent, not of --agent oracle"),
 ])
 def test_the_cli_policy_options_are_checked(agent, given, error):
     defaults = dict(policy=None, gguf=None, engine=EngineName.hf, openai_base_url=None, openai_model=None, config=None,
