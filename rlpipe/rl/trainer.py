@@ -69,7 +69,6 @@ import copy
 import dataclasses
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -81,40 +80,13 @@ from rlpipe.rl.lora import adapter_named_parameters, apply_lora, is_lora_model
 from rlpipe.rl.losses import LossAggregation, policy_loss
 from rlpipe.rl.policy import resolve_device, resolve_dtype
 from rlpipe.rl.precision import MasterWeights
+from rlpipe.rl.update_metrics import TisUpdateMetrics, UpdateMetrics
 
 __all__ = ["Trainer", "TrainSample", "UpdateMetrics", "TisUpdateMetrics", "DEFAULT_LORA_TARGETS"]
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MASTER_WEIGHTS_KEY = "rlpipe_fp32_master_weights"
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # torch's fused AdamW kernel; elsewhere its default
-
-
-@dataclass(frozen=True)
-class UpdateMetrics:
-    """What one `update` did. loss/kl/clip_frac/grad_norm are means over its optimizer steps
-    (every mini-batch of every epoch); grad_norm is the pre-clip norm, grad_norm_max the
-    largest of them; tokens = completion tokens of the scored samples."""
-
-    loss: float
-    kl: float
-    grad_norm: float
-    grad_norm_max: float
-    clip_frac: float
-    tokens: int
-
-    def as_floats(self) -> dict[str, float]:
-        """Every metric as a float, by field name (TisUpdateMetrics adds its two)."""
-        return {name: float(value) for name, value in dataclasses.asdict(self).items()}
-
-
-@dataclass(frozen=True)
-class TisUpdateMetrics(UpdateMetrics):
-    """An update with truncated importance sampling: also the token means of the TIS weight
-    and of the tokens whose weight was capped. A subclass, so that a run without TIS reports
-    exactly the fields it always did."""
-
-    tis_weight: float
-    tis_capped_frac: float
 
 
 class Trainer:

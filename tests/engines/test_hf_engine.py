@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlpipe.engines.sampling import SamplingParams
-from rlpipe.engines.hf import HFEngine, choose_tokens, resolve_dtype
+from rlpipe.engines.hf import HFEngine, resolve_dtype
+from rlpipe.engines.token_choice import choose_tokens
 from rlpipe.rl.policy import build_tiny_model
 
 # prompts of 1, 4, 12 and 3 tokens: every batch mixes prompt lengths (left padding)

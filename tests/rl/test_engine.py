@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rlpipe.engines.sampling import SamplingParams
-from rlpipe.engines.hf import HFEngine, choose_tokens
+from rlpipe.engines.hf import HFEngine
+from rlpipe.engines.token_choice import choose_tokens
 from rlpipe.rl.policy import build_tiny_model
 
 PROMPTS = [("a", "12+7="), ("b", "reverse abc="), ("c", "3=")]
