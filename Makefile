@@ -29,10 +29,11 @@ system:
 demo: venv
 	$(BIN)/rlpipe train configs/quickstart.toml
 
-# Three pytest workers (xdist) on two cores, a test file stays on one worker: much of a slow
+# Four pytest workers (xdist) on two cores, a test file stays on one worker: much of a slow
 # file's wall time is waiting (servers starting, a subprocess's exit, a timeout a test needs),
-# which a third worker fills with another file's work. Files run in collection order, the
-# longest first (tests/conftest.py: LONGEST_FILES).
+# which the other workers fill with other files' work (docs/RESULTS.md, "The test suite's
+# time": four against three). Files run in collection order, the longest first
+# (tests/conftest.py: LONGEST_FILES).
 # (.ci/run makes venv, system, lint and pytest one by one to print the time of each.)
 # `system` provisioned docker, so a docker test that finds no engine fails instead of skipping
 # (RLPIPE_TEST_DOCKER, tests/helpers/docker_engine.py); `make pytest` alone leaves it unset.
@@ -49,7 +50,7 @@ lint: venv
 # built-in tasks' folders (agents/suite/): they are data, whose files a task carries.
 pytest: venv
 	$(BIN)/python -m compileall -q -x "rlpipe/agents/suite/" rlpipe tests
-	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q -n 4 --dist loadfile --no-loadscope-reorder
 
 # The tests marked `extended` (pyproject.toml): long runs whose property a cheaper test of
 # `make test` checks already (README.md, "Tests"), left out of CI to keep it under 20 minutes;

@@ -14,7 +14,7 @@
   tests set it to 0.1 s (0.1, 0.2, ... 3.2 s instead of 1, 2, ... 32 s) unless the
   environment already sets it, so a retried stage costs the suite little. It is set here,
   before any test module imports rlpipe.tasks, and CLI subprocesses inherit it.
-- Longest files first: `make test` runs three pytest-xdist workers, one file at a time each, in
+- Longest files first: `make test` runs four pytest-xdist workers, one file at a time each, in
   collection order (--no-loadscope-reorder); the files in LONGEST_FILES start first, so the
   long poles overlap the many short files instead of running alone at the end.
 - ONE shared zygote per pytest process (workers/launch.py: `start_shared_zygote`), whose
@@ -33,7 +33,7 @@
   forked worker's /proc/PID/environ is the zygote's. Tests of the launch paths themselves
   unset it.
 - One torch thread per process (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, unless the environment
-  sets them): the suite runs three pytest workers, each starting CLI runs and their worker
+  sets them): the suite runs four pytest workers, each starting CLI runs and their worker
   processes, on two cores; a second OpenMP thread per process only spins and waits there.
   Tests that need a thread count of their own set it (tests/rl/conftest.py).
 """
