@@ -106,12 +106,16 @@ def positive_number(section: dict, key: str, default: float, folder: Path) -> fl
 
 
 def read_tree(root: Path) -> tuple[dict[str, bytes], tuple[str, ...]]:
-    """Every regular file under root (relative POSIX paths) and those with an execute bit."""
+    """Every regular file under root (relative POSIX paths) and those with an execute bit.
+    Python's bytecode caches (`__pycache__` folders, left by running a task's check.py where
+    it lies) are not the task's: left out, so a task is the same task whether or not it ran."""
     files: dict[str, bytes] = {}
     executable = []
     if not root.is_dir():
         return files, ()
     for path in sorted(root.rglob("*")):
+        if "__pycache__" in path.relative_to(root).parts:
+            continue
         if path.is_symlink():
             raise DatasetError(f"{path} is a symbolic link; task folders hold regular files only",
                                hint="replace the link by a copy of the file")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from rlpipe.agents.task_format import AgentTask, SkippedTask, builtin_suite_dir, load_task, load_tasks
@@ -88,3 +90,18 @@ def test_a_dockerfile_task_loads_with_its_workdir_and_its_context(tmp_path):
     assert task.workdir == "/srv/app" and task.dockerfile.startswith("FROM ubuntu") and "Dockerfile" in task.initial_files
     assert load_task(copy_task(tmp_path / "b", **{"instruction.md": "Fix the script in /app/run.sh.\n"})).workdir == "/app"
     assert load_task(copy_task(tmp_path / "c")).workdir == "/work"
+
+
+def test_bytecode_caches_in_a_task_folder_are_not_part_of_the_task(tmp_path):
+    """A task whose check.py was run where it lies (a __pycache__ beside it) is the same task."""
+    clean = load_task(builtin_suite_dir() / "fix-median-bug")
+    folder = tmp_path / "fix-median-bug"
+    shutil.copytree(builtin_suite_dir() / "fix-median-bug", folder)
+    for part in ("tests", "environment", "solution"):
+        cache = folder / part / "__pycache__"
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / "check.cpython-311.pyc").write_bytes(b"\x00stale bytecode")
+    task = load_task(folder)
+    assert isinstance(task, AgentTask)
+    assert (task.test_files, task.initial_files, task.solution_files) == (clean.test_files, clean.initial_files,
+                                                                          clean.solution_files)
