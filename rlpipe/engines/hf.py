@@ -373,4 +373,3 @@ class _StopChecker:
         if backend is not None and not getattr(self._tokenizer, "clean_up_tokenization_spaces", False):
             return backend.decode_batch(token_lists, skip_special_tokens=True)
         return [self._decode(token_ids) for token_ids in token_lists]
-
