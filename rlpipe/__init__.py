@@ -16,10 +16,11 @@ import os as _os
 # rlpipe sends nothing off the machine on its own: no usage telemetry from the Prefect
 # server it may start (ephemeral mode, `rlpipe up`) or from MLflow. Set before either is
 # imported; an explicit setting in the environment wins.
-for _name, _value in (
+ENVIRONMENT_DEFAULTS = (
     ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
     ("MLFLOW_DISABLE_TELEMETRY", "true"),
     ("DO_NOT_TRACK", "true"),
     ("HF_HUB_OFFLINE", "1"),
-):
+)
+for _name, _value in ENVIRONMENT_DEFAULTS:
     _os.environ.setdefault(_name, _value)

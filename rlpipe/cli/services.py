@@ -120,14 +120,20 @@ def down() -> None:
 
 
 def export_service_env(verbose: bool) -> None:
-    """Before Prefect is imported: point it at `rlpipe up`'s server when one is alive
-    (unless PREFECT_API_URL is set already), and keep its console quiet unless verbose."""
+    """Point Prefect at `rlpipe up`'s server when one is alive (unless PREFECT_API_URL is set
+    already), and keep its console quiet unless verbose. Prefect reads these variables when it
+    is imported, which the CLI does after this; where it was imported before (rlpipe used as a
+    library, the tests' pre-imported CLI), its settings and logging are read again."""
     prefect_api_url = live_prefect_api_url()
     if prefect_api_url is not None and "PREFECT_API_URL" not in os.environ:
         os.environ["PREFECT_API_URL"] = prefect_api_url
     if not verbose:
         for handler in ("CONSOLE", "CONSOLE_FLOW_RUNS", "CONSOLE_TASK_RUNS"):
             os.environ.setdefault(f"PREFECT_LOGGING_HANDLERS_{handler}_LEVEL", "CRITICAL")
+    if "prefect.context" in sys.modules:
+        from rlpipe.orchestration.prefect_server import reread_prefect_settings
+
+        reread_prefect_settings()
 
 
 def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -41,6 +41,17 @@ DRAIN_TIMEOUT_S = 10.0
 PR_SET_PDEATHSIG = 1
 
 
+def reread_prefect_settings() -> None:
+    """Prefect's settings and logging configuration, read again from the environment as it
+    is now (Prefect reads them when imported; refresh_global_settings_context is its own call
+    for environment changes after that)."""
+    from prefect.context import refresh_global_settings_context
+    from prefect.logging.configuration import setup_logging
+
+    refresh_global_settings_context()
+    setup_logging(incremental=False)
+
+
 @cache
 def detached_server_class() -> type[Any]:
     """`DetachedTemporaryServer`, defined on first use: its base class lives in

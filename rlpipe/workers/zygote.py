@@ -5,7 +5,9 @@ then forks each worker of the controllers it serves from that state.
 a controller's own zygote. It imports PRELOAD, then serves fork requests on the AF_UNIX
 socket FD, and exits when the controller closes its end.
 
-`python -m rlpipe.workers.zygote --listen FD PATH OWNER_PID` (launch.start_shared_zygote): a
+`python -m rlpipe.workers.zygote --listen FD PATH OWNER_PID` (launch.start_shared_zygote,
+`serve_listening`, which another zygote may run with its own imports and child: the tests'
+CLI zygote, tests/helpers/cli_zygote.py): a
 shared zygote that serves every controller which connects to the AF_UNIX socket PATH,
 listening on FD (bound by its starter, so nobody connects too early) (the
 test session starts one; RLPIPE_ZYGOTE_SOCKET tells controllers where it is). On each
@@ -99,15 +101,7 @@ def main() -> None:
 
     parent_at_start = os.getppid()
     if sys.argv[1] == "--listen":
-        listener, path, owner_pid = socket.socket(fileno=int(sys.argv[2])), sys.argv[3], int(sys.argv[4])
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        hello = {"settings": import_settings(dict(os.environ)), "pid": os.getpid()}  # before an import adds any
-        try:
-            _preload(lambda: owner_alive(owner_pid, parent_at_start))
-            _serve(owner_pid, parent_at_start, (listener, hello), [])
-        finally:
-            listener.close()
-            _unlink(path)  # a forked child never gets here: it ends in os._exit
+        serve_listening(sys.argv[2:], PRELOAD, _child)
         return
     control_fd, owner_pid = int(sys.argv[1]), int(sys.argv[2])
     control = socket.socket(fileno=control_fd)
@@ -115,8 +109,33 @@ def main() -> None:
     _serve(owner_pid, parent_at_start, None, [control])
 
 
+Child = Callable[[dict, list[int], list[int]], int]
+"""What a forked child does with a request (its record, its four fds, the zygote's fds to
+close); returns the exit code the child ends with (os._exit)."""
+
+
+def serve_listening(argv: list[str], preload: tuple[str, ...], child: Child) -> None:
+    """A shared zygote's life (`--listen FD PATH OWNER_PID`, the arguments after --listen):
+    import `preload`, then fork `child` for each request of every connection on the socket
+    PATH listening on FD, until the owner dies or SIGTERM comes; PATH is removed then. Also
+    the program of another zygote built on this one (tests/helpers/cli_zygote.py)."""
+    from rlpipe.workers.server import owner_alive
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent_at_start = os.getppid()
+    listener, path, owner_pid = socket.socket(fileno=int(argv[0])), argv[1], int(argv[2])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    hello = {"settings": import_settings(dict(os.environ)), "pid": os.getpid()}  # before an import adds any
+    try:
+        _preload(lambda: owner_alive(owner_pid, parent_at_start), preload)
+        _serve(owner_pid, parent_at_start, (listener, hello), [], child)
+    finally:
+        listener.close()
+        _unlink(path)  # a forked child never gets here: it ends in os._exit
+
+
 def _serve(owner_pid: int, parent_at_start: int, listening: tuple[socket.socket, dict] | None,
-           connections: list[socket.socket]) -> None:
+           connections: list[socket.socket], child: Child | None = None) -> None:
     """Fork a worker for each request until the owner dies, or (a controller's own zygote,
     nothing `listening`) its one connection closes."""
     from rlpipe.workers.server import owner_alive
@@ -162,7 +181,7 @@ def _serve(owner_pid: int, parent_at_start: int, listening: tuple[socket.socket,
             if pid == 0:
                 if listener is not None:
                     inherited.append(listener.fileno())
-                os._exit(_child(message, fds, inherited))
+                os._exit((child or _child)(message, fds, inherited))
             for fd in fds[:3]:
                 os.close(fd)
             _write_signed(fds[3], pid)
@@ -191,8 +210,8 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _preload(wanted: Callable[[], bool]) -> None:
-    """Import PRELOAD; exit at once if the controller dies or closes the socket meanwhile
+def _preload(wanted: Callable[[], bool], names: tuple[str, ...] = PRELOAD) -> None:
+    """Import `names`; exit at once if the controller dies or closes the socket meanwhile
     (a thread watches, and is gone before the first fork)."""
     done = threading.Event()
 
@@ -203,7 +222,7 @@ def _preload(wanted: Callable[[], bool]) -> None:
 
     watcher = threading.Thread(target=watch, name="zygote-watch", daemon=True)
     watcher.start()
-    for name in PRELOAD:
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the worker imports it again and reports why

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from tests.helpers.cli_zygote import run_rlpipe_command
 
 RLPIPE = [sys.executable, "-m", "rlpipe.cli.main"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,7 @@ def run_rlpipe(args: list[str], cwd: Path, timeout_s: float = 300, **env: str) -
     environment = dict(os.environ, COLUMNS=NARROW, PREFECT_LOGGING_LEVEL="WARNING", RLPIPE_HOME=str(cwd / "rlpipe-home"),
                        PYTHONPATH=str(REPO_ROOT), NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
     environment.update(env)
-    return subprocess.run(RLPIPE + args, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout_s)
+    return run_rlpipe_command(args, environment, cwd, timeout_s)
 
 
 def error_lines(result: subprocess.CompletedProcess[str]) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.s3_server import free_port
+from tests.helpers.cli_zygote import run_rlpipe_command
 
 RLPIPE = [sys.executable, "-m", "rlpipe.cli.main"]
 
@@ -18,7 +19,7 @@ RLPIPE = [sys.executable, "-m", "rlpipe.cli.main"]
 def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     # a narrow console: a message that wrapped would break the words the tests look for
     env = dict(os.environ, PREFECT_LOGGING_LEVEL="WARNING", RLPIPE_HOME=str(cwd / "home"), COLUMNS="40")
-    return subprocess.run(RLPIPE + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+    return run_rlpipe_command(args, env, cwd, 180)
 
 
 def lake_files(lake: Path) -> list[Path]:

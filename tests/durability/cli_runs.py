@@ -16,6 +16,7 @@ from rlpipe.core.config import RunConfig, load_config
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.query import query_trajectories
 from tests.helpers.mlflow_db import seed_mlflow_db
+from tests.helpers.cli_zygote import run_rlpipe_command
 
 RLPIPE = [sys.executable, "-m", "rlpipe.cli.main"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +96,7 @@ def cli_env(where: Where, prefect_api_url: str | None, failpoints: str | None = 
 
 
 def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(RLPIPE + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    return run_rlpipe_command(args, env, cwd, timeout_s)
 
 
 def rows_by_key(lake: Lake, run_id: str) -> dict[tuple[int, str, int], tuple[str, float | None, float | None]]:
