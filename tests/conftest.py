@@ -32,6 +32,10 @@
   counts the zygote's new workers beside the marked processes (`shared_zygote_workers`): a
   forked worker's /proc/PID/environ is the zygote's. Tests of the launch paths themselves
   unset it.
+- The CLI tests' `rlpipe` commands (tests/durability/cli_runs.py `run_cli`, tests/cli/cli_process.py
+  `run_rlpipe`) fork from a CLI zygote of this process that imported Prefect, MLflow and the
+  controller once (tests/helpers/cli_zygote.py), instead of ~4.5 s of imports a command;
+  RLPIPE_TEST_CLI_ZYGOTE=0 runs each in a fresh interpreter.
 - One torch thread per process (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, unless the environment
   sets them): the suite runs four pytest workers, each starting CLI runs and their worker
   processes, on two cores; a second OpenMP thread per process only spins and waits there.
