@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlpipe.workers.zygote import import_settings
+from tests.helpers import cli_zygote
 from tests.helpers.cli_zygote import KEYED, PRELOAD, REREAD, run_rlpipe_command, zygote_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,3 +69,15 @@ def test_a_request_that_differs_in_a_keyed_variable_gets_a_zygote_of_its_own() -
     env = dict(os.environ)
     assert zygote_environment(env) != zygote_environment(dict(env, RLPIPE_RETRY_BACKOFF_S="7"))
     assert zygote_environment(env) == zygote_environment(dict(env, PREFECT_HOME="/elsewhere", COLUMNS="33"))
+
+
+def test_a_command_after_its_zygote_died_gets_a_fresh_zygote(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), RLPIPE_HOME=str(tmp_path / "home"))
+    args = ["runs", "list", "--lake", "missing-lake"]
+    first = run_rlpipe_command(args, env, tmp_path, 300)
+    zygote = cli_zygote._zygote_for(env)
+    zygote.process.kill()
+    zygote.process.wait()
+    again = run_rlpipe_command(args, env, tmp_path, 300)
+    assert (again.returncode, again.stderr) == (first.returncode, first.stderr) and first.returncode == 2
+    assert cli_zygote._zygote_for(env).process.pid != zygote.process.pid

@@ -110,19 +110,11 @@ def run_rlpipe_command(args: list[str], env: dict[str, str], cwd: Path | str, ti
     if os.environ.get(SWITCH, "1") == "0":
         return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s,
                               input=input, stdin=None if input is not None else subprocess.DEVNULL)
-    zygote = _zygote_for(env)
-    stdin_r, stdin_w = os.pipe()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    status_r, status_w = os.pipe()
     message = {"args": args, "env": env, "cwd": str(cwd), "umask": _umask()}
     try:
-        with _LOCK:
-            send_request(zygote.control, message, [stdin_r, out_w, err_w, status_w])
-    finally:
-        for fd in (stdin_r, out_w, err_w, status_w):
-            os.close(fd)
-    child = ForkedWorker(stdin_w, out_r, status_r)
+        child, err_r = _request(_zygote_for(env), message)
+    except OSError:  # that zygote is gone (killed, or its socket broke): once more, with a fresh one
+        child, err_r = _request(_zygote_for(env, retire=True), message)
     outputs = [_Reader(child.stdout), _Reader(os.fdopen(err_r, "rb"))]
     if input is not None:
         child.stdin.write(input.encode())
@@ -156,16 +148,39 @@ class _Reader(threading.Thread):
         return self.data.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")  # text=True's newlines
 
 
+def _request(zygote: _CliZygote, message: dict) -> tuple[ForkedWorker, int]:
+    """Send one fork request: the child (pid, exit code, its stdin and stdout) and its stderr."""
+    stdin_r, stdin_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    status_r, status_w = os.pipe()
+    try:
+        with _LOCK:
+            send_request(zygote.control, message, [stdin_r, out_w, err_w, status_w])
+    except OSError:
+        for fd in (stdin_w, out_r, err_r, status_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (stdin_r, out_w, err_w, status_w):
+            os.close(fd)
+    return ForkedWorker(stdin_w, out_r, status_r), err_r
+
+
 def zygote_environment(env: dict[str, str]) -> dict[str, str]:
     """What a CLI zygote imports under for a request with `env` (and what tells zygotes apart)."""
     return {**import_settings(env), **{name: env[name] for name in KEYED if name in env}}
 
 
-def _zygote_for(env: dict[str, str]) -> _CliZygote:
+def _zygote_for(env: dict[str, str], retire: bool = False) -> _CliZygote:
     settings = zygote_environment(env)
     key = frozenset(settings.items())
     with _LOCK:
         zygote = _ZYGOTES.get(key)
+        if zygote is not None and retire:
+            zygote.process.kill()
+            zygote.process.wait()
+            zygote.control.close()
         if zygote is None or not zygote.alive():
             zygote = _ZYGOTES[key] = _CliZygote(settings)
         return zygote
