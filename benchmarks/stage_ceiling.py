@@ -1,7 +1,11 @@
 """rlpipe's stages beside the best the same library does alone, on the same batch, in one run:
 
     PYTHONPATH=$PWD nice -n 19 .venv/bin/python benchmarks/stage_ceiling.py [CONFIG] [--engine vllm|hf]
-        [--reps 3] [--max-new-tokens 16] [--set KEY=VALUE ...]
+        [--reps 3] [--max-new-tokens 16] [--parts generate,update] [--update-prompts N] [--set KEY=VALUE ...]
+
+As measured (docs/RESULTS.md, "rlpipe's stages beside the library alone"):
+`--engine vllm --reps 3 --update-prompts 4`, `--engine vllm --reps 2 --parts update`,
+`--engine hf --reps 2 --update-prompts 4`.
 
 CONFIG (default configs/smollm2_math.toml; `make smollm2` first; vllm needs `make venv-vllm`)
 gives the model, the prompts (its mixture), the sampling settings and the trainer's settings.
@@ -26,6 +30,11 @@ library alone in a process of its own (benchmarks/stage_ceiling_alone.py). Then:
    LM head on the completion positions only), logprob gather - logsumexp at the temperature,
    token-mean policy-gradient loss, backward, grad clip, fused AdamW step. The in-process
    Trainer and the plain loop share this process's model (each with its own AdamW).
+
+Memory: the vllm generation part holds three vLLM engines (the worker's and two alone, ~2.7 GB
+each); the update part, this process's model with two AdamW states plus a micro-batch's
+activations (8.6 GB resident measured with micro-batches of 32 samples of ~80 tokens, float32)
+beside the trainer worker's.
 
 Repetitions interleave (the order rotates each repetition), each side has one untimed
 warm-up, and every row prints wall and CPU seconds (the worker's process for rlpipe; the
