@@ -23,6 +23,12 @@ What it does:
   the environment says otherwise), so the tensors cross no process boundary: the engine
   worker is already its own process. (With multiprocessing on, vLLM pickles the tensors to its
   engine-core process, and the CPU re-pack below needs VLLM_ALLOW_INSECURE_SERIALIZATION=1.)
+- On CPU, chunked prefill is off: vLLM's scheduler then prefills each prompt whole in one
+  step (a batch whose prompts exceed max_num_batched_tokens waits for the next step) instead
+  of splitting the last prompt that fits. A split prefill rewinds that request's seeded
+  generator (`set_offset`), which a CPU torch.Generator does not have: with chunked prefill
+  every seeded batch over the token budget (4096 on CPU: 64 prompts of 65 tokens) failed
+  with "CPU Generator does not use offset" (vllm 0.32). On a GPU chunked prefill stays on.
 - `enforce_eager` (default True) skips torch.compile and CUDA graphs: no warm-up on CPU; pass
   False on a GPU for speed.
 - `sleep()` / `wake_up()` wrap vLLM's sleep mode (free the weights and KV cache while the
@@ -113,7 +119,7 @@ class VLLMEngine:
             self._llm = vllm.LLM(
                 str(folder), dtype=dtype, seed=seed, max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
                 enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", max_num_seqs=max_num_seqs,
-                enable_sleep_mode=enable_sleep_mode, **memory,
+                enable_sleep_mode=enable_sleep_mode, enable_chunked_prefill=not on_cpu, **memory,
             )
         except (RuntimeError, ValueError, OSError) as exc:
             raise EngineFailed(f"vLLM could not start on {folder}: {exc}",

@@ -98,6 +98,17 @@ def test_generate_is_deterministic_by_seed(vllm_engine):
     assert len(set(first)) == len(first)
 
 
+def test_a_seeded_batch_over_one_scheduler_steps_tokens_samples_on_cpu(vllm_engine):
+    """48 requests of ~200 prompt tokens, more than vLLM's 4096-token step on CPU: with chunked
+    prefill vLLM split a prompt and rewound its seeded generator, which CPU generators refuse."""
+    prompts = [(f"long-{index}", f"{index}: " + "abcdefghij" * 20) for index in range(24)]
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=11)
+    first = vllm_engine.generate(prompts, params)
+    assert [(c.task_id, c.sample_idx) for c in first] == [(task_id, index) for task_id, _ in prompts for index in range(2)]
+    assert all(1 <= len(c.token_ids) <= 4 for c in first)
+    assert [c.token_ids for c in vllm_engine.generate(prompts, params)] == [c.token_ids for c in first]
+
+
 def test_a_stop_string_cuts_the_text_and_keeps_the_token_that_completed_it(vllm_engine):
     """Greedy, so the continuation is known: stop on two characters of it that straddle tokens."""
     prompt = [PROMPTS[1]]
