@@ -63,10 +63,17 @@ def build_vllm_with_options(workload: dict, variant: dict):  # noqa: ANN201 - a 
         engine = build(workload, variant)
     finally:
         vllm.LLM = original
-    if variant.get("fix_expand"):  # after the worker registered vLLM's own overrides
-        from vllm.triton_utils.dispatcher import register_kernels
+    if variant.get("fix_expand"):
+        # after the worker registered vLLM's own overrides: swap the implementation inside the
+        # override object every holder of the kernel points at (register_kernels a second time
+        # fails on this vLLM: its rescan of sys.modules trips over a torch.ops wrapper)
+        from vllm.v1.sample import rejection_sampler
 
-        register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": correct_cpu_expand})
+        override = rejection_sampler.expand_kernel
+        if not hasattr(override, "_impl"):
+            raise SystemExit(f"vLLM's expand_kernel is {type(override).__name__}, not a CPU override: nothing to fix here")
+        override._impl = override.func = correct_cpu_expand
+        override._forward_by_name = False  # launches pass the kernel's names; ours are positional
     return engine
 
 
