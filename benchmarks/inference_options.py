@@ -25,9 +25,10 @@ Printed per variant and case (median over repetitions, min-max): completion toke
 second and per CPU second of the variant's process, the speed-up over its baseline (the same
 engine without the option) in CPU seconds; the acceptance rate vLLM reports (accepted / drafted
 tokens) or, for generate, tokens per forward pass; then what was sampled (first repetition):
-the mean reward under the recipe's own verifier and the mean reply length, each +- its
-standard error (samples of a group share a prompt: the error is approximate). An option that
-keeps the sampled distribution leaves both within noise. Nothing here asserts.
+the mean reward under the recipe's own verifier, the mean reply length, and the samples' mean
+logprob per token under the float32 model at the rollout temperature, each +- its standard
+error (samples of a group share a prompt: the error is approximate). An option that keeps
+the sampled distribution leaves all three within noise. Nothing here asserts.
 
 What it does not: train, run the workers or Prefect, or measure a GPU.
 """
@@ -113,7 +114,34 @@ def speculation(run: dict, cases: list[str]) -> str:
     return ""
 
 
-def report(results: dict[str, list[dict]], chosen: dict, tasks_of: dict, mixture, lengths: list[int], rollout_sets: int) -> None:  # noqa: ANN001
+class SampleJudge:
+    """Each sample's mean logprob per token under the float32 model at the rollout temperature
+    (the distribution every variant should be sampling): a sampler that draws from another
+    distribution shows as a lower mean, long before the untrained model's rare rewards move."""
+
+    def __init__(self, model_dir: str, temperature: float) -> None:
+        from rlpipe.rl.policy import load_local_model
+
+        self.model, _ = load_local_model(model_dir, device="cpu", dtype="float32")
+        self.temperature = temperature
+
+    def mean_logprobs(self, completions: list[list]) -> list[float]:
+        import torch
+
+        means = []
+        with torch.no_grad():
+            for _, _, count, prompt_ids, token_ids in completions:
+                if not count:
+                    continue
+                ids = torch.tensor([prompt_ids + token_ids])
+                logits = self.model(ids).logits[0, len(prompt_ids) - 1:-1].float() / self.temperature
+                picked = torch.log_softmax(logits, -1).gather(1, torch.tensor(token_ids)[:, None])
+                means.append(float(picked.mean()))
+        return means
+
+
+def report(results: dict[str, list[dict]], chosen: dict, tasks_of: dict, mixture, lengths: list[int], rollout_sets: int,  # noqa: ANN001
+           judge: SampleJudge) -> None:
     ran = {name: runs for name, runs in results.items() if runs}
     for length in lengths:
         cases = [f"rollout-{i}@{length}" for i in range(rollout_sets)]
@@ -128,12 +156,14 @@ def report(results: dict[str, list[dict]], chosen: dict, tasks_of: dict, mixture
             if base in ran:
                 base_cpu = [sum(run[c]["tokens"] for c in cases) / sum(run[c]["cpu"] for c in cases) for run in ran[base]]
                 speedup = f"{statistics.median(per_cpu) / statistics.median(base_cpu):.2f}x {base}"
-            scored = [s for c in cases for s in score(mixture, tasks_of[c], runs[0][c]["completions"])]
-            lengths_ = [count for c in cases for *_, count in runs[0][c]["completions"]]
+            completions = [completion for c in cases for completion in runs[0][c]["completions"]]
+            scored = [s for c in cases for s in score(mixture, tasks_of[c], [x[:3] for x in runs[0][c]["completions"]])]
+            lengths_ = [float(completion[2]) for completion in completions]
             print(f"  {name:<17} {_spread(per_wall)} tok/wall-s  {_spread(per_cpu)} tok/cpu-s  {speedup:<24} "
                   f"{speculation(runs[0], cases)}", flush=True)
-            print(f"  {'':<17} reward {mean_and_error([r for _, _, r, _ in scored])}, reply tokens "
-                  f"{mean_and_error([float(n) for n in lengths_])} ({len(scored)} samples)", flush=True)
+            print(f"  {'':<17} reward {mean_and_error([r for _, _, r, _ in scored])}, reply tokens {mean_and_error(lengths_)}, "
+                  f"logprob/token under the model {mean_and_error(judge.mean_logprobs(completions))} ({len(scored)} samples)",
+                  flush=True)
 
 
 def main() -> None:
@@ -187,7 +217,7 @@ def main() -> None:
                     cases = [c["name"] for c in workload["cases"]]
                     print(f"rep {rep} {name}: build {run['build']['wall']:.0f} s, cpu {sum(run[c]['cpu'] for c in cases):.1f} s, "
                           f"wall {sum(run[c]['wall'] for c in cases):.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
-    report(results, chosen, tasks_of, mixture, lengths, args.rollout_sets)
+    report(results, chosen, tasks_of, mixture, lengths, args.rollout_sets, SampleJudge(workload["model_dir"], config.rollout.temperature))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ inference_options.py starts it once per (repetition, variant). Engines (variant[
 
 Prints one JSON line per case: CPU seconds of this process (user + sys, all threads), wall
 seconds, completion tokens, each completion's (task id, text, token count), and the
-speculation counters (vllm) or forward calls (hf-generate). Imports no verifier: the driver
+speculation counters (vllm) or forward calls (hf-generate); each completion also carries its
+prompt's and its own token ids (the driver scores them under the float32 model). Imports no verifier: the driver
 scores. It asserts nothing.
 """
 
@@ -97,7 +98,7 @@ class GenerateEngine:
     def _count(self, *_: object) -> None:
         self.forwards += 1
 
-    def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> list[tuple[str, str, int]]:
+    def generate(self, prompts: list[tuple[str, str]], params: SamplingParams) -> list[tuple]:
         out = []
         for index, (task_id, prompt) in enumerate(prompts):
             ids = torch.tensor([encode_prompt(self.tokenizer, prompt, self.prompt_format)])
@@ -113,7 +114,7 @@ class GenerateEngine:
                 text = self.tokenizer.decode(new, skip_special_tokens=True)
                 for stop in params.stop:  # the engines' convention: the text ends before the stop string
                     text = text.split(stop, 1)[0]
-                out.append((task_id, text, len(new)))
+                out.append((task_id, text, len(new), ids[0].tolist(), new))
         return out
 
 
@@ -158,7 +159,7 @@ def main() -> None:
         completions = engine.generate(prompts, params)
         cpu, wall = _cpu_seconds() - cpu, time.perf_counter() - wall
         if not generate_one_by_one:
-            completions = [(c.task_id, c.text, len(c.token_ids)) for c in completions]
+            completions = [(c.task_id, c.text, len(c.token_ids), list(c.prompt_token_ids), list(c.token_ids)) for c in completions]
         extra = {}
         if variant["engine"] == "vllm":
             after = spec_counters(engine)
