@@ -125,18 +125,25 @@ class SampleJudge:
         self.model, _ = load_local_model(model_dir, device="cpu", dtype="float32")
         self.temperature = temperature
 
-    def mean_logprobs(self, completions: list[list]) -> list[float]:
+    def mean_logprobs(self, completions: list[list], batch: int = 32) -> list[float]:
+        """One right-padded forward per `batch` samples (causal: padding after a sample is never seen)."""
         import torch
 
+        rows = [(prompt_ids, token_ids) for _, _, count, prompt_ids, token_ids in completions if count]
         means = []
         with torch.no_grad():
-            for _, _, count, prompt_ids, token_ids in completions:
-                if not count:
-                    continue
-                ids = torch.tensor([prompt_ids + token_ids])
-                logits = self.model(ids).logits[0, len(prompt_ids) - 1:-1].float() / self.temperature
-                picked = torch.log_softmax(logits, -1).gather(1, torch.tensor(token_ids)[:, None])
-                means.append(float(picked.mean()))
+            for start in range(0, len(rows), batch):
+                chunk = rows[start:start + batch]
+                width = max(len(p) + len(t) for p, t in chunk)
+                ids = torch.zeros(len(chunk), width, dtype=torch.long)
+                mask = torch.zeros(len(chunk), width, dtype=torch.long)
+                for row, (prompt_ids, token_ids) in enumerate(chunk):
+                    ids[row, :len(prompt_ids) + len(token_ids)] = torch.tensor(prompt_ids + token_ids)
+                    mask[row, :len(prompt_ids) + len(token_ids)] = 1
+                logprobs = torch.log_softmax(self.model(ids, attention_mask=mask).logits.float() / self.temperature, -1)
+                for row, (prompt_ids, token_ids) in enumerate(chunk):
+                    positions = torch.arange(len(prompt_ids) - 1, len(prompt_ids) + len(token_ids) - 1)
+                    means.append(float(logprobs[row, positions, torch.tensor(token_ids)].mean()))
         return means
 
 
@@ -169,7 +176,7 @@ def report(results: dict[str, list[dict]], chosen: dict, tasks_of: dict, mixture
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default=str(REPO / "configs" / "smollm2_math.toml"))
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, action="append", dest="lengths", help="default: 16 and 64")
     parser.add_argument("--rollout-sets", type=int, default=1, help="RL steps' generations per length")
