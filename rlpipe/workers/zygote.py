@@ -5,12 +5,11 @@ then forks each worker of the controllers it serves from that state.
 a controller's own zygote. It imports PRELOAD, then serves fork requests on the AF_UNIX
 socket FD, and exits when the controller closes its end.
 
-`python -m rlpipe.workers.zygote --listen FD PATH OWNER_PID` (launch.start_shared_zygote,
-`serve_listening`, which another zygote may run with its own imports and child: the tests'
-CLI zygote, tests/helpers/cli_zygote.py): a
-shared zygote that serves every controller which connects to the AF_UNIX socket PATH,
-listening on FD (bound by its starter, so nobody connects too early) (the
-test session starts one; RLPIPE_ZYGOTE_SOCKET tells controllers where it is). On each
+`python -m rlpipe.workers.zygote --listen FD PATH OWNER_PID` (launch.start_shared_zygote;
+`serve_listening`, also the tests' CLI zygote's loop: tests/helpers/cli_zygote.py): a shared
+zygote that serves every controller which connects to the AF_UNIX socket PATH, listening on
+FD (bound by its starter, so nobody connects too early) (the test session starts one;
+RLPIPE_ZYGOTE_SOCKET tells controllers where it is). On each
 connection it first sends a hello (`import_settings` of the environment it imported under,
 and its pid), then serves that connection's fork requests; it lives until its owner dies
 or it is sent SIGTERM, and removes PATH then.
@@ -96,13 +95,12 @@ def import_settings(env: dict[str, str]) -> dict[str, str]:
 
 
 def main() -> None:
+    if sys.argv[1] == "--listen":
+        return serve_listening(sys.argv[2:], PRELOAD, _child)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from rlpipe.workers.server import owner_alive
 
     parent_at_start = os.getppid()
-    if sys.argv[1] == "--listen":
-        serve_listening(sys.argv[2:], PRELOAD, _child)
-        return
     control_fd, owner_pid = int(sys.argv[1]), int(sys.argv[2])
     control = socket.socket(fileno=control_fd)
     _preload(lambda: owner_alive(owner_pid, parent_at_start) and not _closed(control))
@@ -115,10 +113,9 @@ close); returns the exit code the child ends with (os._exit)."""
 
 
 def serve_listening(argv: list[str], preload: tuple[str, ...], child: Child) -> None:
-    """A shared zygote's life (`--listen FD PATH OWNER_PID`, the arguments after --listen):
-    import `preload`, then fork `child` for each request of every connection on the socket
-    PATH listening on FD, until the owner dies or SIGTERM comes; PATH is removed then. Also
-    the program of another zygote built on this one (tests/helpers/cli_zygote.py)."""
+    """A shared zygote's life (`argv`: FD PATH OWNER_PID): import `preload`, then fork `child`
+    for each request on the socket PATH (listening on FD) until the owner dies or SIGTERM
+    comes; PATH is removed then. Also the tests' CLI zygote (tests/helpers/cli_zygote.py)."""
     from rlpipe.workers.server import owner_alive
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -243,26 +240,32 @@ def _closed(control: socket.socket) -> bool:
         return True
 
 
+def take_request(message: dict, fds: list[int], inherited: list[int]) -> None:
+    """A forked child's first steps: the zygote's signal handlers and fds undone; stdio,
+    environment, folder, umask and sys.path[0] (where it was the zygote's) the request's."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for fd in inherited + [fds[3]]:
+        os.close(fd)
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(message["env"])
+    os.chdir(message["cwd"])
+    if message.get("umask") is not None:
+        os.umask(message["umask"])
+    if sys.path and sys.path[0] == _START_CWD:
+        sys.path[0] = message["cwd"]
+
+
 def _child(message: dict, fds: list[int], inherited: list[int]) -> int:
     """The worker's life, in the forked child."""
     code = 1
     try:
         os.setsid()
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        for fd in inherited + [fds[3]]:
-            os.close(fd)
-        for target, fd in enumerate(fds[:3]):
-            os.dup2(fd, target)
-            os.close(fd)
-        os.environ.clear()
-        os.environ.update(message["env"])
-        os.chdir(message["cwd"])
-        if message.get("umask") is not None:
-            os.umask(message["umask"])
-        if sys.path and sys.path[0] == _START_CWD:
-            sys.path[0] = message["cwd"]
+        take_request(message, fds, inherited)
         sys.argv = ["rlpipe.workers.main", "--kind", message["kind"], "--run-id", message["run_id"]]
         _name_process(f"rlpipe-{message['kind']}")
         _apply_thread_counts()

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import rlpipe
 from rlpipe.workers.launch import ForkedWorker
-from rlpipe.workers.zygote import import_settings, read_hello, send_request, serve_listening
+from rlpipe.workers.zygote import import_settings, read_hello, send_request, serve_listening, take_request
 
 PRELOAD = ("typer", "rich.progress", "rich.table", "matplotlib.figure", "rlpipe.core.config", "rlpipe.flows.train",
            "rlpipe.flows.eval", "rlpipe.agents.evaluation", "rlpipe.storage.evals", "rlpipe.storage.query",
@@ -196,26 +196,14 @@ def _cli_child(message: dict, fds: list[int], inherited: list[int]) -> int:
     code = 1
     try:
         os.setpgid(0, 0)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        take_request(message, fds, inherited)  # its folder becomes sys.path[0], as -m puts it
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        for fd in inherited + [fds[3]]:
-            os.close(fd)
-        for target, fd in enumerate(fds[:3]):
-            os.dup2(fd, target)
-            os.close(fd)
-        os.environ.clear()
-        os.environ.update(message["env"])
-        os.chdir(message["cwd"])
-        os.umask(message["umask"])
         for name, value in rlpipe.ENVIRONMENT_DEFAULTS:  # what `import rlpipe` sets
             os.environ.setdefault(name, value)
         if "prefect.context" in sys.modules:
             from rlpipe.orchestration.prefect_server import reread_prefect_settings
 
             reread_prefect_settings()
-        sys.path[0] = message["cwd"]  # what -m puts first
         sys.argv = [MODULE, *message["args"]]
         try:
             runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
