@@ -3,11 +3,9 @@ would: the same output and exit code, the request's environment where an import 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,41 +13,17 @@ import pytest
 from rlpipe.workers.zygote import import_settings
 from tests.helpers import cli_zygote
 from tests.helpers.cli_zygote import KEYED, PRELOAD, REREAD, run_rlpipe_command, zygote_environment
+from tests.helpers.import_reads import read_at_import
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARMLESS = {"PYTEST_CURRENT_TEST", "_RJEM_MALLOC_CONF"}
 """pytest's own; polars' allocator settings (read as polars loads, in C; nothing of the CLI
 allocates through polars)."""
 
-READS = textwrap.dedent("""
-    import collections, importlib, json, os, sys
-    present, reads = set(os.environ), collections.Counter()
-
-    class Tracking(os._Environ):
-        def __getitem__(self, key):
-            reads[key] += 1
-            return super().__getitem__(key)
-
-    os.environ.__class__ = Tracking
-    from tests.helpers.cli_zygote import PRELOAD
-    for name in PRELOAD:
-        importlib.import_module(name)
-    # Code that iterates over the environment reads every variable, the probe too; a variable
-    # read more often than the probe, or read while absent, was read by its name.
-    iterations = reads["RLPIPE_CLI_ZYGOTE_PROBE"]
-    print(json.dumps({"read": sorted(str(key) for key, count in reads.items()
-                                     if count > iterations or (count and key not in present)),
-                      "modules": sorted(name for name in sys.modules if name.startswith(("rlpipe.cli", "torch")))}))
-""")
-
 
 def test_the_run_scoped_variables_its_imports_read_are_read_again_or_keyed() -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RLPIPE_CLI_ZYGOTE_PROBE": "1"}
-    result = subprocess.run([sys.executable, "-c", READS], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    seen = json.loads(result.stdout.splitlines()[-1])
-    assert seen["modules"] == []  # the CLI's own modules and torch: as a fresh `rlpipe train` has them
-    read_by_name = set(seen["read"])
+    read_by_name, modules = read_at_import("tests.helpers.cli_zygote")
+    assert {name for name in modules if name.startswith(("rlpipe.cli", "torch"))} == set()  # as a fresh `rlpipe train`
     assert {"PREFECT_HOME", "MLFLOW_LOGGING_LEVEL"} <= read_by_name  # it sees reads that matter
     unkeyed = {key for key in read_by_name if not import_settings({key: ""}) and key not in KEYED}
     assert {key for key in unkeyed if not key.startswith(REREAD)} <= HARMLESS

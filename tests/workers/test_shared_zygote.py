@@ -28,6 +28,7 @@ from rlpipe.engines.sampling import SamplingParams
 from rlpipe.workers import launch
 from rlpipe.workers.zygote import import_settings
 from tests.durability.cli_runs import REPO_ROOT
+from tests.helpers.import_reads import read_at_import
 from tests.workers.workers_at_hand import alive, engine_worker, wait_until_gone, worker_pair
 
 PARAMS = SamplingParams(n=1, max_new_tokens=2, seed=3)
@@ -141,26 +142,6 @@ def test_a_launch_the_shared_zygote_does_not_fit_forks_from_its_own(tmp_path: Pa
         assert shared is not None and own is not None and _parent(engine.pid) == own != shared
 
 
-READS = textwrap.dedent("""
-    import collections, importlib, json, os, sys
-    present, reads = set(os.environ), collections.Counter()
-
-    class Tracking(os._Environ):
-        def __getitem__(self, key):
-            reads[key] += 1
-            return super().__getitem__(key)
-
-    os.environ.__class__ = Tracking
-    from rlpipe.workers.zygote import PRELOAD
-    for name in PRELOAD:
-        importlib.import_module(name)
-    # Code that iterates over the environment (tqdm and fsspec look for their own prefixes)
-    # reads every variable, the probe too; a variable read more often than the probe, or
-    # read while absent, was read by its name.
-    iterations = reads["RLPIPE_ZYGOTE_PROBE"]
-    print(json.dumps({"read": sorted(key for key, count in reads.items() if count > iterations or (count and key not in present)),
-                      "polars": "polars" in sys.modules}))
-""")
 # Run-scoped variables that the imports read by name and that change nothing a worker does:
 # rlpipe/__init__.py sets telemetry defaults (a fork gets its controller's environment anyway),
 # and accelerate's `accelerate config` menu reads the terminal size.
@@ -168,11 +149,7 @@ READ_AND_HARMLESS = {"PREFECT_SERVER_ANALYTICS_ENABLED", "MLFLOW_DISABLE_TELEMET
 
 
 def test_the_variables_a_shared_zygote_ignores_are_not_read_by_its_imports() -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RLPIPE_ZYGOTE_PROBE": "1"}
-    result = subprocess.run([sys.executable, "-c", READS], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    seen = json.loads(result.stdout)
-    assert not seen["polars"]  # its allocator reads _RJEM_MALLOC_CONF as it loads, in C
-    read_by_name = set(seen["read"])
+    read_by_name, modules = read_at_import("rlpipe.workers.zygote")
+    assert "polars" not in modules  # its allocator reads _RJEM_MALLOC_CONF as it loads, in C
     assert {"HF_HOME", "HF_HUB_OFFLINE"} <= read_by_name  # it sees reads that matter (huggingface_hub)
     assert {key for key in read_by_name if not import_settings({key: ""})} <= READ_AND_HARMLESS
