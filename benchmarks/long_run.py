@@ -12,6 +12,7 @@ alike:
          train.micro_batch_size = 8, the LM head's logits 128 positions at a time
          (train.logprob_chunk_positions = 128); `--variant none --variant lowmem` compares
          the step time and peak memory of the recipe's settings against those, interleaved
+  lowmem_gc (opt-in) lowmem with gradient checkpointing (train.gradient_checkpointing)
 with N RL steps (default 6). `--model smollm2`: configs/smollm2.toml (`make smollm2` first);
 `--model tiny`: the small default model on 4 x 4 arithmetic rollouts, a smoke run.
 none and ckpt4 hold 20 held-out problems: their evaluations (before and after RL) are outside
@@ -81,6 +82,8 @@ VARIANTS: dict[str, list[str]] = {
     # sequences, the LM head's logits 128 positions at a time (rl/chunked_logprobs.py)
     "lowmem": ["checkpoint.every_steps=1000", "eval.every_steps=0", "envs.heldout_size=20",
                "train.micro_batch_size=8", "train.logprob_chunk_positions=128"],
+    "lowmem_gc": ["checkpoint.every_steps=1000", "eval.every_steps=0", "envs.heldout_size=20",
+                  "train.micro_batch_size=8", "train.logprob_chunk_positions=128", "train.gradient_checkpointing=true"],
 }
 DEFAULT_VARIANTS = ("none", "ckpt4", "eval")
 GOAL_EVERY = {"ckpt4": 4, "eval": 8}  # the frequencies of the issue's goals
@@ -105,10 +108,12 @@ class RunResult:
     returncode: int
     wall_s: float
     span_s: float | None
+    span_cpu_s: float | None  # the run's processes' CPU seconds over that span
     eval_s: float | None  # the evaluation after step EVENT_EVERY, within the run (eval variant)
     step_s_median: float | None
     eval_cpu_s: float | None  # the run's processes' CPU seconds over that evaluation
     step_cpu_s_median: float | None  # ... over one step: TRAIN.json to TRAIN.json, steps without an event
+    checkpoint_writes: tuple[tuple[int, float, float], ...]  # (step, write_s, write_cpu_s) from CHECKPOINT.json, steps 1..N-1
     lake_bytes: int
     checkpoint_bytes: int
     load_before: float
@@ -145,6 +150,7 @@ def run_variant(name: str, rep: int, config: Path, base: list[str], work: Path, 
     steps = int(next(o.split("=", 1)[1] for o in base if o.startswith("train.steps=")))
     first, last = _step_document(lake, run_id, 1, "MANIFEST.json"), _step_document(lake, run_id, steps, "TRAIN.json")
     span_s = last.stat().st_mtime - first.stat().st_mtime if first.exists() and last.exists() else None
+    span_cpu_s = watch.cpu_between(first.stat().st_mtime, last.stat().st_mtime) if span_s is not None else None
     evaluated = lake / "runs" / run_id / "evals" / f"step_{EVENT_EVERY:06d}.json"
     trained = _step_document(lake, run_id, EVENT_EVERY, "TRAIN.json")
     eval_s = evaluated.stat().st_mtime - trained.stat().st_mtime if evaluated.exists() and trained.exists() else None
@@ -159,8 +165,14 @@ def run_variant(name: str, rep: int, config: Path, base: list[str], work: Path, 
     step_cpu = [watch.cpu_between(ends[step - 1].stat().st_mtime, ends[step].stat().st_mtime) for step in range(2, steps + 1)
                 if (step - 1) % EVENT_EVERY and ends[step - 1].exists() and ends[step].exists()]  # no event after step - 1
     step_cpu = [cpu for cpu in step_cpu if cpu is not None]
-    result = RunResult(name, rep, returncode, wall_s, span_s, eval_s, statistics.median(step_times) if step_times else None,
-                       eval_cpu_s, statistics.median(step_cpu) if step_cpu else None,
+    writes = []
+    for step in range(EVENT_EVERY, steps, EVENT_EVERY):
+        marker = lake / "checkpoints" / run_id / f"step={step:06d}" / "CHECKPOINT.json"
+        info = json.loads(marker.read_text()) if marker.exists() else {}
+        if info.get("write_cpu_s") is not None:
+            writes.append((step, float(info["write_s"]), float(info["write_cpu_s"])))
+    result = RunResult(name, rep, returncode, wall_s, span_s, span_cpu_s, eval_s, statistics.median(step_times) if step_times else None,
+                       eval_cpu_s, statistics.median(step_cpu) if step_cpu else None, tuple(writes),
                        _tree_bytes(lake), _tree_bytes(lake / "checkpoints"), load_before, os.getloadavg()[0],
                        sorted(watch.peaks.values(), key=lambda p: -p.pss_kib), watch.pss_sum_peak_kib, watch.shm_peak,
                        "\n".join(log.read_text().splitlines()[-12:]))
@@ -171,6 +183,8 @@ def run_variant(name: str, rep: int, config: Path, base: list[str], work: Path, 
 def print_run(result: RunResult) -> None:
     status = f"exit {result.returncode}" if result.returncode else "ok"
     span = f"{result.span_s:.1f} s" if result.span_s is not None else "n/a"
+    if result.span_cpu_s is not None:
+        span += f" ({result.span_cpu_s:.1f} CPU s)"
     step = f"{result.step_s_median:.2f} s" if result.step_s_median is not None else "n/a"
     print(f"{result.variant:<6} rep {result.rep}: {status}, wall {result.wall_s:.0f} s, span steps 1..N {span}, "
           f"median step {step}, lake {result.lake_bytes / GB:.2f} GB (checkpoints {result.checkpoint_bytes / GB:.2f} GB), "
@@ -186,6 +200,11 @@ def print_run(result: RunResult) -> None:
         print(f"  in CPU seconds of the run's processes (user + sys, less exposed to the load): the evaluation "
               f"{result.eval_cpu_s:.1f} s, a median step {result.step_cpu_s_median:.1f} s: {share:.1%} of "
               f"{GOAL_EVERY['eval']} steps", flush=True)
+    if result.checkpoint_writes and result.step_cpu_s_median:
+        each = ", ".join(f"step {step}: {wall:.1f} s wall, {cpu:.1f} CPU s" for step, wall, cpu in result.checkpoint_writes)
+        share = statistics.median(cpu for _, _, cpu in result.checkpoint_writes) / (GOAL_EVERY["ckpt4"] * result.step_cpu_s_median)
+        print(f"  checkpoint writes (CHECKPOINT.json; CPU of the writing thread): {each}; the median write's CPU = "
+              f"{share:.1%} of the CPU of {GOAL_EVERY['ckpt4']} median steps ({result.step_cpu_s_median:.1f} CPU s each)", flush=True)
     if result.returncode:
         print("  last lines:\n    " + result.tail.replace("\n", "\n    "), flush=True)
 
@@ -220,16 +239,18 @@ def print_ratios(results: list[RunResult], steps: int) -> None:
     by_rep: dict[int, dict[str, RunResult]] = {}
     for result in results:
         by_rep.setdefault(result.rep, {})[result.variant] = result
-    pairs = [(runs["none"], runs["lowmem"]) for runs in by_rep.values() if "none" in runs and "lowmem" in runs]
-    if pairs:
-        print("  lowmem (the update's low-memory settings) against none (the recipe's), per rep: median step "
-              + ", ".join(f"{new.step_s_median or float('nan'):.2f} s against {old.step_s_median or float('nan'):.2f} s"
-                          for old, new in pairs) + "; span "
-              + ", ".join(f"{new.span_s or float('nan'):.1f} s against {old.span_s or float('nan'):.1f} s" for old, new in pairs))
+    for low in ("lowmem", "lowmem_gc"):
+        pairs = [(runs["none"], runs[low]) for runs in by_rep.values() if "none" in runs and low in runs]
+        if pairs:
+            print(f"  {low} (the update's low-memory settings) against none (the recipe's), per rep: median step "
+                  + ", ".join(f"{new.step_s_median or float('nan'):.2f} s against {old.step_s_median or float('nan'):.2f} s"
+                              for old, new in pairs) + "; span "
+                  + ", ".join(f"{new.span_s or float('nan'):.1f} s ({new.span_cpu_s or float('nan'):.0f} CPU s) against "
+                              f"{old.span_s or float('nan'):.1f} s ({old.span_cpu_s or float('nan'):.0f} CPU s)" for old, new in pairs))
     for variant in [name for name in ("ckpt4", "eval") if any(name in runs for runs in by_rep.values())]:
         every, goal = GOAL_EVERY[variant], GOALS[variant]
         events = (steps - 1) // EVENT_EVERY  # events after steps 1..N-1, inside the span
-        costs, ratios, walls = [], [], []
+        costs, cpu_costs, ratios, walls = [], [], [], []
         for runs in by_rep.values():
             base, other = runs.get("none"), runs.get(variant)
             if base is None or other is None or not base.span_s or not other.span_s or not events:
@@ -237,6 +258,8 @@ def print_ratios(results: list[RunResult], steps: int) -> None:
             extra = (other.span_s - base.span_s) / events
             costs.append(extra / (base.span_s / (steps - 1) * every))  # per event, over `every` of none's steps
             ratios.append(other.span_s / base.span_s)
+            if base.span_cpu_s and other.span_cpu_s is not None:
+                cpu_costs.append((other.span_cpu_s - base.span_cpu_s) / events / (base.span_cpu_s / (steps - 1) * every))
             walls.append(other.wall_s / base.wall_s)
         if not costs:
             print(f"  {variant}: no pair of completed runs")
@@ -247,6 +270,9 @@ def print_ratios(results: list[RunResult], steps: int) -> None:
         print(f"  {variant}: span {', '.join(f'{r:.3f}' for r in ratios)}x none's ({events} event(s) in {steps - 1} steps); "
               f"one {what} every {every} steps costs {median:+.1%} of the wall time{spread}; goal <= {goal:.0%}: "
               f"{'MET' if median <= goal else 'NOT MET'}; whole command {', '.join(f'{w:.3f}' for w in walls)}x none's")
+        if cpu_costs:  # the work it adds, whatever the load: an upper bound of its wall cost when both cores are busy
+            print(f"    in CPU seconds of the run's processes over the span: one {what} every {every} steps adds "
+                  f"{statistics.median(cpu_costs):+.1%} of their CPU (reps: {', '.join(f'{c:+.1%}' for c in cpu_costs)})")
 
 
 def parameter_count(config: Path, base: list[str]) -> int:

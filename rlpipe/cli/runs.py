@@ -78,7 +78,8 @@ def run_report(lake: Lake, run_id: str) -> dict[str, Any]:
                                                                           state.startswith("stopped")) else None,
         "links": lake.read_json(run_id, "links.json") or _links_of(info),
         "latest_checkpoint": lake.latest_checkpoint(run_id),
-        "checkpoints": [dict(step=kept.step, size_bytes=kept.size_bytes, accuracy=kept.accuracy, kept_as=list(kept.reasons))
+        "checkpoints": [dict(step=kept.step, size_bytes=kept.size_bytes, accuracy=kept.accuracy, kept_as=list(kept.reasons),
+                             write_s=kept.write_s, write_cpu_s=kept.write_cpu_s)
                         for kept in kept_checkpoints(lake, run_id, rule_of(config))],
         "evaluations": [dict(name=evaluation.name, step=evaluation.policy_version,
                              domains=[dict(domain=score.domain, count=score.count, strict=score.strict,
@@ -166,10 +167,12 @@ def print_run(lake: Lake, run_id: str, json_out: bool, console: Console) -> None
         console.print(f"policy at step {report['latest_checkpoint']} (newest checkpoint); export it: {report['export_command']}",
                       soft_wrap=True, markup=False)
     if report["checkpoints"]:
-        kept = Table("checkpoint", "size", "held-out accuracy", "kept as", title="checkpoints kept")
+        kept = Table("checkpoint", "size", "held-out accuracy", "kept as", "written in", title="checkpoints kept")
         for checkpoint in report["checkpoints"]:
+            written = (f"{checkpoint['write_s']:.1f} s ({checkpoint['write_cpu_s']:.1f} CPU s)"
+                       if checkpoint["write_s"] is not None and checkpoint["write_cpu_s"] is not None else "-")
             kept.add_row(str(checkpoint["step"]), f"{checkpoint['size_bytes'] / 1e6:.1f} MB", _fmt(checkpoint["accuracy"]),
-                         ", ".join(checkpoint["kept_as"]) or "-")
+                         ", ".join(checkpoint["kept_as"]) or "-", written)
         console.print(kept)
     console.print(f"steps committed: {report['steps_committed']} of {report['config']['train']['steps']}")
     if report["rows_per_step"]:

@@ -38,12 +38,15 @@ class RetentionRule:
 @dataclass(frozen=True)
 class KeptCheckpoint:
     """A complete checkpoint of a run: its size, its held-out accuracy (None when no
-    evaluation scored its step) and why retention keeps it."""
+    evaluation scored its step), why retention keeps it, and what writing it took (None
+    when its CHECKPOINT.json does not say)."""
 
     step: int
     size_bytes: int
     accuracy: float | None
     reasons: tuple[str, ...]  # "last", "best", "resume", "reference", "all"
+    write_s: float | None = None
+    write_cpu_s: float | None = None
 
 
 def evaluated_accuracies(lake: Lake, run_id: str) -> dict[int, float]:
@@ -112,7 +115,8 @@ def kept_checkpoints(lake: Lake, run_id: str, rule: RetentionRule) -> list[KeptC
     for step in steps:
         info = lake.checkpoints.info(run_id, step)
         size = sum(file.size_bytes for file in info.files) if info else 0
-        result.append(KeptCheckpoint(step, size, accuracies.get(step), reasons.get(step, ())))
+        result.append(KeptCheckpoint(step, size, accuracies.get(step), reasons.get(step, ()),
+                                     info.write_s if info else None, info.write_cpu_s if info else None))
     return result
 
 

@@ -65,6 +65,7 @@ class CheckpointWriting:
         self.store, self.run_id, self.step = store, run_id, step
         self.base = store.folder(run_id, step)
         self.files: list[CheckpointFile] = []
+        self._began, self._began_cpu = time.monotonic(), time.thread_time()  # commit runs on this thread too
 
     @contextmanager
     def open(self, relative: str) -> Iterator[BinaryIO]:
@@ -93,7 +94,8 @@ class CheckpointWriting:
         if not self.files:
             raise ValueError(f"checkpoint {self.base} has no files")
         info = CheckpointInfo(run_id=self.run_id, step=self.step, files=tuple(sorted(self.files, key=lambda file: file.path)),
-                              saved_at_ms=int(time.time() * 1000))
+                              saved_at_ms=int(time.time() * 1000), write_s=round(time.monotonic() - self._began, 3),
+                              write_cpu_s=round(time.thread_time() - self._began_cpu, 3))
         self.store.objects.put(f"{self.base}/{MARKER}", info.to_json().encode())
         self.store.advance_latest(self.run_id, self.step)
         return info

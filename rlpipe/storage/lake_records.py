@@ -144,3 +144,8 @@ class CheckpointInfo(LakeDocument):
     step: int
     files: tuple[CheckpointFile, ...]
     saved_at_ms: int
+    # what writing its files took: wall seconds, and CPU seconds of the thread that wrote them
+    # (serializing, digesting, copying into the file; not the kernel's writeback); None in
+    # checkpoints written before they were recorded
+    write_s: float | None = None
+    write_cpu_s: float | None = None

@@ -254,5 +254,7 @@ def test_export_best_picks_the_best_evaluated_checkpoint_and_runs_show_lists_the
     kept = json.loads(shown.stdout)["checkpoints"]
     assert [(c["step"], c["accuracy"], c["kept_as"]) for c in kept] == [(0, 0.75, ["last", "best"]), (2, 0.25, ["last"])]
     assert all(c["size_bytes"] > 0 for c in kept)
+    assert all(c["write_s"] is not None and c["write_s"] >= 0 and c["write_cpu_s"] is not None and c["write_cpu_s"] >= 0
+               for c in kept)  # what writing each took, from its CHECKPOINT.json
     table = runner.invoke(app, ["runs", "show", "full", "--lake", uri])
     assert "checkpoints kept" in table.stdout and "0.75" in table.stdout

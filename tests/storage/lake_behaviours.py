@@ -118,6 +118,7 @@ def checkpoints_and_latest(lake: Lake, tmp_path: Path) -> None:
         (source / "trainer" / "state.json").write_text(f'{{"step": {step}}}')
         info = lake.save_checkpoint("r1", step, source)
         assert [f.path for f in info.files] == ["model.safetensors", "trainer/state.json"]
+        assert info.write_s is not None and info.write_s >= 0 and info.write_cpu_s is not None and info.write_cpu_s >= 0
     assert lake.latest_checkpoint("r1") == 20
     assert lake.latest_checkpoint("r1", at_or_before=19) == 10
     assert lake.latest_checkpoint("r1", at_or_before=20) == 20

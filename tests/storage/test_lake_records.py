@@ -72,6 +72,8 @@ def test_a_nan_metric_round_trips():
 def test_checkpoint_info_round_trips_with_its_files():
     info = CheckpointInfo("r", 3, (CheckpointFile("model.safetensors", 10, "x"), CheckpointFile("a/b.json", 2, "y")), 5)
     assert CheckpointInfo.from_json(info.to_json()) == info
+    timed = CheckpointInfo("r", 3, info.files, 5, write_s=1.5, write_cpu_s=0.25)
+    assert CheckpointInfo.from_json(timed.to_json()) == timed
 
 
 @pytest.mark.parametrize("bad", ['{"run_id": "r", "state": "paused", "step": 1, "stage": "s", "error": null, "updated_at_ms": 1}',
