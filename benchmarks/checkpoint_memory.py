@@ -8,7 +8,8 @@ other advantage +1 / -1, so every sample trains), a checkpoint written in the ba
 the trainer worker's CheckpointWriter into a temporary lake (wired to the trainer as the
 trainer worker wires it), then the same updates again while the write runs (the write meets
 the next update's gradients, the trainer's peak in a run that checkpoints), then the wait for
-the write. A thread polls the process's PSS (/proc/self/smaps_rollup) every 0.05 s and the
+the write; then one more checkpoint written alone. Each checkpoint's write time and the CPU
+seconds of its writing thread (CHECKPOINT.json's write_s, write_cpu_s) are printed. A thread polls the process's PSS (/proc/self/smaps_rollup) every 0.05 s and the
 script prints the peak of each phase (and its seconds) against the state the trainer must hold (fp32 weights,
 gradients, AdamW's two moments: 4 x 4 bytes per parameter). Run it on two checkouts to
 compare designs (`PYTHONPATH=OTHER_CHECKOUT python benchmarks/checkpoint_memory.py`).
@@ -118,6 +119,9 @@ def main() -> None:
         writer.wait()
         peaks.enter("after")
         time.sleep(0.2)
+        writer.save(trainer.model, tokenizer, trainer.state_dict(), CheckpointMeta(args.updates + 1, args.updates + 1, "memory"),
+                    wait=True)  # alone: the writer's own work, nothing beside it
+        writes = [writer.lake.checkpoints.info("memory", step) for step in (args.updates, args.updates + 1)]
     peaks.stop()
     print(f"{config.model.gguf or config.model.path or 'tiny model'}: {parameters:,} parameters; the trainer's state "
           f"(fp32 weights, gradients, 2 AdamW moments) {state_gb:.2f} GB; {len(samples)} samples of "
@@ -126,6 +130,11 @@ def main() -> None:
         if phase != "end":
             print(f"  peak PSS {phase:22s} {kib * 1024 / 1e9:5.2f} GB = {kib * 1024 / 1e9 / state_gb:.2f}x the state "
                   f"({peaks.seconds[phase]:.0f} s)")
+    for info, when in zip(writes, ("beside the next updates", "alone")):
+        if info is not None and info.write_cpu_s is not None:
+            size = sum(file.size_bytes for file in info.files)
+            print(f"  checkpoint {info.step} ({when}): {size / 1e9:.2f} GB written in {info.write_s:.1f} s, "
+                  f"{info.write_cpu_s:.1f} CPU s of the writing thread (CHECKPOINT.json)")
 
 
 if __name__ == "__main__":

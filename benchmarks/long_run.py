@@ -114,6 +114,7 @@ class RunResult:
     eval_cpu_s: float | None  # the run's processes' CPU seconds over that evaluation
     step_cpu_s_median: float | None  # ... over one step: TRAIN.json to TRAIN.json, steps without an event
     checkpoint_writes: tuple[tuple[int, float, float], ...]  # (step, write_s, write_cpu_s) from CHECKPOINT.json, steps 1..N-1
+    checkpoint_wait_s: float  # summed time/checkpoint_wait_s of steps 1..N: the updates held by a write
     lake_bytes: int
     checkpoint_bytes: int
     load_before: float
@@ -154,11 +155,13 @@ def run_variant(name: str, rep: int, config: Path, base: list[str], work: Path, 
     evaluated = lake / "runs" / run_id / "evals" / f"step_{EVENT_EVERY:06d}.json"
     trained = _step_document(lake, run_id, EVENT_EVERY, "TRAIN.json")
     eval_s = evaluated.stat().st_mtime - trained.stat().st_mtime if evaluated.exists() and trained.exists() else None
-    step_times = []
+    step_times, checkpoint_wait_s = [], 0.0
     for step in range(1, steps + 1):
         path = _step_document(lake, run_id, step, "TRAIN.json")
         if path.exists():
-            step_times.append(float(dict(json.loads(path.read_text())["metrics"]).get("time/step_s", float("nan"))))
+            metrics = dict(json.loads(path.read_text())["metrics"])
+            step_times.append(float(metrics.get("time/step_s", float("nan"))))
+            checkpoint_wait_s += float(metrics.get("time/checkpoint_wait_s", 0.0))
     eval_cpu_s = (watch.cpu_between(trained.stat().st_mtime, evaluated.stat().st_mtime)
                   if evaluated.exists() and trained.exists() else None)
     ends = {step: _step_document(lake, run_id, step, "TRAIN.json") for step in range(1, steps + 1)}
@@ -172,7 +175,7 @@ def run_variant(name: str, rep: int, config: Path, base: list[str], work: Path, 
         if info.get("write_cpu_s") is not None:
             writes.append((step, float(info["write_s"]), float(info["write_cpu_s"])))
     result = RunResult(name, rep, returncode, wall_s, span_s, span_cpu_s, eval_s, statistics.median(step_times) if step_times else None,
-                       eval_cpu_s, statistics.median(step_cpu) if step_cpu else None, tuple(writes),
+                       eval_cpu_s, statistics.median(step_cpu) if step_cpu else None, tuple(writes), checkpoint_wait_s,
                        _tree_bytes(lake), _tree_bytes(lake / "checkpoints"), load_before, os.getloadavg()[0],
                        sorted(watch.peaks.values(), key=lambda p: -p.pss_kib), watch.pss_sum_peak_kib, watch.shm_peak,
                        "\n".join(log.read_text().splitlines()[-12:]))
@@ -204,7 +207,8 @@ def print_run(result: RunResult) -> None:
         each = ", ".join(f"step {step}: {wall:.1f} s wall, {cpu:.1f} CPU s" for step, wall, cpu in result.checkpoint_writes)
         share = statistics.median(cpu for _, _, cpu in result.checkpoint_writes) / (GOAL_EVERY["ckpt4"] * result.step_cpu_s_median)
         print(f"  checkpoint writes (CHECKPOINT.json; CPU of the writing thread): {each}; the median write's CPU = "
-              f"{share:.1%} of the CPU of {GOAL_EVERY['ckpt4']} median steps ({result.step_cpu_s_median:.1f} CPU s each)", flush=True)
+              f"{share:.1%} of the CPU of {GOAL_EVERY['ckpt4']} median steps ({result.step_cpu_s_median:.1f} CPU s each); "
+              f"updates held by a write: {result.checkpoint_wait_s:.2f} s in all (time/checkpoint_wait_s)", flush=True)
     if result.returncode:
         print("  last lines:\n    " + result.tail.replace("\n", "\n    "), flush=True)
 

@@ -1,18 +1,21 @@
 """Checkpoints written in the background, off the trainer's critical path.
 
 `CheckpointWriter.save` gathers what the checkpoint holds as references to the trainer's
-live tensors (rl/checkpoint_contents.py: no copy of the weights or the AdamW state; it
-waits for the write before it, so at most one is in flight) and hands them to a thread that
-writes the folder straight into the lake (storage/checkpoint_store.py: digested as written,
-no temporary copy), commits it (CHECKPOINT.json, then LATEST), drops its references and then
+live tensors (rl/checkpoint_contents.py: no copy of the weights or the AdamW state; it waits
+for the write before it, so at most one is in flight) and hands them to a thread that writes
+the folder straight into the lake (storage/checkpoint_store.py: digested as written, no
+temporary copy), commits it (CHECKPOINT.json, then LATEST), drops its references and then
 applies the run's retention (storage/checkpoint_retention.py: older checkpoints are deleted
 only after this one is committed). `save` returns at once: the next step's generation and
-forward/backward go on while the files are written, but NOTHING may change the weights or
-the optimizer state in place until `join` returns; the trainer worker makes `join` its
-Trainer's `before_state_change` hook (rl/trainer.py: every optimizer step, a state load, a
-rank sync) and calls it before a warm start and a restore (workers/trainer_worker.py), so
-the files hold the state of the step they name. With `wait=True` (checkpoint 0 and the
-run's last) `save` returns once the checkpoint is committed.
+forward/backward go on while the files are written (the writing thread at the lowest CPU
+priority, nice 19: it takes the CPU the run leaves idle, not the steps'), but NOTHING may
+change the weights or the optimizer state in place until `join` returns; the trainer worker
+makes `join` its Trainer's `before_state_change` hook (rl/trainer.py: every optimizer step,
+a state load, a rank sync) and calls it before a warm start and a restore
+(workers/trainer_worker.py), so the files hold the state of the step they name; the seconds
+it blocked there are what the checkpoint cost the step's critical path (`take_waited_s`: the
+trainer worker reports them as time/checkpoint_wait_s). With `wait=True` (checkpoint 0 and
+the run's last) `save` returns once the checkpoint is committed.
 
 A write that fails (a full disk: DiskFull; an S3 outage: StorageUnavailable) deletes its
 partial folder and is re-raised by the next `save` or `wait` (not by `join`), once: the
@@ -28,7 +31,9 @@ or stop the trainer from changing its state (its callers wait through `join`).
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -58,6 +63,7 @@ class CheckpointWriter:
         self._state_free = threading.Event()  # set while no write reads the trainer's tensors
         self._state_free.set()
         self._failure: WriteFailure | None = None
+        self._waited_s = 0.0  # blocked in `join` by a write, since the last take_waited_s
 
     def save(self, model, tokenizer, trainer_state: dict, meta: CheckpointMeta, wait: bool = False) -> None:
         """Gather the live state now, write it in the background (see the module docstring):
@@ -84,7 +90,16 @@ class CheckpointWriter:
         it failed; the commit and retention may still run): the state may change then. A
         failed write's error stays for the next `save` or `wait`, so that the checkpoint's
         task reports it."""
-        self._state_free.wait()
+        if not self._state_free.is_set():
+            began = time.monotonic()
+            self._state_free.wait()
+            self._waited_s += time.monotonic() - began
+
+    def take_waited_s(self) -> float:
+        """Seconds `join` blocked on a write since the last call (what checkpoints cost the
+        caller's critical path), and start counting again."""
+        waited, self._waited_s = self._waited_s, 0.0
+        return waited
 
     def wait(self) -> None:
         """Return once no write is in flight (committed or failed); raise the error of a
@@ -102,6 +117,7 @@ class CheckpointWriter:
     def _write(self, held: list[CheckpointContents], state_free: threading.Event) -> None:
         contents = held.pop()  # the only reference: dropped once the files are written
         step = contents.meta.step
+        _lowest_cpu_priority()
         writing = None
         try:
             try:
@@ -128,3 +144,12 @@ class CheckpointWriter:
             return
         if removed:
             log.info("run %s: checkpoints %s deleted (retention)", self.run_id, removed)
+
+
+def _lowest_cpu_priority() -> None:
+    """Nice 19 for the calling thread only (Linux keeps a nice value per thread); where that
+    cannot be set, the thread keeps the process's priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux, or not allowed: the write is the same, only not deprioritized
+        pass

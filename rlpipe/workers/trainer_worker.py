@@ -192,6 +192,7 @@ class TrainerService:
         self.poisoned = False
         result = {f"train/{name}": float(value) for name, value in asdict(metrics).items()}
         result["train/stale_dropped"] = float(stale)
+        result["time/checkpoint_wait_s"] = self.checkpoints.take_waited_s()  # inside time/update_s: the write held it
         return UpdateResult(step, {**result, **staleness_metrics(rows, step), **conflict})
 
     def gradient_conflict(self, step: int, rows: list[Trajectory]) -> dict[str, float]:
