@@ -7,15 +7,14 @@ the folder straight into the lake (storage/checkpoint_store.py: digested as writ
 temporary copy), commits it (CHECKPOINT.json, then LATEST), drops its references and then
 applies the run's retention (storage/checkpoint_retention.py: older checkpoints are deleted
 only after this one is committed). `save` returns at once: the next step's generation and
-forward/backward go on while the files are written (the writing thread at the lowest CPU
-priority, nice 19: it takes the CPU the run leaves idle, not the steps'), but NOTHING may
-change the weights or the optimizer state in place until `join` returns; the trainer worker
-makes `join` its Trainer's `before_state_change` hook (rl/trainer.py: every optimizer step,
-a state load, a rank sync) and calls it before a warm start and a restore
-(workers/trainer_worker.py), so the files hold the state of the step they name; the seconds
-it blocked there are what the checkpoint cost the step's critical path (`take_waited_s`: the
-trainer worker reports them as time/checkpoint_wait_s). With `wait=True` (checkpoint 0 and
-the run's last) `save` returns once the checkpoint is committed.
+forward/backward go on while the files are written, but NOTHING may change the weights or
+the optimizer state in place until `join` returns; the trainer worker makes `join` its
+Trainer's `before_state_change` hook (rl/trainer.py: every optimizer step, a state load, a
+rank sync) and calls it before a warm start and a restore (workers/trainer_worker.py), so
+the files hold the state of the step they name; the seconds it blocked there are what the
+checkpoint cost the step's critical path (`take_waited_s`: the trainer worker reports them
+as time/checkpoint_wait_s). With `wait=True` (checkpoint 0 and the run's last) `save`
+returns once the checkpoint is committed.
 
 A write that fails (a full disk: DiskFull; an S3 outage: StorageUnavailable) deletes its
 partial folder and is re-raised by the next `save` or `wait` (not by `join`), once: the
@@ -31,7 +30,6 @@ or stop the trainer from changing its state (its callers wait through `join`).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import traceback
@@ -117,7 +115,6 @@ class CheckpointWriter:
     def _write(self, held: list[CheckpointContents], state_free: threading.Event) -> None:
         contents = held.pop()  # the only reference: dropped once the files are written
         step = contents.meta.step
-        _lowest_cpu_priority()
         writing = None
         try:
             try:
@@ -145,11 +142,3 @@ class CheckpointWriter:
         if removed:
             log.info("run %s: checkpoints %s deleted (retention)", self.run_id, removed)
 
-
-def _lowest_cpu_priority() -> None:
-    """Nice 19 for the calling thread only (Linux keeps a nice value per thread); where that
-    cannot be set, the thread keeps the process's priority."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # not Linux, or not allowed: the write is the same, only not deprioritized
-        pass
