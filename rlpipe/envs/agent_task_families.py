@@ -8,7 +8,8 @@ drawn uniformly whatever the key) and asks for one answer in the file `ans`:
              draws and oracle are unchanged: grep, write the value, submit)
 - count      "put the number of lines with key K in ans": K on 1..4 lines across the files;
              oracle `cat * | grep -c ^K=`
-- sum        "put the sum of the values of K in ans": K on 2..3 lines; oracle an awk sum
+- sum        "put the sum of the values of K in ans": K on 2..3 lines; oracle
+             `grep -h ^K= * | awk -F= '{s+=$2} END{print s}'` (K's lines, then a fixed adder)
 - which_file "put the name of the file that has key K in ans": K on one line; oracle `grep -l`
 - two_step   "put the value of the key that pick names in ans": one line `pick=K2`, one line
              `K2=v`; the second command's key is only in the first command's output, so the
@@ -35,6 +36,11 @@ KEYS = ("port", "user", "code", "size", "host", "mode", "path", "rate")
 ANSWER_PATH = "ans"
 POINTER_KEY = "pick"  # two_step's pointer line: pick=<another key>
 FAMILIES = ("lookup", "count", "sum", "which_file", "two_step")
+# sum's oracle pipes the lines of K (the same look as two_step's `grep -h ^K= *`) into this
+# fixed adder: the key-dependent part of the command is one the other families teach, and
+# what tells sum apart is a suffix without the key, one choice after `*` that a warm start
+# and RL can learn from the question's words.
+SUM_SUFFIX = "awk -F= '{s+=$2} END{print s}'"
 
 
 def call_text(name: str, **arguments: str) -> str:
@@ -127,7 +133,7 @@ def _count(rng: random.Random, max_files: int, lines_per_file: int, digits: int)
 
 def _sum(rng: random.Random, max_files: int, lines_per_file: int, digits: int) -> Generated:
     key, files = _key_on_lines(rng, max_files, lines_per_file, digits, 2, 3)
-    command = "awk -F= '$1==\"%s\"{s+=$2} END{print s}' *" % key
+    command = f"grep -h ^{key}= * | {SUM_SUFFIX}"
     return Generated(files, key, f"put the sum of the values of {key} in {ANSWER_PATH}, then submit",
                      [call_text("bash", command=command), write_call(_sum_truth(files, key)), call_text("submit")])
 

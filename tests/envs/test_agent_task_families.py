@@ -137,3 +137,26 @@ def test_a_task_whose_files_give_no_truth_is_never_scored():
 
     verdict = ALL.verify(broken, "", object())  # never read: the truth is missing before /work is
     assert verdict.reward is None and verdict.reason == VerdictReason.CRASH
+
+
+def test_every_oracle_writes_what_its_last_look_shows_and_sums_look_like_two_step(pool):
+    """The oracle's answer is read off its own command's output in a sandbox (a policy can
+    learn it from the episode), and sum's command is two_step's look with a fixed adder piped on."""
+    from rlpipe.envs.agent_task_families import SUM_SUFFIX
+
+    def last_look(sandbox, task):
+        sandbox.write_files(ALL.initial_files(task))
+        command = [json.loads(reply)["arguments"]["command"] for reply in ALL.oracle_turns(task)
+                   if json.loads(reply)["name"] == "bash"][-1]
+        return command, sandbox.exec(["bash", "-c", command], timeout_s=10.0).stdout
+
+    tasks = [task for task in ALL.tasks("train", 40, seed=11) if family_of(task) in ("sum", "count", "which_file")]
+    tasks += one_per_family()
+    looks = pool.map(last_look, tasks)
+    for task, (command, stdout) in zip(tasks, looks):
+        truth, shown = ALL._answer(task), stdout.splitlines()
+        assert truth in shown or f"{task.prompt.split()[-5]}={truth}" in shown or truth in [
+            line.partition("=")[2] for line in shown], (family_of(task), command, stdout)
+        if family_of(task) == "sum":
+            key = task.prompt.split()[-5]
+            assert command == f"grep -h ^{key}= * | {SUM_SUFFIX}" and shown == [truth], (command, stdout)
