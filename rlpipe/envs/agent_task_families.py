@@ -8,7 +8,8 @@ drawn uniformly whatever the key) and asks for one answer in the file `ans`:
              draws and oracle are unchanged: grep, write the value, submit)
 - count      "put the number of lines with key K in ans": K on 1..4 lines across the files;
              oracle `cat * | grep -c ^K=`
-- sum        "put the sum of the values of K in ans": K on 2..3 lines; oracle
+- sum        "put the sum of the values of K in ans": K on 2..3 lines, its values never 0
+             (a 0 would make the sum equal another value: copying one would pass); oracle
              `grep -h ^K= * | awk -F= '{s+=$2} END{print s}'` (K's lines, then a fixed adder)
 - which_file "put the name of the file that has key K in ans": K on one line; oracle `grep -l`
 - two_step   "put the value of the key that pick names in ans": one line `pick=K2`, one line
@@ -84,8 +85,8 @@ class _Draw:
         self.lines: dict[str, list[str]] = {name: [] for name in names}
         self.lines_per_file = lines_per_file
 
-    def value(self) -> str:
-        return f"{self.rng.randrange(10 ** self.digits):0{self.digits}d}"
+    def value(self, nonzero: bool = False) -> str:
+        return f"{self.rng.randrange(1 if nonzero else 0, 10 ** self.digits):0{self.digits}d}"
 
     def distractors(self, *avoid: str) -> None:
         for name in self.lines:
@@ -114,13 +115,14 @@ def _lookup(rng: random.Random, max_files: int, lines_per_file: int, digits: int
 
 
 def _key_on_lines(rng: random.Random, max_files: int, lines_per_file: int, digits: int, fewest: int,
-                  most: int) -> tuple[str, dict[str, str]]:
-    """A key drawn, distractor files, then the key on fewest..most lines with drawn values."""
+                  most: int, nonzero: bool = False) -> tuple[str, dict[str, str]]:
+    """A key drawn, distractor files, then the key on fewest..most lines with drawn values
+    (never 0 with `nonzero`)."""
     key = rng.choice(KEYS)
     draw = _Draw(rng, max_files, lines_per_file, digits)
     draw.distractors(key)
     for _ in range(rng.randint(fewest, most)):
-        draw.place(f"{key}={draw.value()}")
+        draw.place(f"{key}={draw.value(nonzero)}")
     return key, draw.files()
 
 
@@ -132,7 +134,7 @@ def _count(rng: random.Random, max_files: int, lines_per_file: int, digits: int)
 
 
 def _sum(rng: random.Random, max_files: int, lines_per_file: int, digits: int) -> Generated:
-    key, files = _key_on_lines(rng, max_files, lines_per_file, digits, 2, 3)
+    key, files = _key_on_lines(rng, max_files, lines_per_file, digits, 2, 3, nonzero=True)
     command = f"grep -h ^{key}= * | {SUM_SUFFIX}"
     return Generated(files, key, f"put the sum of the values of {key} in {ANSWER_PATH}, then submit",
                      [call_text("bash", command=command), write_call(_sum_truth(files, key)), call_text("submit")])

@@ -60,6 +60,11 @@ def test_every_family_is_drawn_seeded_its_splits_disjoint_and_its_oracle_writes_
         assert json.loads(oracle[-1])["name"] == "submit" and len(oracle) <= ALL.max_turns
     counts = [int(by_hand(task)) for task in train if family_of(task) == "count"]
     assert min(counts) >= 1 and len(set(counts)) > 1  # the count varies: no constant answer passes
+    for task in train + heldout:  # no sum equals one of its values: copying a value never passes
+        if family_of(task) == "sum":
+            key = task.prompt.split()[-5]  # as by_hand reads it
+            values = [value for _, line_key, value in lines_of(task) if line_key == key]
+            assert len(values) >= 2 and by_hand(task) not in values, task.task_id
 
 
 def test_the_default_is_the_lookup_family_and_unknown_families_are_refused():
