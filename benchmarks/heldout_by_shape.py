@@ -34,8 +34,8 @@ from rlpipe.controller.evaluation import heldout_tasks  # noqa: E402
 from rlpipe.controller.sample import build_mixture  # noqa: E402
 from rlpipe.core.config import load_config  # noqa: E402
 from rlpipe.envs.format_free import format_free_passed  # noqa: E402
+from question_alone import greedy_first_lines  # noqa: E402 - benchmarks/, the same batched greedy replies
 
-BATCH = 50
 
 
 def shape(question: str, answer: str) -> tuple[int, int, bool]:
@@ -58,20 +58,12 @@ def main() -> None:
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(args.policy, dtype=torch.float32).eval()
     outcomes: dict[tuple[str, int, int, bool], list[tuple[bool, bool]]] = defaultdict(list)
-    for start in range(0, len(tasks), BATCH):
-        batch = tasks[start:start + BATCH]
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": task.prompt}], add_generation_prompt=True, tokenize=False)
-                 for task in batch]
-        encoded = tokenizer(texts, return_tensors="pt", padding=True)
-        with torch.no_grad():
-            out = model.generate(**encoded, do_sample=False, max_new_tokens=args.max_new_tokens,
-                                 pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-        for task, row in zip(batch, out):
-            reply = tokenizer.decode(row[encoded.input_ids.shape[1]:], skip_special_tokens=True).split("\n")[0]
-            template = templates.get(task.domain, "{question}")
-            question = task.prompt.removesuffix(template.partition("{question}")[2])
-            strict = mixture.env_for(task).verify(task, reply).passed
-            outcomes[(task.domain, *shape(question, task.reference_answer))].append((bool(strict), bool(format_free_passed(task, reply))))
+    replies = greedy_first_lines(model, tokenizer, [task.prompt for task in tasks], args.max_new_tokens)
+    for task, reply in zip(tasks, replies):
+        template = templates.get(task.domain, "{question}")
+        question = task.prompt.removesuffix(template.partition("{question}")[2])
+        strict = mixture.env_for(task).verify(task, reply).passed
+        outcomes[(task.domain, *shape(question, task.reference_answer))].append((bool(strict), bool(format_free_passed(task, reply))))
     for (domain, terms, digits, negative), results in sorted(outcomes.items()):
         n = len(results)
         strict = sum(s for s, _ in results) / n

@@ -45,6 +45,21 @@ def question_alone(prompt: str, template: str) -> str:
     return prompt.removeprefix(before).removesuffix(after)
 
 
+def greedy_first_lines(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """Each prompt asked as the user's turn of the chat template, greedy, BATCH prompts at a
+    time (left-padded); the first line of each reply."""
+    replies = []
+    for start in range(0, len(prompts), BATCH):
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+                 for prompt in prompts[start:start + BATCH]]
+        encoded = tokenizer(texts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(**encoded, do_sample=False, max_new_tokens=max_new_tokens,
+                                 pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        replies += [tokenizer.decode(row[encoded.input_ids.shape[1]:], skip_special_tokens=True).split("\n")[0] for row in out]
+    return replies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("policy", type=Path)
@@ -59,19 +74,10 @@ def main() -> None:
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(args.policy, dtype=torch.float32).eval()
     passed: dict[str, list[bool]] = defaultdict(list)
-    for start in range(0, len(tasks), BATCH):
-        batch = tasks[start:start + BATCH]
-        prompts = [task.prompt if args.with_template or task.domain not in templates
-                   else question_alone(task.prompt, templates[task.domain]) for task in batch]
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-                 for prompt in prompts]
-        encoded = tokenizer(texts, return_tensors="pt", padding=True)
-        with torch.no_grad():
-            out = model.generate(**encoded, do_sample=False, max_new_tokens=args.max_new_tokens,
-                                 pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-        for task, row in zip(batch, out):
-            reply = tokenizer.decode(row[encoded.input_ids.shape[1]:], skip_special_tokens=True).split("\n")[0]
-            passed[task.domain].append(bool(format_free_passed(task, reply)))
+    prompts = [task.prompt if args.with_template or task.domain not in templates
+               else question_alone(task.prompt, templates[task.domain]) for task in tasks]
+    for task, reply in zip(tasks, greedy_first_lines(model, tokenizer, prompts, args.max_new_tokens)):
+        passed[task.domain].append(bool(format_free_passed(task, reply)))
     mode = "with the recipe's template" if args.with_template else "question alone"
     for domain, outcomes in sorted(passed.items()):
         accuracy = sum(outcomes) / len(outcomes)
