@@ -9,8 +9,9 @@ the trainer worker's CheckpointWriter into a temporary lake (wired to the traine
 trainer worker wires it), then the same updates again while the write runs (the write meets
 the next update's gradients, the trainer's peak in a run that checkpoints), then the wait for
 the write; then one more checkpoint written alone. Each checkpoint's write time and the CPU
-seconds of its writing thread (CHECKPOINT.json's write_s, write_cpu_s) are printed. A thread polls the process's PSS (/proc/self/smaps_rollup) every 0.05 s and the
-script prints the peak of each phase (and its seconds) against the state the trainer must hold (fp32 weights,
+seconds of its writing thread (CHECKPOINT.json's write_s, write_cpu_s) are printed. A thread
+polls the process's PSS (/proc/self/smaps_rollup) every 0.05 s and the script prints the
+peak of each phase (and its seconds) against the state the trainer must hold (fp32 weights,
 gradients, AdamW's two moments: 4 x 4 bytes per parameter). Run it on two checkouts to
 compare designs (`PYTHONPATH=OTHER_CHECKOUT python benchmarks/checkpoint_memory.py`).
 

@@ -141,4 +141,3 @@ class CheckpointWriter:
             return
         if removed:
             log.info("run %s: checkpoints %s deleted (retention)", self.run_id, removed)
-

@@ -32,15 +32,21 @@ def family_of(task) -> str:
     return json.loads(task.verifier.payload).get("family", "lookup")
 
 
+def key_of(task) -> str:
+    """The key a task asks about, read from the prompt's words: "... key K in ans, then
+    submit" / "... of K in ans, then submit" (not two_step's, whose key is in the files)."""
+    return task.prompt.split()[-5]
+
+
 def by_hand(task) -> str:
     """The answer, worked out from the prompt's words and the files' lines, independently of the env."""
-    lines, words = lines_of(task), task.prompt.split()
+    lines = lines_of(task)
     family = family_of(task)
     if family == "two_step":
         (target,) = [value for _, key, value in lines if key == POINTER_KEY]
         (value,) = [value for _, key, value in lines if key == target]
         return value
-    key = words[-5]  # "... key K in ans, then submit" / "... of K in ans, then submit"
+    key = key_of(task)
     matching = [(name, value) for name, line_key, value in lines if line_key == key]
     return {"lookup": lambda: matching[0][1], "count": lambda: str(len(matching)),
             "sum": lambda: str(sum(int(value) for _, value in matching)), "which_file": lambda: matching[0][0]}[family]()
@@ -62,7 +68,7 @@ def test_every_family_is_drawn_seeded_its_splits_disjoint_and_its_oracle_writes_
     assert min(counts) >= 1 and len(set(counts)) > 1  # the count varies: no constant answer passes
     for task in train + heldout:  # no sum equals one of its values: copying a value never passes
         if family_of(task) == "sum":
-            key = task.prompt.split()[-5]  # as by_hand reads it
+            key = key_of(task)
             values = [value for _, line_key, value in lines_of(task) if line_key == key]
             assert len(values) >= 2 and by_hand(task) not in values, task.task_id
 
@@ -160,8 +166,8 @@ def test_every_oracle_writes_what_its_last_look_shows_and_sums_look_like_two_ste
     looks = pool.map(last_look, tasks)
     for task, (command, stdout) in zip(tasks, looks):
         truth, shown = ALL._answer(task), stdout.splitlines()
-        assert truth in shown or f"{task.prompt.split()[-5]}={truth}" in shown or truth in [
+        assert truth in shown or f"{key_of(task)}={truth}" in shown or truth in [
             line.partition("=")[2] for line in shown], (family_of(task), command, stdout)
         if family_of(task) == "sum":
-            key = task.prompt.split()[-5]
+            key = key_of(task)
             assert command == f"grep -h ^{key}= * | {SUM_SUFFIX}" and shown == [truth], (command, stdout)
