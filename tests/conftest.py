@@ -53,6 +53,7 @@ from pathlib import Path
 
 import prefect.settings
 import pytest
+from torch._inductor.runtime import cache_dir_utils
 from prefect.testing.utilities import prefect_test_harness
 
 from rlpipe.workers.launch import LAUNCH_ENV_VAR, SHARED_ZYGOTE_ENV_VAR, start_shared_zygote
@@ -92,6 +93,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # what `rlpipe` sets for its workers (cli/main.py)
+# torch's inductor writes TORCHINDUCTOR_CACHE_DIR into os.environ the first time anything asks
+# for its cache folder (collecting the whole suite does; MLflow's model logging does), so a file
+# run alone saw it "changed" by its own test: set it once, here, to the folder torch picks.
+cache_dir_utils.cache_dir()
 
 
 @pytest.fixture(scope="session", autouse=True)
