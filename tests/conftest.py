@@ -53,8 +53,8 @@ from pathlib import Path
 
 import prefect.settings
 import pytest
-from torch._inductor.runtime import cache_dir_utils
 from prefect.testing.utilities import prefect_test_harness
+from torch._inductor.runtime import cache_dir_utils
 
 from rlpipe.workers.launch import LAUNCH_ENV_VAR, SHARED_ZYGOTE_ENV_VAR, start_shared_zygote
 from rlpipe.workers.zygote import import_settings
