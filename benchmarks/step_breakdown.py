@@ -18,14 +18,23 @@ the same intervals (the server handles a step's events a little after them, so s
 a tasks step's server CPU falls into the step that follows it), and the load average.
 Then the peak resident memory (VmHWM) of the controller (this process) and of the run's
 engine and trainer workers, each over the whole benchmark (warm-start included).
+`--profile FILE`: the controller's cProfile over the steps run as tasks (saved to FILE, its
+top entries printed), and the CPU seconds per step of each process (controller, engine and
+trainer workers, Prefect server) over those steps: where a step's time goes outside the
+library's own calls (benchmarks/vs_trl.py --steps times the whole CLI against the loop).
+The profiler slows the controller: its tasks-mode wall and CPU figures are then not the
+plain mode's equals, the workers' and the server's are.
 
     .venv/bin/python benchmarks/step_breakdown.py [--steps 6] [--config configs/quickstart.toml]
+        [--set KEY=VALUE ...] [--profile FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import statistics
 import tempfile
 import time
@@ -39,6 +48,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/quickstart.toml")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--profile", help="cProfile the controller over the task steps into this file")
     args = parser.parse_args()
 
     from prefect import flow
@@ -54,7 +65,8 @@ def main() -> None:
         overrides = [f'storage.lake_uri="{lake}/lake"', f'tracking.mlflow_uri="sqlite:///{lake}/mlflow.db"']
         # one generation round per step in every mode: the same work in each step
         config = load_config(args.config, overrides + [f"train.steps={len(MODES) * args.steps}", "checkpoint.every_steps=100000",
-                                                       "rollout.dynamic_sampling=false"])
+                                                       "rollout.dynamic_sampling=false", *args.overrides])
+        profile = cProfile.Profile() if args.profile else None
 
         @flow(name="step-breakdown")
         def bench() -> dict[str, list[float]]:
@@ -71,17 +83,25 @@ def main() -> None:
             lifecycle.open_run(runtime)
             lifecycle.warm_start(runtime)
             workers = {runtime.workers.engine.pid, runtime.workers.trainer.pid}
+            worker_pids = {"engine": runtime.workers.engine.pid, "trainer": runtime.workers.trainer.pid}
             stage_s: dict[str, list[float]] = defaultdict(list)
             step_s: dict[str, list[float]] = defaultdict(list)
             for step in range(1, len(MODES) * args.steps + 1):
                 mode = MODES[(step - 1) % len(MODES)]
                 cpu_before = _orchestration_cpu_s(workers)
+                workers_before = {name: _cpu_s(pid) for name, pid in worker_pids.items()}
                 started = time.perf_counter()
                 if mode == "tasks":
+                    if profile:
+                        profile.enable()
                     rl_step(runtime, step)
+                    if profile:
+                        profile.disable()
                 else:
                     _plain_step(runtime, step, stage_s)
                 step_s[mode].append(time.perf_counter() - started)
+                for name, pid in worker_pids.items():
+                    cpu_s[f"{mode}_{name}"].append(_cpu_s(pid) - workers_before[name])
                 load_1m.append(os.getloadavg()[0])
                 for name, seconds in zip(("controller", "server"), _orchestration_cpu_s(workers)):
                     cpu_s[f"{mode}_{name}"].append(seconds - cpu_before[name == "server"])
@@ -115,12 +135,17 @@ def main() -> None:
     print(f"ratio of each step to the plain step before it: median {statistics.median(pairs):.3f}, "
           f"min {min(pairs):.3f}, max {max(pairs):.3f}")
     print(f"load average (1 min) during the steps: {min(load_1m):.1f}-{max(load_1m):.1f}, median {statistics.median(load_1m):.1f}")
-    print("\nCPU seconds per step (median), the controller (all its threads) and the Prefect server process:")
+    print("\nCPU seconds per step (mean: the clocks tick in 10 ms, so a median of single steps is one of a few values),")
+    print("the controller (all its threads), the Prefect server process and the two workers:")
+    mean = {key: statistics.fmean(values) for key, values in cpu_s.items()}
     for mode in MODES:
-        controller, server = (statistics.median(cpu_s[f"{mode}_{name}"]) for name in ("controller", "server"))
-        extra = controller - statistics.median(cpu_s["plain_controller"])
-        print(f"  {mode:<6} controller {controller:.3f} s ({extra:+.3f} s vs plain = {extra / plain:.1%} of a plain step), "
-              f"server {server:.3f} s")
+        extra = mean[f"{mode}_controller"] - mean["plain_controller"]
+        print(f"  {mode:<6} controller {mean[f'{mode}_controller']:.3f} s ({extra:+.3f} s vs plain = {extra / plain:.1%} of a plain step), "
+              f"server {mean[f'{mode}_server']:.3f} s, engine {mean[f'{mode}_engine']:.3f} s, trainer {mean[f'{mode}_trainer']:.3f} s")
+    if profile:
+        profile.dump_stats(args.profile)
+        print(f"\nthe controller's profile over the {args.steps} task steps ({args.profile}), by cumulative time:")
+        pstats.Stats(args.profile).sort_stats("cumulative").print_stats(r"rlpipe/|prefect/(tasks|artifacts)|mlflow/tracking/client|fsync", 40)
     print("\npeak resident memory (VmHWM), MB:")
     for name, megabytes in peaks.items():
         print(f"  {name:<15} {megabytes:8.1f}")
@@ -142,6 +167,13 @@ def _orchestration_cpu_s(workers: set[int]) -> tuple[float, float]:
             continue
         total += child_times.user + child_times.system
     return times.user + times.system, total
+
+
+def _cpu_s(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def _peak_rss_mb(pid: int | None) -> float:

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/vs_trl.py [--seconds 240] [--repeats 2] [--threads 1] [--lr 1e-3] [--clock wall|cpu]
         [--sizes 8x8,128x8] [--eval-every 60] [--dynamic-sampling on|off]
+    .venv/bin/python benchmarks/vs_trl.py --steps 20 --systems rlpipe,trl,cli [--init DIR] [--cli-checkout main=/work/main]
     (needs the `bench` extra: pip install -e .[bench], i.e. trl)
 
 One invocation: builds the quickstart's warm-start checkpoint ONCE (configs/quickstart.toml,
@@ -32,6 +33,13 @@ stages make, WITHOUT the Prefect orchestration and the lake writes
 (the flow adds those per step; see benchmarks/step_breakdown.py). TRL runs its own loop
 (model.generate, its loss with the fused LM head) on the same CPU threads.
 
+`--steps N` times steps instead of racing: per repeat each system runs N RL steps from the
+same policy (the order rotating), and each run's median seconds per step after the first
+is printed with the ratios of `rlpipe train` (system `cli`, benchmarks/cli_steps.py: the
+command as a user runs it, Prefect, lake, MLflow and workers included, timed from its step
+commits) to the loop and to TRL, repeat by repeat. `--init DIR` starts every system from a
+model folder (e.g. a run's checkpoint step=000000) instead of warm-starting here.
+
 Why TRL once looked 4x slower per step (profiled): docs/RESULTS.md, "Why TRL once looked
 4x slower per step".
 
@@ -49,6 +57,7 @@ import copy
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -56,6 +65,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_steps, next to this file
+
+import cli_steps  # noqa: E402
+from cli_steps import StepTimes  # noqa: E402
 
 from rlpipe.controller.sample import build_mixture  # noqa: E402
 from rlpipe.core.config import load_config  # noqa: E402
@@ -78,8 +91,8 @@ class Budget:
     recorded. Every `eval_every` seconds of training (0 = never) the run's held-out accuracy
     is measured with the clocks stopped (`checkpoint`), for the accuracy-over-time curve."""
 
-    def __init__(self, seconds: float, clock: str, eval_every: float = 0.0, evaluate=None) -> None:
-        self.seconds, self.clock = seconds, CLOCKS[clock]
+    def __init__(self, seconds: float, clock: str, eval_every: float = 0.0, evaluate=None, steps: int = 0) -> None:
+        self.seconds, self.clock, self.steps = seconds, CLOCKS[clock], steps
         self.eval_every, self.evaluate = eval_every, evaluate
         self.curve: list[tuple[float, float]] = []  # (training seconds, held-out accuracy)
         self.start()
@@ -87,12 +100,22 @@ class Budget:
     def start(self) -> None:
         self.started, self.wall_started, self.cpu_started = self.clock(), time.perf_counter(), time.process_time()
         self.paused = (0.0, 0.0, 0.0)  # clock, wall, cpu seconds spent evaluating
+        self.marks: list[tuple[float, float]] = [self.used()]  # (wall, cpu) of training at the start and each step's end
 
     def elapsed(self) -> float:
         return self.clock() - self.started - self.paused[0]
 
     def spent(self) -> bool:
-        return self.elapsed() >= self.seconds
+        """`seconds` of training are over, or (`steps` > 0) that many RL steps are done."""
+        return self.elapsed() >= self.seconds or 0 < self.steps < len(self.marks)
+
+    def step_done(self) -> None:
+        self.marks.append(self.used())
+
+    def periods(self) -> StepTimes:
+        """Wall and CPU seconds of each RL step after the first (the first warms caches up)."""
+        walls, cpus = ([b[i] - a[i] for a, b in zip(self.marks[1:], self.marks[2:])] for i in (0, 1))
+        return StepTimes(walls, cpus)
 
     def checkpoint(self, model: torch.nn.Module) -> None:
         """Measure held-out accuracy if the next curve point is due (time not counted)."""
@@ -110,19 +133,21 @@ class Budget:
 
 
 class Setup:
-    """The quickstart's config, mixture, held-out tasks and the warm-started policy."""
+    """The quickstart's config, mixture, held-out tasks and the warm-started policy (or the
+    policy of `init`, a model folder such as a checkpoint's: no warm start then)."""
 
-    def __init__(self, lr: float, prompts: int = 128, group: int = 8) -> None:
-        self.config = load_config(QUICKSTART, ["seed=0", f"train.lr={lr}", "train.mini_batches_per_step=4",
-                                               f"rollout.prompts_per_step={prompts}", f"rollout.group_size={group}", "rollout.temperature=0.7",
-                                               "rollout.top_p=1.0", "rollout.max_new_tokens=6", "algo.clip_eps=0.2", "algo.kl_coef=0.0"])
+    def __init__(self, lr: float, prompts: int = 128, group: int = 8, init: Path | None = None) -> None:
+        self.overrides = ["seed=0", f"train.lr={lr}", "train.mini_batches_per_step=4", "rollout.temperature=0.7",
+                          "rollout.top_p=1.0", "rollout.max_new_tokens=6", "algo.clip_eps=0.2", "algo.kl_coef=0.0"]
+        self.overrides += [f'model.path="{init.resolve()}"'] if init else []
+        self.config = load_config(QUICKSTART, self.overrides + [f"rollout.prompts_per_step={prompts}", f"rollout.group_size={group}"])
         self.mixture = build_mixture(self.config)
         self.env = self.mixture.envs["reverse"]
         self.heldout = self.mixture.heldout(self.config.envs.heldout_size, seed=0)
         self.train_tasks = self.mixture.sample(self.config.envs.train_size, rng_seed=derive_seed(0, 0, "warmstart"))
         torch.manual_seed(0)
         self.policy, self.tokenizer = build_policy(self.config)
-        self.warm_seconds = self._warm_start()
+        self.warm_seconds = 0.0 if init else self._warm_start()
 
     def with_size(self, prompts: int, group: int) -> Setup:
         """The same warm-started policy and tasks, with prompts x group completions per step."""
@@ -196,6 +221,7 @@ def race_rlpipe(setup: Setup, seed: int, budget: Budget, dynamic_sampling: bool)
                 samples.append(TrainSample(completion.prompt_token_ids, completion.token_ids, completion.logprobs, advantage))
         trainer.update(samples, shuffle_seed=derive_seed(seed, step, "mini-batches"))
         engine.load_weights(trainer.named_weights(), step)
+        budget.step_done()
         budget.checkpoint(model)
     return model, step
 
@@ -226,6 +252,7 @@ def race_trl(setup: Setup, seed: int, budget: Budget) -> tuple[torch.nn.Module, 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step % config.train.mini_batches_per_step == 0:
                 self.steps = state.global_step // config.train.mini_batches_per_step
+                budget.step_done()
                 budget.checkpoint(kwargs["model"])
                 if budget.spent():
                     control.should_training_stop = True
@@ -266,10 +293,16 @@ def main() -> None:
     parser.add_argument("--dynamic-sampling", choices=("on", "off"), default="on",
                         help="rlpipe's dynamic sampling (on: the quickstart's recipe; TRL's GRPOTrainer has none)")
     parser.add_argument("--eval-every", type=float, default=60.0, help="training seconds between held-out points (0: end only)")
+    parser.add_argument("--steps", type=int, default=0, help="> 1: time this many RL steps per run instead of a race (cli allowed)")
+    parser.add_argument("--init", type=Path, help="start from this model folder (e.g. a run's checkpoint step=000000), no warm start")
+    parser.add_argument("--cli-checkout", action="append", default=[], metavar="NAME=PATH",
+                        help="--steps: also time `rlpipe train` of another checkout as system NAME (e.g. main=/work/main)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
-    base = Setup(args.lr)
+    base = Setup(args.lr, init=args.init)
+    if args.steps > 1:
+        return step_race(args, base)
     start_accuracy = base.accuracy(base.policy)
     print(f"warm start: {base.warm_seconds:.0f} s; held-out accuracy {start_accuracy:.3f} on {len(base.heldout)} tasks; "
           f"{args.seconds:.0f} {args.clock} s of training per run, lr {args.lr:g}, {args.threads} threads, "
@@ -303,6 +336,56 @@ def main() -> None:
         if len(per_step) == 2 and "rlpipe" in per_step and "trl" in per_step:
             ratio = statistics.median(per_step["rlpipe"]) / statistics.median(per_step["trl"])
             print(f"{size}: rlpipe's wall time per RL step is {ratio:.2f}x TRL's")
+    load_after = os.getloadavg()
+    print(f"load average at the end: {load_after[0]:.1f} (1 min), {load_after[1]:.1f} (5 min), {load_after[2]:.1f} (15 min)")
+
+
+def step_race(args: argparse.Namespace, base: Setup) -> None:
+    """`--steps N`: each system runs N RL steps per repeat from the same policy, the order
+    rotating by repeat; prints each run's median seconds per step (after the first) and the
+    ratios of the CLI's to the loop's and TRL's, repeat by repeat (same load) and overall."""
+    checkouts = {"cli": cli_steps.REPO, **dict((name, Path(path)) for name, path in (c.split("=", 1) for c in args.cli_checkout))}
+    systems = args.systems.split(",") + [name for name in checkouts if name != "cli"]
+    dynamic = args.dynamic_sampling == "on"
+    with tempfile.TemporaryDirectory(prefix="vs_trl_init_") as saved:
+        init = args.init or Path(saved)
+        if not args.init:  # the CLI starts from the race's warm-started policy
+            base.policy.save_pretrained(saved)
+            base.tokenizer.save_pretrained(saved)
+        for size in args.sizes.split(","):
+            prompts, group = (int(part) for part in size.lower().split("x"))
+            setup = base.with_size(prompts, group)
+            sets = base.overrides + [f'model.path="{init.resolve()}"', f"rollout.prompts_per_step={prompts}",
+                                     f"rollout.group_size={group}", f"rollout.dynamic_sampling={str(dynamic).lower()}"]
+            medians: dict[str, list[tuple[float, float]]] = defaultdict(list)
+            print(f"\n{prompts} x {group} completions per step, {args.steps} RL steps per run, lr {args.lr:g}, "
+                  f"dynamic sampling {args.dynamic_sampling}, {args.threads} threads")
+            print(f"{'system':8} {'seed':>4} {'held-out':>9} {'wall s/step':>20} {'cpu s/step':>10} {'load':>5}  stages (cli, median s)")
+            for seed in range(args.repeats):
+                for system in systems[seed % len(systems):] + systems[:seed % len(systems)]:  # rotate who goes first
+                    if system in checkouts:
+                        times = cli_steps.run_cli(sets + [f"seed={seed}"], args.steps, args.threads, checkouts[system])
+                    else:
+                        budget = Budget(float("inf"), "wall", steps=args.steps)
+                        model, _ = (race_trl(setup, seed, budget) if system == "trl"
+                                    else race_rlpipe(setup, seed, budget, dynamic_sampling=dynamic))
+                        times = budget.periods()
+                        times.accuracy = setup.accuracy(model)
+                    wall, cpu = times.median()
+                    medians[system].append((wall, cpu))
+                    stages = " ".join(f"{name} {value:.3f}" for name, value in times.stages.items() if value >= 0.0005)
+                    print(f"{system:8} {seed:>4} {times.accuracy:>9.3f} {wall:>7.3f} ({min(times.wall):.3f}-{max(times.wall):.3f}) "
+                          f"{cpu:>10.3f} {os.getloadavg()[0]:>5.1f}  {stages}", flush=True)
+            for system, values in medians.items():
+                walls, cpus = [w for w, _ in values], [c for _, c in values]
+                print(f"{size} {system}: wall s/step {statistics.median(walls):.3f} ({min(walls):.3f}-{max(walls):.3f}), "
+                      f"cpu s/step {statistics.median(cpus):.3f} ({min(cpus):.3f}-{max(cpus):.3f}) over {len(values)} runs")
+            for cli in (name for name in checkouts if name in medians):
+                for other in (name for name in ("rlpipe", "trl") if name in medians):
+                    for clock, index in (("wall", 0), ("cpu", 1)):
+                        pairs = [a[index] / b[index] for a, b in zip(medians[cli], medians[other])]
+                        print(f"{size}: {cli} / {'loop' if other == 'rlpipe' else other} per step ({clock}): median of the "
+                              f"repeats {statistics.median(pairs):.2f} ({min(pairs):.2f}-{max(pairs):.2f})")
     load_after = os.getloadavg()
     print(f"load average at the end: {load_after[0]:.1f} (1 min), {load_after[1]:.1f} (5 min), {load_after[2]:.1f} (15 min)")
 

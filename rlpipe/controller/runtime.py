@@ -77,6 +77,7 @@ class RunRecords:
     mlflow_run_id: str = ""  # set by open-run
     incarnation: str = ""  # run.json's created_at: tells a run apart from an earlier one of the same id
     step_metrics: list[dict[str, float]] = field(default_factory=list)  # rows of the Prefect table (orchestration/track.py)
+    table_refreshed_at: float | None = None  # time.monotonic() of the table's last refresh by this process
     hold: RunHold | None = None  # this process writes the run; released once the workers stopped
 
 

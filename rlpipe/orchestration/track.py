@@ -2,7 +2,7 @@
 step's after-commit metrics (the update's, the timings) in the lake beside its manifest
 (TRAIN.json), log all its metrics to MLflow (timestamps from the step manifest, so a
 retried or resumed step adds no duplicate point) and refresh the Prefect table artifact of
-step metrics.
+step metrics (at most every TABLE_REFRESH_S, and at the last step).
 
 With the curriculum on, the step's domain ratios are logged and kept in TRAIN.json too
 (`curriculum/ratio/<domain>`).
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +43,12 @@ if TYPE_CHECKING:
 
 MODEL_ARTIFACT = "model"  # the final policy among the MLflow run's artifacts: an HF folder
 SHOWN = ("step", "reward/mean", "train/loss", "train/kl", "train/grad_norm", "time/step_s")
+TABLE_REFRESH_S = 5.0
+"""The step table is a new artifact version of every row, so it is refreshed at the first
+step a process tracks, then at most this often, and at the run's last step: a refresh is a
+Prefect API call and server work on the step's path, a cost a small step cannot spare
+(docs/RESULTS.md, "The CLI's whole step beside the loop and TRL"), and its rows grow with
+the run. The lake and MLflow get every step at once."""
 
 
 def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, float]:
@@ -71,11 +78,19 @@ def track(runtime: Runtime, step: int, extra: dict[str, float]) -> None:
         records.step_metrics.extend(earlier_rows(runtime, step))
     records.step_metrics[:] = [row for row in records.step_metrics if row["step"] != step]  # a retried track
     records.step_metrics.append({"step": step, **metrics})
-    create_table_artifact(
-        key=f"rlpipe-steps-{artifact_key(run_id)}",
-        table=[{name: round(row.get(name, float("nan")), 4) for name in SHOWN} for row in records.step_metrics],
-        description=f"Step metrics of run {run_id} (updated each step)",
-    )
+    now = time.monotonic()
+    if table_due(records.table_refreshed_at, now, step, runtime.config.train.steps):
+        create_table_artifact(
+            key=f"rlpipe-steps-{artifact_key(run_id)}",
+            table=[{name: round(row.get(name, float("nan")), 4) for name in SHOWN} for row in records.step_metrics],
+            description=f"Step metrics of run {run_id} (refreshed every {TABLE_REFRESH_S:g} s and at the last step)",
+        )
+        records.table_refreshed_at = now
+
+
+def table_due(refreshed_at: float | None, now: float, step: int, last_step: int) -> bool:
+    """Whether `track` refreshes the step table now (TABLE_REFRESH_S)."""
+    return refreshed_at is None or now - refreshed_at >= TABLE_REFRESH_S or step >= last_step
 
 
 def earlier_rows(runtime: Runtime, step: int) -> list[dict[str, float]]:

@@ -65,13 +65,16 @@ class ObjectStore:
         self.location = location
         self._fs = location.filesystem
 
-    def put(self, relative: str, data: bytes, crash_point: str | None = None) -> None:
+    def put(self, relative: str, data: bytes, crash_point: str | None = None, durable: bool = True) -> None:
         """Write a whole object atomically. `crash_point` names a failpoint hit with half
-        the bytes written (crash-recovery tests)."""
+        the bytes written (crash-recovery tests). `durable=False` (local disks): no fsync, for
+        objects whose reader checks a digest and computes them again when they are lost or
+        damaged (staged rows): a kill leaves them whole (the page cache keeps them), a power
+        cut may not."""
         path = self.location.path(relative)
         with storage_errors(f"writing {relative}", self.location):
             if self.location.is_local:
-                _atomic_local_write(Path(path), data, crash_point)
+                _atomic_local_write(Path(path), data, crash_point, durable)
             else:
                 with self._fs.open_output_stream(path) as stream:
                     stream.write(data[: len(data) // 2])
@@ -127,8 +130,8 @@ class ObjectStore:
         return digest.hexdigest()
 
 
-def _atomic_local_write(path: Path, data: bytes, crash_point: str | None = None) -> None:
-    """Write to a tmp file in the same folder, fsync, rename over the target."""
+def _atomic_local_write(path: Path, data: bytes, crash_point: str | None = None, durable: bool = True) -> None:
+    """Write to a tmp file in the same folder, fsync (if `durable`), rename over the target."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # hidden and without the target's suffix: a process killed mid-write leaves a file that
     # no `*.parquet` glob (DuckDB, Spark, pyarrow datasets) reads as a truncated part
@@ -141,8 +144,11 @@ def _atomic_local_write(path: Path, data: bytes, crash_point: str | None = None)
                 failpoint(crash_point)
             stream.write(data[len(data) // 2 :])
             stream.flush()
-            os.fsync(stream.fileno())
+            if durable:
+                os.fsync(stream.fileno())
         os.replace(partial, path)
+        if not durable:
+            return
         directory = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(directory)  # the rename itself survives a power cut

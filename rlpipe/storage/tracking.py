@@ -140,6 +140,7 @@ class Tracker:
                 hint="start it (`rlpipe up`) or fix tracking.mlflow_uri",
             )
         self._checked_artifact_roots: set[str] = set()
+        self._latest: dict[str, dict[str, int]] = {}  # MLflow run id -> key -> highest step logged (see _latest_steps)
         with _sqlite_store_lock(uri):  # MlflowClient opens (creates, migrates) the store
             self._client = MlflowClient(tracking_uri=uri)
             self.experiment_id = self._experiment_id(artifact_location or default_artifact_location(uri))
@@ -175,6 +176,7 @@ class Tracker:
 
     def resume_run(self, mlflow_run_id: str) -> None:
         """Mark an existing run as running again (RunNotFoundError if the store lacks it)."""
+        self._latest.pop(mlflow_run_id, None)  # read again from the store at the next log
         with _tracking_errors(self.uri, f"resuming run {mlflow_run_id}"):
             self._client.get_run(mlflow_run_id)
             self._client.update_run(mlflow_run_id, status="RUNNING")
@@ -189,15 +191,14 @@ class Tracker:
         """Log metrics at `step`, skipping keys that already have a point at this step.
         Returns how many points were logged."""
         stamp = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
-        with _tracking_errors(self.uri, f"logging metrics of step {step}"):
+        with _tracking_errors(self.uri, f"logging metrics of step {step}"), self._latest_kept(mlflow_run_id):
             latest_steps = self._latest_steps(mlflow_run_id)
             fresh = [
                 Metric(key, float(value), stamp, step)
                 for key, value in sorted(metrics.items())
                 if not self._has_point(mlflow_run_id, key, step, latest_steps.get(key))
             ]
-            if fresh:
-                self._client.log_batch(mlflow_run_id, metrics=fresh)
+            self._log_metrics(mlflow_run_id, fresh)
         return len(fresh)
 
     def log_series(self, mlflow_run_id: str, key: str, points: list[tuple[int, float]]) -> int:
@@ -207,20 +208,43 @@ class Tracker:
         if not points:
             return 0
         stamp = int(time.time() * 1000)
-        with _tracking_errors(self.uri, f"logging {key}"):
+        with _tracking_errors(self.uri, f"logging {key}"), self._latest_kept(mlflow_run_id):
             latest = self._latest_steps(mlflow_run_id).get(key, -1)
             fresh = [Metric(key, float(value), stamp, step) for step, value in points if step > latest]
-            if fresh:
-                self._client.log_batch(mlflow_run_id, metrics=fresh)
+            self._log_metrics(mlflow_run_id, fresh)
         return len(fresh)
 
     def _latest_steps(self, mlflow_run_id: str) -> dict[str, int]:
-        """Key -> highest step logged so far (MLflow keeps the max-step point as "latest")."""
-        data = self._client.get_run(mlflow_run_id).data
-        latest = getattr(data, "_metric_objs", None)  # Metric objects with their step
-        if latest is None:
-            return {key: 2**62 for key in data.metrics}  # unknown: force a history look-up
-        return {metric.key: metric.step for metric in latest}
+        """Key -> highest step logged so far (MLflow keeps the max-step point as "latest").
+        Read from the store once per run and process, then kept up to date by this
+        Tracker's own logging (`_log_metrics`): a step's metrics cost one request, not two.
+        One controller logs a run's metrics; the copy is dropped on any error (`_latest_kept`),
+        so a failed or partly applied request is followed by a fresh read."""
+        if mlflow_run_id not in self._latest:
+            data = self._client.get_run(mlflow_run_id).data
+            latest = getattr(data, "_metric_objs", None)  # Metric objects with their step
+            if latest is None:  # unknown: force a history look-up
+                self._latest[mlflow_run_id] = {key: 2**62 for key in data.metrics}
+            else:
+                self._latest[mlflow_run_id] = {metric.key: metric.step for metric in latest}
+        return self._latest[mlflow_run_id]
+
+    def _log_metrics(self, mlflow_run_id: str, metrics: list[Metric]) -> None:
+        if not metrics:
+            return
+        self._client.log_batch(mlflow_run_id, metrics=metrics)
+        latest = self._latest_steps(mlflow_run_id)
+        for metric in metrics:
+            latest[metric.key] = max(latest.get(metric.key, -1), metric.step)
+
+    @contextmanager
+    def _latest_kept(self, mlflow_run_id: str) -> Iterator[None]:
+        """Drop the kept latest steps of the run when the body fails (see _latest_steps)."""
+        try:
+            yield
+        except BaseException:
+            self._latest.pop(mlflow_run_id, None)
+            raise
 
     def _has_point(self, mlflow_run_id: str, key: str, step: int, latest_step: int | None) -> bool:
         """Whether `key` has a point at `step`; reads the history only when it could."""

@@ -14,6 +14,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from rlpipe.controller.builders import build_lake
 from rlpipe.flows.train import train
+from rlpipe.orchestration.track import TABLE_REFRESH_S, table_due
 from rlpipe.tasks import step_tasks
 from tests.flows.runs import tiny_config
 
@@ -68,6 +69,13 @@ def test_step_table_after_a_resume_holds_the_steps_before_it(tmp_path: Path, mon
     # every row has its reward (manifest) and its train loss (MLflow: logged by the first
     # flow run for step 1, by the resume's replay for step 2), not NaN (None in JSON)
     assert all(row["train/loss"] is not None and row["reward/mean"] is not None for row in rows)
+
+
+def test_step_table_is_refreshed_first_then_at_most_every_few_seconds_and_at_the_last_step() -> None:
+    assert table_due(None, 100.0, step=7, last_step=20)  # the first step this process tracks
+    assert not table_due(100.0, 100.0 + TABLE_REFRESH_S / 2, step=8, last_step=20)
+    assert table_due(100.0, 100.0 + TABLE_REFRESH_S, step=9, last_step=20)
+    assert table_due(100.0, 100.0, step=20, last_step=20)  # the last step: every row is in the final table
 
 
 async def _table(key: str) -> list[dict]:

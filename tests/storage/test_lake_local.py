@@ -69,3 +69,32 @@ def test_altered_staged_rows_are_named_in_a_warning(tmp_path: Path, caplog: pyte
         assert lake.read_staged("r1", 1, "generate", "key") is None
     [record] = [r for r in caplog.records if r.name == "rlpipe.storage.lake"]
     assert staged in record.getMessage() and "computes them again" in record.getMessage()
+
+
+def test_a_damaged_staged_partref_means_compute_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Staged rows are not fsynced: after a power cut their PartRef may be empty or cut
+    short. It is read as no staged rows (a warning), never as an error that fails the stage."""
+    from tests.helpers.trajectories import make_trajectories
+
+    lake = Lake.open(str(tmp_path / "lake"))
+    staged = lake.write_staged("r1", 1, "verify", "key", make_trajectories("r1", 1, 3))
+    ref = tmp_path / "lake" / staged.replace(".parquet", ".json")
+    for damaged in (b"", ref.read_bytes()[:10]):
+        ref.write_bytes(damaged)
+        with caplog.at_level("WARNING", logger="rlpipe.storage.lake"):
+            assert lake.read_staged("r1", 1, "verify", "key") is None
+        assert "does not parse" in caplog.records[-1].getMessage()
+
+
+def test_staged_rows_skip_fsync_committed_parts_do_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers.trajectories import make_trajectories
+
+    lake = Lake.open(str(tmp_path / "lake"))
+    rows = make_trajectories("r1", 1, 3)
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    lake.write_staged("r1", 1, "generate", "key", rows)
+    assert synced == []
+    lake.write_part("r1", 1, "00000", rows)
+    assert len(synced) == 2  # the file, then its folder (the rename)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
+from mlflow.exceptions import MlflowException
 
 from rlpipe.core.errors import RunNotFoundError, StorageUnavailable
 from rlpipe.storage.lake import Lake
@@ -54,6 +55,32 @@ def test_relogging_a_step_adds_no_point(tracker: Tracker) -> None:
     assert tracker.log_step_metrics(run_id, 1, {"reward/mean": 0.9, "train/kl": 0.1}, timestamp_ms=5000) == 1
     assert tracker.metric_history(run_id, "reward/mean") == [(1, 0.5, 1000), (2, 0.75, 2000)]
     assert tracker.metric_history(run_id, "train/kl") == [(1, 0.1, 5000)]
+
+
+def test_a_run_latest_steps_are_read_once_and_again_after_a_failed_log(tracker: Tracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's metrics cost one store request: the run's latest steps are read at its first
+    log and then kept by the Tracker (still deduplicating); a log that fails drops them, so
+    the next one reads the store again (the failed request may have been applied in part)."""
+    run_id = tracker.start_run("run-reads", tags={}, params={})
+    reads: list[str] = []
+    real_get_run, real_log_batch = tracker._client.get_run, tracker._client.log_batch
+    monkeypatch.setattr(tracker._client, "get_run", lambda run: reads.append(run) or real_get_run(run))
+    for step in (1, 2, 3):
+        assert tracker.log_step_metrics(run_id, step, {"reward/mean": step / 10}, timestamp_ms=step) == 1
+    assert tracker.log_step_metrics(run_id, 2, {"reward/mean": 0.2}, timestamp_ms=2) == 0
+    assert reads == [run_id]
+
+    def half_applied(run: str, metrics: list) -> None:  # the store took the points, the reply was lost
+        real_log_batch(run, metrics=metrics)
+        raise MlflowException("connection reset (test)")
+
+    monkeypatch.setattr(tracker._client, "log_batch", half_applied)
+    with pytest.raises(StorageUnavailable):
+        tracker.log_step_metrics(run_id, 4, {"reward/mean": 0.4}, timestamp_ms=4)
+    monkeypatch.setattr(tracker._client, "log_batch", real_log_batch)
+    assert tracker.log_step_metrics(run_id, 4, {"reward/mean": 0.4}, timestamp_ms=4) == 0  # the retry finds the point
+    assert reads == [run_id, run_id]
+    assert [step for step, _, _ in tracker.metric_history(run_id, "reward/mean")] == [1, 2, 3, 4]
 
 
 def test_artifacts_text_and_reward_curve(tracker: Tracker, tmp_path: Path) -> None:
