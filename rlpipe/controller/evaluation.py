@@ -1,7 +1,8 @@
 """Greedy evaluation on the controller's side: `greedy_accuracy` (pass@1 of the engine
 worker's policy on a list of tasks, overall and per domain, strict and format-free: see
 its docstring; code runs in the run's sandbox pool, multi-turn tasks as whole episodes),
-`heldout_tasks` (the run's held-out set, drawn with envs.heldout_seed, not the run's
+`family_figures` (the per-family and per-task outcomes of the domains whose env splits its
+tasks into families, e.g. agent_tasks), `heldout_tasks` (the run's held-out set, drawn with envs.heldout_seed, not the run's
 seed, so that every seed of a recipe is evaluated on the same problems), the figure a warm-start check compares with its
 target (`warmstart_accuracy`), the MLflow names of a held-out evaluation
 (`heldout_metrics`) and the run's earlier evaluations a regression alert compares with
@@ -14,6 +15,7 @@ Not here: when an evaluation runs and where its result is stored (tasks/lifecycl
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from rlpipe.controller.agent_episodes import is_multi_turn, run_agent_episodes
@@ -56,7 +58,11 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
       (absent for the others; `format_free` over those domains only);
     - `n/<domain>`: the tasks scored, the n of each accuracy's binomial standard error;
     - `wellformed/<domain>`, `replies/<domain>` (multi-turn domains): the share of the
-      episodes' replies that parsed as a tool call (agents/tools.py), over that many replies."""
+      episodes' replies that parsed as a tool call (agents/tools.py), over that many replies;
+    - for the multi-turn tasks whose env names their family (`task_family(task)`, e.g.
+      agent_tasks): each family's figures and each task's outcome (`family_figures`), so
+      that two evaluations of one held-out set can be compared family by family and task
+      by task."""
     params = SamplingParams(
         n=1, temperature=1.0, top_p=1.0, max_new_tokens=runtime.config.rollout.max_new_tokens,
         stop=runtime.config.rollout.stop, seed=0, greedy=True,
@@ -74,14 +80,57 @@ def greedy_accuracy(runtime: Runtime, tasks: list[Task]) -> dict[str, float]:
         passed[task_.domain].append(1.0 if verdict.passed else 0.0)
         _add_format_free(free, task_, text)
     calls: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # per multi-turn domain: replies, well-formed ones
+    outcomes: list[EpisodeOutcome] = []  # of the tasks whose env names their family
     for episode in run_agent_episodes(runtime, episodic, 1, params, options) if episodic else []:  # greedy whole episodes
-        domain = by_id[episode.completion.task_id].domain
+        task_ = by_id[episode.completion.task_id]
+        domain = task_.domain
         passed[domain].append(1.0 if episode.verdict.passed else 0.0)
         calls[domain][0] += episode.turns
         calls[domain][1] += episode.turns - episode.malformed_calls
+        family_of = getattr(runtime.mixture.env_for(task_), "task_family", None)
+        if family_of is not None:
+            outcomes.append(EpisodeOutcome(domain, family_of(task_), task_.task_id, episode.verdict.passed,
+                                           episode.turns, episode.turns - episode.malformed_calls))
     figures = accuracy_figures(passed, free)
     figures.update({f"wellformed/{domain}": formed / replies for domain, (replies, formed) in sorted(calls.items()) if replies})
     figures.update({f"replies/{domain}": float(replies) for domain, (replies, _) in sorted(calls.items())})
+    figures.update(family_figures(outcomes))
+    return figures
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """One greedy episode of an evaluation, of a task whose env names its family."""
+
+    domain: str
+    family: str
+    task_id: str
+    passed: bool
+    replies: int
+    well_formed: int  # replies that parsed as a tool call
+
+
+def family_figures(outcomes: list[EpisodeOutcome]) -> dict[str, float]:
+    """Per family of a domain: `family/<domain>/<family>` (the share of its episodes that
+    passed), `n/<domain>/<family>` (its episodes), `wellformed/<domain>/<family>` and
+    `replies/<domain>/<family>` (as greedy_accuracy's per domain); per task:
+    `task/<task_id>` (1.0 passed, 0.0 not; the mean where a task was played more than once).
+    Keys none of the per-domain readers take (they read `accuracy/<domain>` and `n/<domain>`)."""
+    groups: dict[tuple[str, str], list[EpisodeOutcome]] = defaultdict(list)
+    tasks: dict[str, list[float]] = defaultdict(list)
+    for outcome in outcomes:
+        groups[(outcome.domain, outcome.family)].append(outcome)
+        tasks[outcome.task_id].append(1.0 if outcome.passed else 0.0)
+    figures: dict[str, float] = {}
+    for (domain, family), group in sorted(groups.items()):
+        name = f"{domain}/{family}"
+        replies = sum(o.replies for o in group)
+        figures[f"family/{name}"] = sum(o.passed for o in group) / len(group)
+        figures[f"n/{name}"] = float(len(group))
+        figures[f"replies/{name}"] = float(replies)
+        if replies:
+            figures[f"wellformed/{name}"] = sum(o.well_formed for o in group) / replies
+    figures.update({f"task/{task_id}": sum(values) / len(values) for task_id, values in sorted(tasks.items())})
     return figures
 
 
@@ -115,12 +164,15 @@ def accuracy_figures(passed: dict[str, list[float]], free: dict[str, list[float]
 def heldout_metrics(result: dict[str, float]) -> dict[str, float]:
     """MLflow names of an evaluation (curves over the step): `heldout/accuracy` and
     `heldout/format_free` overall, `heldout/<domain>/accuracy` and
-    `heldout/<domain>/format_free` (the task counts `n/<domain>` are not logged)."""
+    `heldout/<domain>/format_free`, a family's as `heldout/<domain>/<family>/accuracy` (the
+    counts `n/...`, `replies/...` and the per-task outcomes `task/...` are not logged)."""
     metrics = {}
     for key, value in result.items():
         kind, _, domain = key.partition("/")
-        if kind in ("n", "replies"):
+        if kind in ("n", "replies", "task"):
             continue
+        if kind == "family":
+            kind = "accuracy"
         metrics[f"heldout/{domain}/{kind}" if domain else f"heldout/{key}"] = value
     return metrics
 

@@ -130,6 +130,11 @@ class AgentTasksEnv:
         """The reference replies, in order (each one tool call)."""
         return list(json.loads(task.reference_answer or "[]"))
 
+    def task_family(self, task: Task) -> str:
+        """The task's family (lookup for a task without one in its payload: the quickstart's);
+        a held-out evaluation reports its figures per family (controller/evaluation.py)."""
+        return self._family(task)
+
     def verify(self, task: Task, completion_text: str, sandbox: Sandbox | None = None) -> Verdict:
         """Judge the final /work in `sandbox` (see the module docstring)."""
         started = time.perf_counter()

@@ -64,6 +64,7 @@ def test_every_family_is_drawn_seeded_its_splits_disjoint_and_its_oracle_writes_
         written = json.loads(oracle[-2])["arguments"]["content"]
         assert written == truth == ALL._answer(task), task.task_id
         assert json.loads(oracle[-1])["name"] == "submit" and len(oracle) <= ALL.max_turns
+        assert ALL.task_family(task) == family_of(task)  # the family an evaluation reports it under
     counts = [int(by_hand(task)) for task in train if family_of(task) == "count"]
     assert min(counts) >= 1 and len(set(counts)) > 1  # the count varies: no constant answer passes
     for task in train + heldout:  # no sum equals one of its values: copying a value never passes

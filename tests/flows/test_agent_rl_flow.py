@@ -51,7 +51,12 @@ def test_two_agent_rl_steps_store_whole_masked_episodes(tmp_path: Path) -> None:
     assert any(0 in row[-1] for row in rows)
     metrics = query_trajectories(lake, "select step, tokens from step_metrics order by step").rows
     assert [(step, int(tokens)) for step, tokens in metrics] == sorted(trained_tokens.items())
-    assert lake.read_json("agent-rl", "evals/after_rl.json")["accuracy/agent_tasks"] in (0.0, 0.5, 1.0)
+    after = lake.read_json("agent-rl", "evals/after_rl.json")
+    assert after["accuracy/agent_tasks"] in (0.0, 0.5, 1.0)
+    # the one family's figure is the domain's, and each held-out task's outcome is stored for a paired comparison
+    assert after["family/agent_tasks/lookup"] == after["accuracy/agent_tasks"] and after["n/agent_tasks/lookup"] == 2
+    outcomes = [value for key, value in after.items() if key.startswith("task/agent_tasks/")]
+    assert len(outcomes) == 2 and sum(outcomes) / 2 == after["accuracy/agent_tasks"]
     # warmstart.keep_optimizer: the warm start stepped the RL trainer's AdamW, so checkpoint 0
     # holds its 2 steps of second moments, momentum zeroed, for RL to go on with
     saved = tmp_path / "lake" / "checkpoints" / "agent-rl" / "step=000000" / OPTIMIZER_FILE
