@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import os
 import runpy
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,6 +76,7 @@ class _CliZygote:
 
     def __init__(self, env: dict[str, str]) -> None:
         folder = tempfile.mkdtemp(prefix="rlpipe-cli-zygote-")
+        atexit.register(_remove_folder, folder, os.getpid())  # its socket and log: nothing left in /tmp
         self.path = os.path.join(folder, "socket")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -100,6 +102,12 @@ class _CliZygote:
 
 
 _ZYGOTES: dict[frozenset, _CliZygote] = {}
+
+
+def _remove_folder(folder: str, creator: int) -> None:
+    """At the exit of the process that made `folder` (not of a fork that inherited the handler)."""
+    if os.getpid() == creator:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_rlpipe_command(args: list[str], env: dict[str, str], cwd: Path | str, timeout_s: float,
