@@ -105,6 +105,7 @@ def test_two_ranks_update_the_weights_as_one_process_does(tmp_path: Path, aggreg
         path = group.handle(p.PublishWeights(str(tmp_path))).path
     finally:
         group.close()
+        shutil.rmtree(sockets, ignore_errors=True)
     from safetensors.torch import load_file
 
     grouped = load_file(path)
