@@ -6,7 +6,8 @@ by CHECKPOINT.json and then LATEST, read back with their digests checked, and de
     checkpoints/{run_id}/LATEST                           the highest complete step, written last
 
 `CheckpointStore.begin` returns a `CheckpointWriting`: its `open(path)` is a stream to the
-file's final place (a local lake: the file itself, fsynced when closed; S3: pyarrow's
+file's final place (a local lake: the file itself, written around the page cache with
+O_DIRECT where the filesystem allows it, storage/direct_file.py, and fsynced when closed; S3: pyarrow's
 multipart upload), digested as it is written (xxh3_128, storage/digests.py: a checkpoint
 written before records sha256 and is checked with it), so a checkpoint's bytes go once and are never
 staged in a temporary copy. Only `commit` makes the folder count: it writes CHECKPOINT.json
@@ -21,7 +22,7 @@ keep (workers/checkpoint_writer.py, storage/checkpoint_retention.py).
 
 from __future__ import annotations
 
-import os
+import mmap
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ import pyarrow.fs as pafs
 from rlpipe.core.errors import LakeCorrupted
 from rlpipe.core.failpoints import failpoint
 from rlpipe.storage.digests import CHECKPOINT_DIGEST, new_hasher
+from rlpipe.storage.direct_file import DirectFile, new_buffer
 from rlpipe.storage.filesystem import LakeLocation
 from rlpipe.storage.lake_records import CheckpointFile, CheckpointInfo
 from rlpipe.storage.objects import ObjectStore, storage_errors
@@ -67,6 +69,7 @@ class CheckpointWriting:
         self.base = store.folder(run_id, step)
         self.files: list[CheckpointFile] = []
         self._began, self._began_cpu = time.monotonic(), time.thread_time()  # commit runs on this thread too
+        self._bounce: mmap.mmap | None = None  # a local lake's O_DIRECT buffer, shared by the files
 
     @contextmanager
     def open(self, relative: str) -> Iterator[BinaryIO]:
@@ -77,12 +80,16 @@ class CheckpointWriting:
         with storage_errors(f"writing checkpoint file {self.base}/{relative}", location):
             if location.is_local:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "wb") as target:
+                if self._bounce is None:
+                    self._bounce = new_buffer()
+                target = DirectFile(path, self._bounce)
+                try:
                     stream = _DigestingStream(target, CHECKPOINT_DIGEST)
                     yield stream  # type: ignore[misc]
                     failpoint("checkpoint-write")
-                    target.flush()
-                    os.fsync(target.fileno())
+                    target.close()  # the tail, the size, fsync
+                finally:
+                    target.discard()
             else:
                 with location.filesystem.open_output_stream(path) as target:
                     stream = _DigestingStream(target, CHECKPOINT_DIGEST)
