@@ -10,7 +10,8 @@ digest algorithm of storage/digests.py and repetition, alternating. For each wri
 the wall seconds, the writing thread's CPU seconds (user and kernel: getrusage of the
 thread) and, inside them, the CPU of the digest alone (the same bytes through the same
 hasher, timed apart) and of fsync (with `--drop-cache`, fsync then dropping the file's pages).
-`--keep K` keeps the last K checkpoints (as retention does) so that their pages stay in the
+`--buffered` writes through the page cache as rlpipe did before O_DIRECT
+(storage/direct_file.py). `--keep K` keeps the last K checkpoints (as retention does) so that their pages stay in the
 page cache as in a run. With `--profile`, cProfile's top functions (by the thread's CPU) of
 the last repetition's writes.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import os
 import pstats
 import resource
@@ -39,6 +41,7 @@ sys.path.insert(0, str(REPO))
 import rlpipe.storage.checkpoint_store as checkpoint_store  # noqa: E402
 from rlpipe.rl.checkpoint_contents import CheckpointContents, CheckpointMeta, write_contents  # noqa: E402
 from rlpipe.storage.digests import ALGORITHMS, new_hasher  # noqa: E402
+from rlpipe.storage.direct_file import DirectFile  # noqa: E402
 from rlpipe.storage.lake import Lake  # noqa: E402
 
 PIECES = 16
@@ -80,10 +83,13 @@ def main() -> None:
     parser.add_argument("--parameters", type=int, default=134_515_008)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--buffered", action="store_true", help="write through the page cache (no O_DIRECT), to compare")
     parser.add_argument("--keep", type=int, default=0, help="keep the last K checkpoints (as retention does) instead of deleting each")
     parser.add_argument("--drop-cache", action="store_true", help="after each file's fsync, drop its pages from the page cache "
                         "(posix_fadvise DONTNEED), for comparison")
     args = parser.parse_args()
+    if args.buffered:
+        checkpoint_store.DirectFile = functools.partial(DirectFile, direct=False)
     contents = _contents(args.parameters)
     print(f"{contents.size_bytes / 1e9:.2f} GB of tensors ({args.parameters:,} float32 parameters, weights + 2 moments)")
     real_fsync = os.fsync
