@@ -8,12 +8,18 @@ other advantage +1 / -1, so every sample trains), a checkpoint written in the ba
 the trainer worker's CheckpointWriter into a temporary lake (wired to the trainer as the
 trainer worker wires it), then the same updates again while the write runs (the write meets
 the next update's gradients, the trainer's peak in a run that checkpoints), then the wait for
-the write; then one more checkpoint written alone. Each checkpoint's write time and the CPU
-seconds of its writing thread (CHECKPOINT.json's write_s, write_cpu_s) are printed. A thread
+the write, the same updates once more (no write beside them); then one more checkpoint
+written alone. Each checkpoint's write time and the CPU seconds of its writing thread
+(CHECKPOINT.json's write_s, write_cpu_s) are printed, and each update's wall seconds: the
+updates beside the write against the median update without one (the first update, a
+warm-up, left out when there are others) is what the write cost them (their slowdown from
+sharing the CPU, and any wait for the write before an optimizer step). `--writer-idle` runs
+the writing thread under SCHED_IDLE, to compare. A thread
 polls the process's PSS (/proc/self/smaps_rollup) every 0.05 s and the script prints the
 peak of each phase (and its seconds) against the state the trainer must hold (fp32 weights,
 gradients, AdamW's two moments: 4 x 4 bytes per parameter). Run it on two checkouts to
-compare designs (`PYTHONPATH=OTHER_CHECKOUT python benchmarks/checkpoint_memory.py`).
+compare designs (run OTHER_CHECKOUT/benchmarks/checkpoint_memory.py: the script puts its own
+checkout first on sys.path).
 
 What it does not: generate (no engine), read rows from a lake, or assert anything.
 """
@@ -21,6 +27,8 @@ What it does not: generate (no engine), read rows from a lake, or assert anythin
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -90,12 +98,37 @@ def _samples(count: int, completion: int, vocab: int, seed: int) -> list[TrainSa
     return samples
 
 
+def _timed_updates(trainer, samples: list[TrainSample], seeds: range) -> list[float]:
+    """Wall seconds of each update."""
+    seconds = []
+    for seed in seeds:
+        began = time.perf_counter()
+        trainer.update(samples, shuffle_seed=seed)
+        seconds.append(time.perf_counter() - began)
+    return seconds
+
+
+def _write_at_idle_priority() -> None:
+    """Make CheckpointWriter's writing thread SCHED_IDLE (set from inside the thread)."""
+    write = CheckpointWriter._write
+
+    def idle_write(self, *args, **kwargs):
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        return write(self, *args, **kwargs)
+
+    CheckpointWriter._write = idle_write
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "configs" / "smollm2.toml"), help="a run config, or 'tiny': the default small model")
     parser.add_argument("--updates", type=int, default=1, help="updates before the checkpoint, and again during its write")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--writer-idle", action="store_true", help="run the writing thread under SCHED_IDLE (Linux): "
+                        "only on CPU that nothing else wants, to compare")
     args = parser.parse_args()
+    if args.writer_idle:
+        _write_at_idle_priority()
     peaks = PhasePeaks()
     started = time.perf_counter()
     config = load_config(None if args.config == "tiny" else args.config, args.overrides)
@@ -111,14 +144,16 @@ def main() -> None:
         if hasattr(writer, "join"):  # as the trainer worker wires it (a checkout whose writer copies the state has none)
             trainer.before_state_change = writer.join
         peaks.enter("updates")
-        for update in range(args.updates):
-            trainer.update(samples, shuffle_seed=update)
+        alone = _timed_updates(trainer, samples, range(args.updates))
         peaks.enter("checkpoint + updates")
+        began = time.perf_counter()
         writer.save(trainer.model, tokenizer, trainer.state_dict(), CheckpointMeta(args.updates, args.updates, "memory"))
-        for update in range(args.updates):
-            trainer.update(samples, shuffle_seed=args.updates + update)
+        beside = _timed_updates(trainer, samples, range(args.updates, 2 * args.updates))
+        waited = writer.take_waited_s() if hasattr(writer, "take_waited_s") else float("nan")
         writer.wait()
-        peaks.enter("after")
+        beside_span = time.perf_counter() - began
+        peaks.enter("updates after")
+        after = _timed_updates(trainer, samples, range(2 * args.updates, 3 * args.updates))
         time.sleep(0.2)
         writer.save(trainer.model, tokenizer, trainer.state_dict(), CheckpointMeta(args.updates + 1, args.updates + 1, "memory"),
                     wait=True)  # alone: the writer's own work, nothing beside it
@@ -136,6 +171,13 @@ def main() -> None:
             size = sum(file.size_bytes for file in info.files)
             print(f"  checkpoint {info.step} ({when}): {size / 1e9:.2f} GB written in {info.write_s:.1f} s, "
                   f"{info.write_cpu_s:.1f} CPU s of the writing thread (CHECKPOINT.json)")
+    # the first update of the run warms up (allocations, kernels): the reference is the median
+    # of the later ones without a write (before it, after it)
+    reference = statistics.median(alone[1:] + after) if len(alone) > 1 else statistics.median(after)
+    print(f"  updates: without a write {', '.join(f'{s:.2f}' for s in alone + after)} s; beside the write "
+          f"{', '.join(f'{s:.2f}' for s in beside)} s (save to committed {beside_span:.2f} s, {waited:.2f} s of them waiting for the write); the updates beside it "
+          f"{sum(beside) - reference * len(beside):+.2f} s against the median update without ({reference:.2f} s), "
+          f"{100 * (sum(beside) / (reference * len(beside)) - 1):+.1f}%")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ writes, with the `{"format": "pt"}` metadata transformers requires); a tensor th
 its storage with an earlier one (tied embeddings) is written once, as `save_pretrained`
 does. optimizer.pt is `torch.save` of the trainer state into the stream (torch hands the
 stream each storage's own memory), without the zip records' CRC-32 (torch's
-`save.compute_crc32`; ~12% of a write's CPU): every file's bytes are digested with sha256 by
+`save.compute_crc32`; ~12% of a write's CPU): every file's bytes are digested (xxh3_128) by
 the caller and checked at load, and `torch.load` reads the file the same.
 
 What it does not: decide where files go, digest them or commit a checkpoint (the caller's

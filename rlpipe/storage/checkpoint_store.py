@@ -2,12 +2,14 @@
 by CHECKPOINT.json and then LATEST, read back with their digests checked, and deleted.
 
     checkpoints/{run_id}/step={step:06d}/...              the files (rl/checkpoint_layout.py)
-    checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json  file list + sizes + sha256, after them
+    checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json  file list + sizes + digests, after them
     checkpoints/{run_id}/LATEST                           the highest complete step, written last
 
 `CheckpointStore.begin` returns a `CheckpointWriting`: its `open(path)` is a stream to the
-file's final place (a local lake: the file itself, fsynced when closed; S3: pyarrow's
-multipart upload), digested as it is written, so a checkpoint's bytes go once and are never
+file's final place (a local lake: the file itself, written around the page cache with
+O_DIRECT where the filesystem allows it, storage/direct_file.py, and fsynced when closed; S3: pyarrow's
+multipart upload), digested as it is written (xxh3_128, storage/digests.py: a checkpoint
+written before records sha256 and is checked with it), so a checkpoint's bytes go once and are never
 staged in a temporary copy. Only `commit` makes the folder count: it writes CHECKPOINT.json
 (atomically) and advances LATEST, which never moves back. A folder without CHECKPOINT.json is
 partial (a kill or a failure during its write): nothing reads it, `abort` deletes it when the
@@ -20,8 +22,7 @@ keep (workers/checkpoint_writer.py, storage/checkpoint_retention.py).
 
 from __future__ import annotations
 
-import hashlib
-import os
+import mmap
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +33,8 @@ import pyarrow.fs as pafs
 
 from rlpipe.core.errors import LakeCorrupted
 from rlpipe.core.failpoints import failpoint
+from rlpipe.storage.digests import CHECKPOINT_DIGEST, new_hasher
+from rlpipe.storage.direct_file import DirectFile, new_buffer
 from rlpipe.storage.filesystem import LakeLocation
 from rlpipe.storage.lake_records import CheckpointFile, CheckpointInfo
 from rlpipe.storage.objects import ObjectStore, storage_errors
@@ -42,9 +45,9 @@ MARKER = "CHECKPOINT.json"
 class _DigestingStream:
     """A write-only stream that counts and digests what passes through it."""
 
-    def __init__(self, target) -> None:
+    def __init__(self, target, algorithm: str) -> None:
         self._target = target
-        self.digest = hashlib.sha256()
+        self.digest = new_hasher(algorithm)
         self.size_bytes = 0
 
     def write(self, data) -> int:
@@ -66,28 +69,33 @@ class CheckpointWriting:
         self.base = store.folder(run_id, step)
         self.files: list[CheckpointFile] = []
         self._began, self._began_cpu = time.monotonic(), time.thread_time()  # commit runs on this thread too
+        self._bounce: mmap.mmap | None = None  # a local lake's O_DIRECT buffer, shared by the files
 
     @contextmanager
     def open(self, relative: str) -> Iterator[BinaryIO]:
-        """A stream to the file `relative` of the folder; recorded (size, sha256) once closed.
+        """A stream to the file `relative` of the folder; recorded (size, digest) once closed.
         The `checkpoint-write` failpoint is hit after each file's bytes (core/failpoints.py)."""
         location = self.store.location
         path = location.path(f"{self.base}/{relative}")
         with storage_errors(f"writing checkpoint file {self.base}/{relative}", location):
             if location.is_local:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "wb") as target:
-                    stream = _DigestingStream(target)
+                if self._bounce is None:
+                    self._bounce = new_buffer()
+                target = DirectFile(path, self._bounce)
+                try:
+                    stream = _DigestingStream(target, CHECKPOINT_DIGEST)
                     yield stream  # type: ignore[misc]
                     failpoint("checkpoint-write")
-                    target.flush()
-                    os.fsync(target.fileno())
+                    target.close()  # the tail, the size, fsync
+                finally:
+                    target.discard()
             else:
                 with location.filesystem.open_output_stream(path) as target:
-                    stream = _DigestingStream(target)
+                    stream = _DigestingStream(target, CHECKPOINT_DIGEST)
                     yield stream  # type: ignore[misc]
                     failpoint("checkpoint-write")
-        self.files.append(CheckpointFile(path=relative, size_bytes=stream.size_bytes, sha256=stream.digest.hexdigest()))
+        self.files.append(CheckpointFile.of(relative, stream.size_bytes, CHECKPOINT_DIGEST, stream.digest.hexdigest()))
 
     def commit(self) -> CheckpointInfo:
         """CHECKPOINT.json (the files written, sorted), then LATEST."""
@@ -214,11 +222,12 @@ class CheckpointStore:
                 "(latest_checkpoint(run_id, at_or_before=step - 1))",
             )
         for file in files:
-            digest = self.objects.download(f"{base}/{file.path}", Path(local_dir) / file.path)
-            if digest != file.sha256:
+            algorithm, expected = file.digest
+            digest = self.objects.download(f"{base}/{file.path}", Path(local_dir) / file.path, algorithm)
+            if digest != expected:
                 raise LakeCorrupted(
-                    f"lake {self.location.uri}: checkpoint file {base}/{file.path} has sha256 {digest}, "
-                    f"expected {file.sha256}",
+                    f"lake {self.location.uri}: checkpoint file {base}/{file.path} has {algorithm} {digest}, "
+                    f"expected {expected}",
                     hint="the checkpoint was altered; load an older one "
                     "(latest_checkpoint(run_id, at_or_before=step - 1))",
                 )

@@ -129,11 +129,30 @@ class StepTrainMetrics(LakeDocument):
 
 @dataclass(frozen=True)
 class CheckpointFile(LakeDocument):
-    """One file of a checkpoint: `path` relative to the checkpoint folder."""
+    """One file of a checkpoint: `path` relative to the checkpoint folder, and the digest of
+    its bytes in the field named after its algorithm (storage/digests.py): `xxh3_128` in the
+    checkpoints rlpipe writes, `sha256` in those written before; exactly one is set."""
 
     path: str
     size_bytes: int
-    sha256: str
+    sha256: str | None = None
+    xxh3_128: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.sha256 is None) == (self.xxh3_128 is None):
+            raise ValueError(f"checkpoint file {self.path} needs exactly one digest (sha256 or xxh3_128)")
+
+    @property
+    def digest(self) -> tuple[str, str]:
+        """(algorithm, hex digest)."""
+        return ("sha256", self.sha256) if self.sha256 is not None else ("xxh3_128", self.xxh3_128 or "")
+
+    @classmethod
+    def of(cls, path: str, size_bytes: int, algorithm: str, hexdigest: str) -> CheckpointFile:
+        """The record of a file digested with `algorithm` (a field of this class)."""
+        if algorithm not in ("sha256", "xxh3_128"):
+            raise ValueError(f"a checkpoint file cannot record a {algorithm!r} digest")
+        return cls(path=path, size_bytes=size_bytes, **{algorithm: hexdigest})
 
 
 @dataclass(frozen=True)

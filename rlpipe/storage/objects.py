@@ -2,7 +2,8 @@
 
 What it does: `ObjectStore` puts and gets whole objects (atomically: tmp file + fsync +
 rename + folder fsync on disk; one PUT on S3), lists folders (hiding tmp files), and streams
-large local files up and down with their sha256. Storage failures become StorageUnavailable;
+large local files up and down with their digest (sha256; a download with the algorithm it
+is asked for, storage/digests.py). Storage failures become StorageUnavailable;
 a missing object reads as None.
 
 What it does not: know the lake's layout or records (storage/lake.py does).
@@ -23,6 +24,7 @@ import pyarrow.fs as pafs
 
 from rlpipe.core.errors import DiskFull, StorageUnavailable
 from rlpipe.core.failpoints import failpoint
+from rlpipe.storage.digests import new_hasher
 from rlpipe.storage.filesystem import LakeLocation
 
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -109,8 +111,10 @@ class ObjectStore:
                     target.write(chunk)
         return size_bytes, digest.hexdigest()
 
-    def download(self, relative: str, local_path: Path) -> str:
-        digest = hashlib.sha256()
+    def download(self, relative: str, local_path: Path, algorithm: str = "sha256") -> str:
+        """Copy `relative` to `local_path` (whole or not at all); its digest with `algorithm`
+        (storage/digests.py)."""
+        digest = new_hasher(algorithm)
         local_path.parent.mkdir(parents=True, exist_ok=True)
         partial = local_path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{local_path.name}")
         with storage_errors(f"downloading {relative}", self.location):

@@ -164,7 +164,7 @@ def test_an_altered_newest_checkpoint_is_passed_over_unless_asked_for(tmp_path: 
     assert "checkpoint at step 2 passed over" in result.stderr and "at step 0" in result.output
     assert torch.equal(_loaded_logits(tmp_path / "out", written.token_ids), written.logits[("full", 0)])
     asked = _export(["full", "--step", "2", str(tmp_path / "out2"), "--lake", written.lake.uri])
-    assert asked.exit_code == 2 and "has sha256" in asked.stderr and not (tmp_path / "out2").exists()
+    assert asked.exit_code == 2 and "has xxh3_128" in asked.stderr and not (tmp_path / "out2").exists()
 
 
 def test_export_from_s3_in_a_process_that_loads_no_model_library(tmp_path: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,6 @@ match and only the loader stands in the way."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 from pathlib import Path
 
@@ -20,7 +19,8 @@ from rlpipe.core.errors import LakeCorrupted
 from rlpipe.flows.train import train
 from rlpipe.rl.checkpoint import OPTIMIZER_FILE, CheckpointMeta, load_checkpoint, save_checkpoint
 from rlpipe.storage.lake import Lake
-from rlpipe.storage.lake_records import CheckpointInfo
+from rlpipe.storage.digests import new_hasher
+from rlpipe.storage.lake_records import CheckpointFile, CheckpointInfo
 from rlpipe.workers.builders import build_policy, build_trainer
 from tests.flows.runs import tiny_config
 
@@ -41,6 +41,12 @@ def _poison_bytes(marker: Path) -> bytes:
     return buffer.getvalue()
 
 
+def _digest(algorithm: str, data: bytes) -> str:
+    hasher = new_hasher(algorithm)
+    hasher.update(data)
+    return hasher.hexdigest()
+
+
 def _poison_in_lake(lake: Lake, run_id: str, step: int, marker: Path) -> None:
     """Replace the checkpoint's optimizer file and rewrite CHECKPOINT.json to match it."""
     base = f"checkpoints/{run_id}/step={step:06d}"
@@ -48,7 +54,7 @@ def _poison_in_lake(lake: Lake, run_id: str, step: int, marker: Path) -> None:
     lake.objects.put(f"{base}/{OPTIMIZER_FILE}", data)
     info = CheckpointInfo.from_json(lake.objects.get(f"{base}/CHECKPOINT.json").decode())
     files = tuple(
-        dataclasses.replace(file, sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data))
+        CheckpointFile.of(file.path, len(data), file.digest[0], _digest(file.digest[0], data))
         if file.path == OPTIMIZER_FILE else file
         for file in info.files
     )

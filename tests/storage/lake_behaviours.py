@@ -3,13 +3,14 @@ each function with a fresh, empty Lake."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
 from rlpipe.core.errors import LakeCorrupted, RunNotFoundError, StorageUnavailable, UserError
 from rlpipe.storage.lake import Lake, set_apart_path
-from rlpipe.storage.lake_records import RunInfo, RunState, RunStatus, StepManifest
+from rlpipe.storage.lake_records import CheckpointFile, CheckpointInfo, RunInfo, RunState, RunStatus, StepManifest
 from rlpipe.storage.query import query_trajectories
 from tests.helpers.trajectories import make_trajectories
 
@@ -134,9 +135,12 @@ def checkpoints_and_latest(lake: Lake, tmp_path: Path) -> None:
     (tmp_path / "other" / "x.bin").write_bytes(b"different")
     assert lake.save_checkpoint("r1", 10, tmp_path / "other") == info
     assert lake.latest_checkpoint("r1") == 20
-    # an altered checkpoint file is LakeCorrupted (not retried), named with the file
-    lake.objects.put("checkpoints/r1/step=000020/model.safetensors", b"flipped")
-    with pytest.raises(LakeCorrupted, match="model.safetensors"):
+    # an altered checkpoint file is LakeCorrupted (not retried), named with the file: one
+    # byte changed, the size kept, is caught by the digest new checkpoints record (xxh3_128)
+    assert {file.digest[0] for file in info.files} == {"xxh3_128"}
+    weights = lake.objects.get("checkpoints/r1/step=000020/model.safetensors")
+    lake.objects.put("checkpoints/r1/step=000020/model.safetensors", weights[:100] + bytes([weights[100] ^ 1]) + weights[101:])
+    with pytest.raises(LakeCorrupted, match="model.safetensors has xxh3_128 [0-9a-f]{32}, expected"):
         lake.load_checkpoint("r1", 20, tmp_path / "corrupt")
     # a listed file that is gone is LakeCorrupted too (lost, not unreachable: never retried)
     lake.location.filesystem.delete_file(lake.location.path("checkpoints/r1/step=000010/trainer/state.json"))
@@ -155,6 +159,23 @@ def checkpoint_without_marker_is_ignored(lake: Lake, tmp_path: Path) -> None:
     lake.objects.put("checkpoints/r1/LATEST", b"8")  # even a LATEST that points at it is not trusted
     assert lake.latest_checkpoint("r1") == 5
     assert lake.latest_checkpoint("r1", at_or_before=100) == 5
+
+
+def checkpoint_recorded_with_sha256_is_read_and_checked_with_it(lake: Lake, tmp_path: Path) -> None:
+    """A checkpoint written before xxh3_128 (its CHECKPOINT.json records sha256) loads, and
+    an altered file of it is still caught."""
+    source = tmp_path / "ckpt"
+    source.mkdir()
+    (source / "w.bin").write_bytes(bytes(range(256)) * 9)
+    info = lake.save_checkpoint("old", 4, source)
+    older = CheckpointInfo(info.run_id, info.step, (CheckpointFile("w.bin", 256 * 9, sha256=hashlib.sha256((source / "w.bin").read_bytes()).hexdigest()),),
+                           info.saved_at_ms)
+    lake.objects.put("checkpoints/old/step=000004/CHECKPOINT.json", older.to_json().encode())
+    assert lake.load_checkpoint("old", 4, tmp_path / "loaded") == older
+    assert (tmp_path / "loaded" / "w.bin").read_bytes() == (source / "w.bin").read_bytes()
+    lake.objects.put("checkpoints/old/step=000004/w.bin", bytes([1]) + (source / "w.bin").read_bytes()[1:])
+    with pytest.raises(LakeCorrupted, match="w.bin has sha256 [0-9a-f]{64}, expected " + older.files[0].sha256):
+        lake.load_checkpoint("old", 4, tmp_path / "altered")
 
 
 def altered_part_is_detected(lake: Lake) -> None:

@@ -27,6 +27,10 @@ def test_checkpoint_without_marker_is_ignored(local_lake: Lake, tmp_path: Path) 
     lake_behaviours.checkpoint_without_marker_is_ignored(local_lake, tmp_path)
 
 
+def test_checkpoint_recorded_with_sha256_is_read_and_checked_with_it(local_lake: Lake, tmp_path: Path) -> None:
+    lake_behaviours.checkpoint_recorded_with_sha256_is_read_and_checked_with_it(local_lake, tmp_path)
+
+
 def test_layout_on_disk(tmp_path: Path) -> None:
     lake = Lake.open(str(tmp_path / "lake"))
     lake_behaviours.committed_steps_need_a_manifest(lake)

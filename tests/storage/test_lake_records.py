@@ -70,10 +70,25 @@ def test_a_nan_metric_round_trips():
 
 
 def test_checkpoint_info_round_trips_with_its_files():
-    info = CheckpointInfo("r", 3, (CheckpointFile("model.safetensors", 10, "x"), CheckpointFile("a/b.json", 2, "y")), 5)
+    info = CheckpointInfo("r", 3, (CheckpointFile.of("model.safetensors", 10, "xxh3_128", "x"), CheckpointFile("a/b.json", 2, sha256="y")), 5)
     assert CheckpointInfo.from_json(info.to_json()) == info
+    assert [file.digest for file in info.files] == [("xxh3_128", "x"), ("sha256", "y")]
     timed = CheckpointInfo("r", 3, info.files, 5, write_s=1.5, write_cpu_s=0.25)
     assert CheckpointInfo.from_json(timed.to_json()) == timed
+
+
+def test_a_checkpoint_file_of_an_older_manifest_reads_its_sha256():
+    text = '{"run_id": "r", "step": 3, "saved_at_ms": 5, "files": [{"path": "m", "size_bytes": 1, "sha256": "ab"}]}'
+    assert CheckpointInfo.from_json(text).files[0].digest == ("sha256", "ab")
+
+
+@pytest.mark.parametrize("digests", ['', ', "sha256": "ab", "xxh3_128": "cd"'])
+def test_a_checkpoint_file_needs_exactly_one_digest(digests):
+    text = '{"run_id": "r", "step": 3, "saved_at_ms": 5, "files": [{"path": "m", "size_bytes": 1%s}]}' % digests
+    with pytest.raises(ValueError, match="exactly one digest"):
+        CheckpointInfo.from_json(text)
+    with pytest.raises(ValueError, match="cannot record a 'md5' digest"):
+        CheckpointFile.of("m", 1, "md5", "ab")
 
 
 @pytest.mark.parametrize("bad", ['{"run_id": "r", "state": "paused", "step": 1, "stage": "s", "error": null, "updated_at_ms": 1}',

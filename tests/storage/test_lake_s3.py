@@ -31,6 +31,10 @@ def test_checkpoint_without_marker_is_ignored(s3_lake: Lake, tmp_path: Path) -> 
     lake_behaviours.checkpoint_without_marker_is_ignored(s3_lake, tmp_path)
 
 
+def test_checkpoint_recorded_with_sha256_is_read_and_checked_with_it(s3_lake: Lake, tmp_path: Path) -> None:
+    lake_behaviours.checkpoint_recorded_with_sha256_is_read_and_checked_with_it(s3_lake, tmp_path)
+
+
 def test_reopening_an_existing_bucket_sees_the_same_lake(s3_lake: Lake, s3_endpoint: str) -> None:
     lake_behaviours.run_info_and_status(s3_lake)
     again = Lake.open(s3_lake.uri, endpoint_url=s3_endpoint, **S3_KEYS)
