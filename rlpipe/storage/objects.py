@@ -2,8 +2,8 @@
 
 What it does: `ObjectStore` puts and gets whole objects (atomically: tmp file + fsync +
 rename + folder fsync on disk; one PUT on S3), lists folders (hiding tmp files), and streams
-large local files up and down with their digest (sha256; a download with the algorithm it
-is asked for, storage/digests.py). Storage failures become StorageUnavailable;
+a large file down to a local path with its digest (the algorithm it is asked for,
+storage/digests.py). Storage failures become StorageUnavailable;
 a missing object reads as None.
 
 What it does not: know the lake's layout or records (storage/lake.py does).
@@ -12,7 +12,6 @@ What it does not: know the lake's layout or records (storage/lake.py does).
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -98,20 +97,7 @@ class ObjectStore:
             infos = self._fs.get_file_info(selector)
         return [info for info in infos if not info.base_name.startswith(TMP_PREFIX)]
 
-    def upload(self, local_path: Path, relative: str) -> tuple[int, str]:
-        path = self.location.path(relative)
-        digest, size_bytes = hashlib.sha256(), 0
-        with storage_errors(f"uploading {relative}", self.location):
-            if self.location.is_local:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            with open(local_path, "rb") as source, self._fs.open_output_stream(path) as target:
-                while chunk := source.read(CHUNK_BYTES):
-                    digest.update(chunk)
-                    size_bytes += len(chunk)
-                    target.write(chunk)
-        return size_bytes, digest.hexdigest()
-
-    def download(self, relative: str, local_path: Path, algorithm: str = "sha256") -> str:
+    def download(self, relative: str, local_path: Path, algorithm: str) -> str:
         """Copy `relative` to `local_path` (whole or not at all); its digest with `algorithm`
         (storage/digests.py)."""
         digest = new_hasher(algorithm)
