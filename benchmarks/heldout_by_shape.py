@@ -3,7 +3,7 @@ recipe's held-out set, split by the question's shape (number of terms, most digi
 term, and whether the answer is negative), asked exactly as the recipe asks (its template,
 chat format).
 
-  .venv/bin/python benchmarks/heldout_by_shape.py POLICY_FOLDER [--config configs/smollm2_math.toml]
+  .venv/bin/python benchmarks/heldout_by_shape.py POLICY_FOLDER [--config configs/smollm2_math.toml] [--set a.b=c ...]
 
 POLICY_FOLDER: an HF model folder (a checkpoint's step folder, `rlpipe export RUN DIR`, or the
 converted GGUF folder beside models/smollm2/*.gguf). Prints one line per (domain, terms,
@@ -48,9 +48,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("policy", type=Path)
     parser.add_argument("--config", default=str(REPO / "configs" / "smollm2_math.toml"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="a.b=c",
+                        help="a config override, as `rlpipe train --set` (repeatable): the run's own config")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     args = parser.parse_args()
-    config = load_config(args.config)
+    config = load_config(args.config, args.overrides)
     templates = {name: spec.prompt_template for name, spec in config.envs.reasoning_gym.items()}
     mixture = build_mixture(config)
     tasks = heldout_tasks(config, mixture)

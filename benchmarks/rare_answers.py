@@ -6,9 +6,13 @@ them (its template, chat format, first line of the reply), scored by the domain'
 verifier.
 
   .venv/bin/python benchmarks/rare_answers.py POLICY_FOLDER [--config configs/smollm2_math.toml]
-      [--domain rg_chain_sum] [--per-shape 40] [--samples 16] [--temperatures 0.7 1.0]
+      [--set a.b=c ...] [--domain rg_chain_sum] [--per-shape 40] [--samples 16] [--temperatures 0.7 1.0]
 
-Prints, per (shape, temperature): questions, the share of samples right, and the share of
+--set changes the config as `rlpipe train --set` does, so a domain the recipe does not ship
+can be measured before a run adds it (envs.domains.NAME=1.0 plus envs.reasoning_gym.NAME={...}).
+
+Prints, per (shape, temperature): questions, the share of samples right, the share that
+write a negative answer at all (a minus sign right after the "="), and the share of
 questions with at least one right sample among G (the groups GRPO can learn from: a group
 of G with every reward 0 carries no signal), with the expected share for groups of G/2
 drawn from the same samples (1 - C(G - k, G/2) / C(G, G/2) per question with k right).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -38,6 +43,7 @@ from heldout_by_shape import shape  # noqa: E402 - benchmarks/, the same split b
 
 DRAW_SEED = 424242
 BATCH = 10
+NEGATIVE_AFTER_EQUALS = re.compile(r"=\s*-\s*\d")
 
 
 def sampled_first_lines(model, tokenizer, prompts: list[str], samples: int, temperature: float, max_new_tokens: int) -> list[list[str]]:
@@ -61,6 +67,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("policy", type=Path)
     parser.add_argument("--config", default=str(REPO / "configs" / "smollm2_math.toml"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="a.b=c",
+                        help="a config override, as `rlpipe train --set` (repeatable)")
     parser.add_argument("--domain", default="rg_chain_sum")
     parser.add_argument("--per-shape", type=int, default=40, help="questions per (terms, negative) kind")
     parser.add_argument("--samples", type=int, default=16)
@@ -69,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.samples < 2 or args.samples % 2:
         raise SystemExit(f"--samples must be even and >= 2, got {args.samples}")
-    config = load_config(args.config)
+    config = load_config(args.config, args.overrides)
     mixture = build_mixture(config)
     if args.domain not in mixture.envs:
         raise SystemExit(f"--domain {args.domain!r} is not in {args.config} (domains: {sorted(mixture.envs)})")
@@ -91,10 +99,11 @@ def main() -> None:
             right_counts = [sum(bool(env.verify(task, reply).passed) for reply in replies) for task, replies in zip(tasks, groups)]
             n = len(tasks)
             share = sum(right_counts) / (n * args.samples)
+            signed = sum(bool(NEGATIVE_AFTER_EQUALS.search(reply)) for replies in groups for reply in replies) / (n * args.samples)
             spread = sum(0 < k for k in right_counts) / n
             spread_half = sum(1 - math.comb(args.samples - k, half) / math.comb(args.samples, half) for k in right_counts) / n
             print(f"{args.domain} terms {terms} {'negative' if negative else '>= 0    '} T {temperature:.1f}  n {n:3d}  "
-                  f"samples right {share:.3f}  questions with a right sample of {args.samples} {spread:.3f} "
+                  f"samples right {share:.3f}  with '= -' {signed:.3f}  questions with a right sample of {args.samples} {spread:.3f} "
                   f"(of {half}: {spread_half:.3f})", flush=True)
 
 
