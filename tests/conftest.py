@@ -3,10 +3,11 @@
 - ONE Prefect test harness (a temporary API server and database) for the whole session. Two
   nested harnesses in one session split a flow's records between them (flow runs reach the
   newer server, task runs may reach the older), so every folder that needs Prefect requests
-  `prefect_api_url` instead of starting its own. Its database, snapshot as soon as it is up
-  (migrated, nothing run yet), is `prefect_db_snapshot`: tests that start a temporary server
-  of their own seed its PREFECT_HOME with it (tests/helpers/prefect_db.py) instead of paying
-  ~13 s of CPU to migrate a new database.
+  `prefect_api_url` instead of starting its own. It starts on a copy of the test run's ready
+  database (migrated, nothing run yet; made once for all pytest-xdist workers by the first
+  that needs Prefect), which is also `prefect_db_snapshot`: tests that start a temporary
+  server of their own seed its PREFECT_HOME with it (tests/helpers/prefect_db.py) instead
+  of paying 8-13 s of CPU to migrate a new database.
 - ONE moto S3 server (its own process, real HTTP on 127.0.0.1) for the whole session:
   `s3_endpoint`. Tests stay independent by each using buckets of its own
   (tests.helpers.s3_server.unique_bucket), never by starting a server.
@@ -51,14 +52,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import prefect.settings
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 from torch._inductor.runtime import cache_dir_utils
 
 from rlpipe.workers.launch import LAUNCH_ENV_VAR, SHARED_ZYGOTE_ENV_VAR, start_shared_zygote
 from rlpipe.workers.zygote import import_settings
-from tests.helpers.prefect_db import snapshot_database
+from tests.helpers.prefect_db import ready_harness
 from tests.helpers.s3_server import start_moto_server
 
 # The files that took longest in CI, longest first: seconds (setup + call + teardown summed
@@ -149,12 +148,12 @@ def _environment_kept_for_the_shared_zygote(_shared_zygote: dict[str, str] | Non
 
 @pytest.fixture(scope="session")
 def _prefect_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path | None]]:
-    """Start the session's Prefect harness on first use: its API URL and a snapshot of its
-    database taken before any test used it."""
-    with prefect_test_harness(server_startup_timeout=120):
-        database_url = str(prefect.settings.PREFECT_SERVER_DATABASE_CONNECTION_URL.value())
-        snapshot = snapshot_database(database_url, tmp_path_factory.mktemp("prefect-db") / "prefect.db")
-        yield str(prefect.settings.PREFECT_API_URL.value()), snapshot
+    """Start the session's Prefect harness on first use, on the test run's ready database
+    (tests/helpers/prefect_db.py): its API URL and that database."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    with ready_harness(shared) as (api_url, ready_database):
+        yield api_url, ready_database
 
 
 @pytest.fixture(scope="session")
