@@ -11,6 +11,9 @@ in its own sandbox of the pool, stored as ONE completion whose tokens are the wh
     EOS, when its next context would leave no room for a whole reply in max_context_tokens, or when the engine's tokens of its next context do not extend
     what it sampled (a tokenizer that re-tokenizes across the turn boundary)
     then the env's verifier judges the final /work in the same sandbox: the reward.
+    Before the first reply the prompt's characters stand for its tokens (there are at least as
+    many); an episode whose prompt leaves no room ends then ("context"), recorded with no
+    tokens; when no episode of the call gets a first reply, ValueError names the setting.
 
 The completion of an episode: `prompt_token_ids` are the task prompt's, `token_ids` every
 token after it (replies and observations, in order), `logprobs` the behaviour logprobs of the
@@ -160,15 +163,22 @@ def run_episodes(tasks: Sequence[Task], group_size: int, params: SamplingParams,
         raise ValueError(f"run_episodes got a task twice ({len(ids) - len(set(ids))} repeats); each task once, with group_size")
     keys = [(task, sample_idx) for task in tasks for sample_idx in range(group_size)]
     wave = max(1, int(getattr(pool, "size", len(keys))))
-    results: list[EpisodeResult] = []
+    ended: list[tuple[_Episode, Verdict]] = []
     for number, first in enumerate(range(0, len(keys), wave)):
         wave_params = dataclasses.replace(params, n=1, seed=params.seed + 104729 * number)
-        results += _run_wave(keys[first:first + wave], wave_params, generate, pool, env_for, settings)
-    return results
+        ended += _run_wave(keys[first:first + wave], wave_params, generate, pool, env_for, settings)
+    sampled_by = set().union(*(episode.versions for episode, _ in ended))
+    if ended and not sampled_by:  # every prompt too long: a setting to change, not an outcome to record
+        longest = max((episode for episode, _ in ended), key=lambda episode: len(episode.prompt_text))
+        raise ValueError(f"no episode could take a first turn: task {longest.task.task_id}'s prompt is "
+                         f"{len(longest.prompt_text)} characters, and with a reply of {params.max_new_tokens} tokens "
+                         f"that exceeds the {settings.max_context_tokens}-token context (characters are counted as tokens "
+                         "before the first reply); raise model.max_position_embeddings or lower rollout.max_new_tokens")
+    return [_result(episode, verdict, max(sampled_by)) for episode, verdict in ended]
 
 
 def _run_wave(keys: list[tuple[Task, int]], params: SamplingParams, generate: Generate, pool,
-              env_for: Callable[[Task], object], settings: EpisodeSettings) -> list[EpisodeResult]:
+              env_for: Callable[[Task], object], settings: EpisodeSettings) -> list[tuple[_Episode, Verdict]]:
     with ExitStack() as held, ThreadPoolExecutor(max_workers=settings.exec_threads, thread_name_prefix="episode") as threads:
         episodes: list[_Episode] = []
         for task, sample_idx in keys:
@@ -181,7 +191,7 @@ def _run_wave(keys: list[tuple[Task, int]], params: SamplingParams, generate: Ge
             _one_turn(live, turn, params, generate, env_for, settings, threads)
             turn += 1
         verdicts = list(threads.map(lambda e: env_for(e.task).verify(e.task, e.text, e.sandbox), episodes))
-    return [_result(episode, verdict) for episode, verdict in zip(episodes, verdicts)]
+    return list(zip(episodes, verdicts))
 
 
 def _one_turn(live: list[_Episode], turn: int, params: SamplingParams, generate: Generate,
@@ -284,7 +294,10 @@ def _cut(text: str, max_chars: int) -> str:
     return text if len(text) <= max_chars else text[:max_chars] + "..."
 
 
-def _result(episode: _Episode, verdict: Verdict) -> EpisodeResult:
+def _result(episode: _Episode, verdict: Verdict, newest_version: int) -> EpisodeResult:
+    """The episode as one completion; one that ended before its first reply (its prompt left no
+    room in the context) is recorded with no tokens, under the newest policy version that
+    sampled the other episodes of the call."""
     if len(episode.versions) > 1:
         raise RuntimeError(f"episode {episode.key} was sampled by policy versions {sorted(episode.versions)}; "
                            "an episode must be on-policy for one version")
@@ -292,5 +305,5 @@ def _result(episode: _Episode, verdict: Verdict) -> EpisodeResult:
         task_id=episode.task.task_id, sample_idx=episode.sample_idx, text=episode.text,
         prompt_token_ids=episode.prompt_ids, token_ids=tuple(episode.token_ids), logprobs=tuple(episode.logprobs),
         finish_reason="stop" if episode.ending in ("submit", "eos") else "length",
-        policy_version=next(iter(episode.versions)), loss_mask=tuple(episode.mask))
+        policy_version=next(iter(episode.versions), newest_version), loss_mask=tuple(episode.mask))
     return EpisodeResult(completion, verdict, episode.ending, episode.turns, episode.malformed)

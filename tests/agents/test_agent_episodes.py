@@ -5,6 +5,7 @@ the stored sequence but never in the loss."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -156,3 +157,18 @@ def test_more_episodes_than_sandboxes_run_in_waves(pool):
     results = run_episodes(tasks, 2, PARAMS, oracle.generate, pool, lambda t: env, SETTINGS)  # 8 episodes, 3 sandboxes
     assert [(r.completion.task_id, r.completion.sample_idx) for r in results] == [(t.task_id, i) for t in tasks for i in (0, 1)]
     assert all(result.verdict.passed for result in results)
+
+
+@pytest.mark.bwrap
+def test_a_prompt_with_no_room_for_a_reply_is_recorded_and_a_call_where_none_fits_is_refused(pool):
+    env = AgentTasksEnv()
+    short, long = env.tasks("train", 2, seed=6)
+    long = dataclasses.replace(long, prompt=long.prompt + " Notes: " + "x" * 1000)
+    settings = EpisodeSettings(max_context_tokens=len(short.prompt) + 200 + PARAMS.max_new_tokens)
+    oracle = OracleEngine({task.task_id: env.oracle_turns(task) for task in (short, long)}, "\n")
+    replied, unplayed = run_episodes([short, long], 1, PARAMS, oracle.generate, pool, lambda t: env, settings)
+    assert replied.turns >= 1 and replied.completion.token_ids
+    assert (unplayed.ending, unplayed.turns, unplayed.completion.token_ids, unplayed.verdict.passed) == ("context", 0, (), False)
+    assert unplayed.completion.policy_version == replied.completion.policy_version and unplayed.completion.finish_reason == "length"
+    with pytest.raises(ValueError, match="no episode could take a first turn: task .* raise model.max_position_embeddings"):
+        run_episodes([long], 2, PARAMS, oracle.generate, pool, lambda t: env, settings)
