@@ -45,19 +45,26 @@ def question_alone(prompt: str, template: str) -> str:
     return prompt.removeprefix(before).removesuffix(after)
 
 
-def greedy_first_lines(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:
-    """Each prompt asked as the user's turn of the chat template, greedy, BATCH prompts at a
-    time (left-padded); the first line of each reply."""
+def chat_first_lines(model, tokenizer, prompts: list[str], max_new_tokens: int, batch: int = BATCH,
+                     **sampling) -> list[str]:
+    """Each prompt asked as the user's turn of the chat template, `batch` prompts at a time
+    (left-padded), generated with `sampling` (model.generate's options); the first line of
+    every returned sequence, in order (num_return_sequences rows per prompt, one after another)."""
     replies = []
-    for start in range(0, len(prompts), BATCH):
+    for start in range(0, len(prompts), batch):
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-                 for prompt in prompts[start:start + BATCH]]
+                 for prompt in prompts[start:start + batch]]
         encoded = tokenizer(texts, return_tensors="pt", padding=True)
         with torch.no_grad():
-            out = model.generate(**encoded, do_sample=False, max_new_tokens=max_new_tokens,
+            out = model.generate(**encoded, max_new_tokens=max_new_tokens, **sampling,
                                  pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         replies += [tokenizer.decode(row[encoded.input_ids.shape[1]:], skip_special_tokens=True).split("\n")[0] for row in out]
     return replies
+
+
+def greedy_first_lines(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """The first line of each prompt's greedy reply (chat_first_lines)."""
+    return chat_first_lines(model, tokenizer, prompts, max_new_tokens, do_sample=False)
 
 
 def main() -> None:

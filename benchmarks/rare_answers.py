@@ -40,6 +40,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from rlpipe.controller.sample import build_mixture  # noqa: E402
 from rlpipe.core.config import load_config  # noqa: E402
 from heldout_by_shape import shape  # noqa: E402 - benchmarks/, the same split by shape
+from question_alone import chat_first_lines  # noqa: E402 - benchmarks/, the same batched chat replies
 
 DRAW_SEED = 424242
 BATCH = 10
@@ -49,18 +50,9 @@ NEGATIVE_AFTER_EQUALS = re.compile(r"=\s*-\s*\d")
 def sampled_first_lines(model, tokenizer, prompts: list[str], samples: int, temperature: float, max_new_tokens: int) -> list[list[str]]:
     """`samples` replies to each prompt (chat template, left-padded, BATCH prompts a call), the
     first line of each, grouped by prompt."""
-    groups = []
-    for start in range(0, len(prompts), BATCH):
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-                 for prompt in prompts[start:start + BATCH]]
-        encoded = tokenizer(texts, return_tensors="pt", padding=True)
-        with torch.no_grad():
-            out = model.generate(**encoded, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
-                                 num_return_sequences=samples, max_new_tokens=max_new_tokens,
-                                 pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-        lines = [tokenizer.decode(row[encoded.input_ids.shape[1]:], skip_special_tokens=True).split("\n")[0] for row in out]
-        groups += [lines[index:index + samples] for index in range(0, len(lines), samples)]
-    return groups
+    lines = chat_first_lines(model, tokenizer, prompts, max_new_tokens, batch=BATCH, do_sample=True, temperature=temperature,
+                             top_p=1.0, top_k=0, num_return_sequences=samples)
+    return [lines[index:index + samples] for index in range(0, len(lines), samples)]
 
 
 def main() -> None:
