@@ -5,9 +5,9 @@ SmolLM2-135M-Instruct, the same weights, prompts, reward and settings, per seed.
         [--rlpipe-steps N] [--eval-every K] [--heldout-size H] [--threads T] [--config configs/smollm2_math.toml] [--set KEY=VALUE]
     (needs the `bench` extra, i.e. trl, and `make smollm2`)
 
-Per seed, the two sides one after the other, the order alternating (seed 0: rlpipe then
-TRL, seed 1: TRL then rlpipe, ...), each a subprocess whose process tree is polled every
-1 s for its summed PSS (benchmarks/process_peaks.py; the peak of the sum at one poll):
+Per seed, the two sides one after the other, the order alternating by the seed's parity
+(even seeds: rlpipe then TRL; odd: TRL then rlpipe), each a subprocess whose process tree is
+polled every 1 s for its summed PSS (benchmarks/process_peaks.py; the peak of the sum at one poll):
 - rlpipe: `rlpipe train CONFIG --set seed=S ...` as a user runs it (its temporary Prefect
   server, a private lake, MLflow sqlite store and RLPIPE_HOME), the recipe as shipped
   (checkpoints included) but for `--set`s; its held-out evaluations (before RL, every
@@ -259,9 +259,11 @@ def main() -> None:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     summary: dict[tuple[str, bool], list[tuple[float | None, float | None]]] = {}
     try:
-        for index, seed in enumerate(seeds):
+        for seed in seeds:
             sets = [f"seed={seed}", *common]
-            order = (run_rlpipe, run_trl) if index % 2 == 0 else (run_trl, run_rlpipe)
+            # by the seed's parity, not its place in --seeds: seeds raced one command at a time
+            # (--seeds 0, then --seeds 1) keep the alternation
+            order = (run_rlpipe, run_trl) if seed % 2 == 0 else (run_trl, run_rlpipe)
             sides = {}
             for run in order:
                 side = run(seed, args, sets, work)
