@@ -13,7 +13,7 @@ From the recipe (CONFIG with the `--set` overrides, as `rlpipe train` reads it):
   ids rlpipe's engines feed) or as plain text;
 - reward: the domain's own verifier (env.verify) on the reply cut at the first stop string;
 - settings: group size, T, top_p, top_k off, max new tokens, lr constant, weight decay, grad
-  clip, clip epsilon, KL coefficient, micro- and mini-batches per RL step, group
+  clip, clip range (both sides), KL coefficient, micro- and mini-batches per RL step, group
   std-normalised advantages, token-mean loss ("dapo"). Where they differ: TRL has no stop
   strings, so every token whose text holds a stop string is made an end-of-sequence token
   (generation stops on it and it is the last trained token, as rlpipe's stop does); TRL
@@ -105,7 +105,7 @@ def grpo_args(config: RunConfig, output_dir: str, max_steps: int) -> dict:
         per_device_train_batch_size=micro, gradient_accumulation_steps=mini // micro,
         steps_per_generation=train.mini_batches_per_step * (mini // micro), num_generations=rollout.group_size,
         max_completion_length=rollout.max_new_tokens, temperature=rollout.temperature, top_p=rollout.top_p, top_k=0,
-        epsilon=algo.clip_eps, beta=algo.kl_coef, num_iterations=train.epochs_per_step, loss_type="dapo",
+        epsilon=algo.clip_eps, epsilon_high=algo.clip_eps_high or algo.clip_eps, beta=algo.kl_coef, num_iterations=train.epochs_per_step, loss_type="dapo",
         scale_rewards="group", shuffle_dataset=False, max_steps=max_steps * train.mini_batches_per_step,
         logging_steps=10**9, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
         remove_unused_columns=False,

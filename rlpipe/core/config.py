@@ -84,6 +84,8 @@ class RunConfig(Section):
             data.pop("curriculum")
         if self.warmstart.target_scope == "overall":  # nor do runs from before warmstart.target_scope
             data["warmstart"].pop("target_scope")
+        if self.algo.clip_eps_high is None:  # nor do runs from before algo.clip_eps_high
+            data["algo"].pop("clip_eps_high")
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def flat(self) -> dict[str, str]:

@@ -188,7 +188,10 @@ class AlgoConfig(Section):
     advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
     """grpo: (r - mean)/std; drgrpo: r - mean; rloo: r - mean of the others."""
     clip_eps: float = Field(0.2, gt=0)
-    """PPO clip range of the importance ratio."""
+    """PPO clip range of the importance ratio: [1 - clip_eps, 1 + clip_eps]."""
+    clip_eps_high: float | None = Field(None, gt=0)
+    """DAPO's clip-higher: the range's upper side, 1 + clip_eps_high (DAPO: 0.28 with clip_eps
+    0.2); None = clip_eps. Keeps a policy's samples from collapsing over many steps (rl/losses.py)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the k3 KL penalty to the frozen reference policy (0 = no reference kept); its
     value estimates KL(policy || ref), its gradient is KL(ref || policy)'s (rl/losses.py)."""

@@ -4,9 +4,15 @@ and optional truncated importance sampling (TIS, as verl's `tis_imp_ratio_cap`).
 Per completion token t of sequence i (A_i = the sequence's advantage):
 
     ratio_t   = exp(new_logprob_t - old_logprob_t)
-    pg_t      = -min(ratio_t * A_i, clip(ratio_t, 1 - clip_eps, 1 + clip_eps) * A_i)
+    pg_t      = -min(ratio_t * A_i, clip(ratio_t, 1 - clip_eps, 1 + clip_eps_high) * A_i)
     kl_t      = exp(ref_t - new_t) - (ref_t - new_t) - 1        (Schulman's k3 estimator)
     loss_t    = pg_t + kl_coef * kl_t
+
+`clip_eps_high` (None: clip_eps) is DAPO's clip-higher: a wider upper bound lets a token with
+A > 0 whose probability is small rise further in one update than PPO's symmetric range lets
+it (at ratio 1.2 a token at 1 % stops at 1.2 %), which keeps the policy's sampling from
+collapsing onto one reply per prompt over many steps; the lower bound, which limits how far
+a token with A < 0 falls, stays 1 - clip_eps.
 
 What the k3 term is, per position with its prefix held fixed (the loss does not differentiate
 through which prefixes were sampled), for a token x drawn from the current policy pi: its
@@ -43,7 +49,7 @@ Aggregation (mask = 1 on completion tokens):
 gives exactly the full-batch loss: pass the token (or sequence) count of the WHOLE batch.
 
 Metrics: clip_frac = fraction of completion tokens where the clipped branch is the one that
-binds (A > 0 and ratio > 1 + eps, or A < 0 and ratio < 1 - eps: the gradient is zero there);
+binds (A > 0 and ratio > 1 + eps_high, or A < 0 and ratio < 1 - eps: the gradient is zero there);
 kl = mean k3 per completion token (0.0 without a reference); with TIS, tis_weight = mean w_t
 and tis_capped_frac = fraction of tokens where exp(old - behaviour) > tis_cap (None without TIS).
 
@@ -83,8 +89,12 @@ def policy_loss(
     normalizer: float | None = None,
     behaviour_logprobs: torch.Tensor | None = None,
     tis_cap: float | None = None,
+    clip_eps_high: float | None = None,
 ) -> tuple[torch.Tensor, LossMetrics]:
     """Loss over [batch, tokens] logprob tensors; `advantages` is [batch]; see the module docstring."""
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    if clip_eps <= 0 or high <= 0:
+        raise ValueError(f"the clip range must be > 0 on both sides, got clip_eps {clip_eps} and clip_eps_high {clip_eps_high}")
     if loss_agg not in ("token_mean", "seq_mean_token_sum"):
         raise ValueError(f"unknown loss_agg {loss_agg!r}; use token_mean or seq_mean_token_sum")
     if (behaviour_logprobs is None) != (tis_cap is None):
@@ -95,7 +105,7 @@ def policy_loss(
     advantage = advantages.to(new_logprobs.dtype)[:, None]
     ratio = torch.exp(new_logprobs - old_logprobs)
     unclipped = ratio * advantage
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high) * advantage
     per_token = -torch.minimum(unclipped, clipped)
     tis_raw = tis_weight = None
     if behaviour_logprobs is not None:
@@ -113,7 +123,7 @@ def policy_loss(
     loss = (per_token * mask).sum() / max(normalizer, 1.0)
     with torch.no_grad():
         tokens = int(mask.sum())
-        binds = ((advantage > 0) & (ratio > 1.0 + clip_eps)) | ((advantage < 0) & (ratio < 1.0 - clip_eps))
+        binds = ((advantage > 0) & (ratio > 1.0 + high)) | ((advantage < 0) & (ratio < 1.0 - clip_eps))
         clip_frac = float((binds.to(mask.dtype) * mask).sum()) / max(tokens, 1)
         kl = float((kl_per_token * mask).sum()) / max(tokens, 1)
         tis_mean = tis_capped = None

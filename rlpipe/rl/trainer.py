@@ -117,6 +117,7 @@ class Trainer:
         share: RankShare = RankShare(),
         logprob_chunk_positions: int = 0,
         own_first_proximal: bool = True,
+        clip_eps_high: float | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {temperature}")
@@ -142,7 +143,7 @@ class Trainer:
         self.micro_batch_size = micro_batch_size
         self.epochs_per_step = epochs_per_step
         self.mini_batches_per_step = mini_batches_per_step
-        self.clip_eps = clip_eps
+        self.clip_eps, self.clip_eps_high = clip_eps, clip_eps_high  # rl/losses.py: None = symmetric
         self.kl_coef = kl_coef
         self.loss_agg = loss_agg
         self.pad_token_id = pad_token_id
@@ -222,7 +223,8 @@ class Trainer:
             for chunk in micro_batches([sample for sample in scored if sample.advantage != 0.0], self.micro_batch_size):
                 batch = pad_samples(chunk, self.pad_token_id, self._device)
                 loss, _ = policy_loss(token_logprobs(self.model, batch, self.temperature, self.chunk), batch.old_logprobs, batch.advantages,
-                                      batch.completion_mask, self.clip_eps, loss_agg=self.loss_agg, normalizer=normalizer)
+                                      batch.completion_mask, self.clip_eps, loss_agg=self.loss_agg, normalizer=normalizer,
+                                      clip_eps_high=self.clip_eps_high)
                 for accumulated, grad in zip(total, torch.autograd.grad(loss, parameters, allow_unused=True)):
                     if grad is not None:
                         accumulated += grad.float()
@@ -285,7 +287,7 @@ class Trainer:
                 new_logprobs, proximal if with_tis else batch.old_logprobs, batch.advantages,
                 batch.completion_mask, self.clip_eps, ref_logprobs=ref_logprobs, kl_coef=self.kl_coef,
                 loss_agg=self.loss_agg, normalizer=normalizer, behaviour_logprobs=batch.old_logprobs if with_tis else None,
-                tis_cap=self.tis_cap if with_tis else None)
+                tis_cap=self.tis_cap if with_tis else None, clip_eps_high=self.clip_eps_high)
             loss.backward()
             self._weights.move_grads()
             total_loss += loss.item()

@@ -125,6 +125,7 @@ def build_trainer(config: RunConfig, policy: torch.nn.Module, share: RankShare =
         epochs_per_step=train.epochs_per_step,
         mini_batches_per_step=train.mini_batches_per_step,
         clip_eps=algo.clip_eps,
+        clip_eps_high=algo.clip_eps_high,
         kl_coef=algo.kl_coef,
         loss_agg=algo.loss_agg,
         temperature=config.rollout.temperature,  # logprobs of the distribution the rollouts sample

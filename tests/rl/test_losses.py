@@ -168,3 +168,29 @@ def test_k3_as_a_loss_has_the_gradient_of_kl_from_the_reference_not_to_it():
     assert k3_gradient.tolist() == pytest.approx(forward.tolist(), abs=1e-12)
     assert float((k3_gradient - reverse).abs().max()) > 0.1  # far apart here: not the reverse KL's gradient
     assert expected_kl == pytest.approx(float((pi.exp() * (pi - ref)).sum().detach()), abs=1e-12)  # the value: KL(pi || ref)
+
+
+def test_clip_higher_widens_the_upper_side_only():
+    # ratio 1.25, A = +1: symmetric 0.2 clips at 1.2 (loss -1.2, no gradient); clip_eps_high 0.28
+    # leaves it unclipped (loss -1.25, gradient -ratio * A = -1.25)
+    old = tensors([-2.0])
+    new = (old + math.log(1.25)).requires_grad_()
+    symmetric, clipped = policy_loss(new, old, torch.tensor([1.0]), tensors([1.0]), clip_eps=0.2)
+    assert symmetric.item() == pytest.approx(-1.2) and clipped.clip_frac == 1.0
+    higher, unclipped = policy_loss(new, old, torch.tensor([1.0]), tensors([1.0]), clip_eps=0.2, clip_eps_high=0.28)
+    assert higher.item() == pytest.approx(-1.25) and unclipped.clip_frac == 0.0
+    higher.backward()
+    assert new.grad.item() == pytest.approx(-1.25)
+    # the lower side is still 1 - clip_eps: ratio 0.5, A = -1 -> clipped at 0.8, loss +0.8
+    low, metrics = policy_loss(old + math.log(0.5), old, torch.tensor([-1.0]), tensors([1.0]), clip_eps=0.2, clip_eps_high=0.28)
+    assert low.item() == pytest.approx(0.8) and metrics.clip_frac == 1.0
+    # and ratio 1.3 > 1.28 is clipped at 1.28
+    beyond, metrics = policy_loss(old + math.log(1.3), old, torch.tensor([1.0]), tensors([1.0]), clip_eps=0.2, clip_eps_high=0.28)
+    assert beyond.item() == pytest.approx(-1.28) and metrics.clip_frac == 1.0
+
+
+@pytest.mark.parametrize("clip_eps, clip_eps_high", [(0.0, None), (0.2, 0.0), (0.2, -0.1)])
+def test_a_clip_range_without_width_is_refused(clip_eps, clip_eps_high):
+    logprobs = tensors([-1.0])
+    with pytest.raises(ValueError, match="clip range"):
+        policy_loss(logprobs, logprobs, torch.tensor([1.0]), tensors([1.0]), clip_eps=clip_eps, clip_eps_high=clip_eps_high)
