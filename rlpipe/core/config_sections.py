@@ -191,7 +191,7 @@ class AlgoConfig(Section):
     """PPO clip range of the importance ratio: [1 - clip_eps, 1 + clip_eps]."""
     clip_eps_high: float | None = Field(None, gt=0)
     """DAPO's clip-higher: the range's upper side, 1 + clip_eps_high (DAPO: 0.28 with clip_eps
-    0.2); None = clip_eps. Keeps a policy's samples from collapsing over many steps (rl/losses.py)."""
+    0.2); None = clip_eps. Meant to slow the collapse of a policy's samples (rl/losses.py)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the k3 KL penalty to the frozen reference policy (0 = no reference kept); its
     value estimates KL(policy || ref), its gradient is KL(ref || policy)'s (rl/losses.py)."""

@@ -10,9 +10,10 @@ Per completion token t of sequence i (A_i = the sequence's advantage):
 
 `clip_eps_high` (None: clip_eps) is DAPO's clip-higher: a wider upper bound lets a token with
 A > 0 whose probability is small rise further in one update than PPO's symmetric range lets
-it (at ratio 1.2 a token at 1 % stops at 1.2 %), which keeps the policy's sampling from
-collapsing onto one reply per prompt over many steps; the lower bound, which limits how far
-a token with A < 0 falls, stays 1 - clip_eps.
+it (at ratio 1.2 a token at 1 % stops at 1.2 %), which DAPO found slows the collapse of the
+policy's samples onto one reply per prompt (on the SmolLM2 math recipe, 0.28 did not:
+docs/RESULTS.md); the lower bound, which limits how far a token with A < 0 falls, stays
+1 - clip_eps.
 
 What the k3 term is, per position with its prefix held fixed (the loss does not differentiate
 through which prefixes were sampled), for a token x drawn from the current policy pi: its
