@@ -20,7 +20,6 @@ import json
 import math
 import sys
 from collections import Counter
-from math import comb
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +40,7 @@ def paired(before: dict[str, float], after: dict[str, float]) -> dict[str, float
     gained = sum(after[task] > before[task] for task in before)
     lost = sum(after[task] < before[task] for task in before)
     discordant = gained + lost
-    tail = sum(comb(discordant, k) for k in range(min(gained, lost) + 1))
+    tail = sum(math.comb(discordant, k) for k in range(min(gained, lost) + 1))
     p = min(1.0, 2 * tail / 2 ** discordant) if discordant else 1.0
     return {"tasks": n, "difference": mean, "se": se, "gained": gained, "lost": lost, "mcnemar_p": p}
 

@@ -40,8 +40,8 @@ def test_the_wider_upper_side_trains_tokens_the_symmetric_range_clips(tiny_model
     assert not torch.equal(symmetric_weights, higher_weights)
 
 
-
-def test_the_key_changes_the_config_hash_only_when_set():
-    # unset, it is left out of the hash, so a run from before the key resumes; set, it changes what a run computes
+def test_a_set_clip_eps_high_changes_the_config_hash():
+    # set, it changes what a run computes (even at clip_eps's value); unset, config.py leaves it
+    # out of the hash, so a run from before the key resumes under the hash it was stored with
     default = load_config(None)
     assert load_config(None, ["algo.clip_eps_high=0.2"]).config_hash() != default.config_hash()  # = clip_eps, yet set
