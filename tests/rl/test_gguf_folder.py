@@ -17,14 +17,6 @@ from tests.rl.test_pretrained import write_tiny_llama_gguf
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_child_converts_once_into_the_folder_of_the_file(tmp_path):
-    gguf_file = write_tiny_llama_gguf(tmp_path / "model.gguf")
-    folder = converted_folder_in_child(gguf_file)
-    assert folder == converted_folder(gguf_file) and (folder / "config.json").is_file()
-    written = (folder / "config.json").stat().st_mtime_ns
-    assert converted_folder_in_child(gguf_file) == folder and (folder / "config.json").stat().st_mtime_ns == written
-
-
 def test_the_childs_refusal_comes_back_with_its_hint(tmp_path):
     writer = GGUFWriter(str(tmp_path / "odd.gguf"), "no-such-architecture")
     writer.write_header_to_file()
@@ -42,7 +34,10 @@ def test_a_file_that_is_not_gguf_is_refused_before_any_child(tmp_path):
         converted_folder_in_child(tmp_path / "model.gguf")
 
 
-def test_the_preflight_of_a_gguf_run_imports_no_torch(tmp_path):
+def test_the_preflight_of_a_gguf_run_imports_no_torch_and_its_child_converts_once(tmp_path):
+    """The pre-flight converts in a child (it imports neither torch nor transformers itself)
+    into the folder beside the file; a later call finds that folder and converts nothing.
+    (One test: each conversion is a child that imports transformers, CI's time.)"""
     gguf_file = write_tiny_llama_gguf(tmp_path / "model.gguf")
     code = (
         "import json, sys\n"
@@ -57,4 +52,7 @@ def test_the_preflight_of_a_gguf_run_imports_no_torch(tmp_path):
                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "HOME": str(tmp_path)})
     assert child.returncode == 0, child.stderr[-3000:]
     assert json.loads(child.stdout.splitlines()[-1]) == {"torch": False, "transformers": False}
-    assert (converted_folder(gguf_file) / "config.json").is_file()  # converted, by the child
+    folder = converted_folder(gguf_file)
+    assert (folder / "config.json").is_file()  # converted, by the child
+    written = (folder / "config.json").stat().st_mtime_ns
+    assert converted_folder_in_child(gguf_file) == folder and (folder / "config.json").stat().st_mtime_ns == written
