@@ -63,7 +63,9 @@ from tests.helpers.s3_server import start_moto_server
 # The files that took longest in CI, longest first: seconds (setup + call + teardown summed
 # per file) in a fresh-clone `.ci/run`, from the summary this file prints at the end of a run
 # (the order matters, not the figures). Started first, they leave the short files to fill
-# the end of both workers' time.
+# the end of both workers' time. What each file and test costs in CPU, its processes
+# included (on two cores the suite is CPU-bound, so CPU is what CI's minutes are):
+# `python -m pytest -p scripts.cpu_by_test ...`, then `python scripts/cpu_by_test.py`.
 LONGEST_FILES = (
     "tests/cli/test_up_serves_train.py",  # 227
     "tests/durability/test_kill_resume.py",  # 136
