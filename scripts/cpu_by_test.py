@@ -13,7 +13,8 @@ start and end of each test in RESULTS_DIR/<worker>.jsonl. A test's figure is its
 between the two, so a server that idles during a test (the worker's Prefect harness) is
 counted against that test. Not counted: docker containers (the docker engine's cgroups),
 anything the pytest controller process does, and a worker's imports and collection before
-its cgroup exists. Needs root (it makes cgroups); Linux only; asserts nothing.
+its cgroup exists. Without xdist (no `-n`) it records nothing. Needs root (it makes cgroups);
+Linux only; asserts nothing.
 """
 
 from __future__ import annotations
@@ -42,12 +43,20 @@ def _cpu_s() -> float:
 
 
 def pytest_configure(config) -> None:  # noqa: ANN001 - pytest's Config
-    """In an xdist worker: its own cgroup and its log file (the controller records nothing)."""
+    """In an xdist worker: its own cgroup and its log file. In the controller (it starts
+    before its workers): the last run's logs and emptied cgroups removed."""
     global _log, _usage_file
+    root = V1_ROOT if (V1_ROOT / "cpuacct.usage").exists() else V2_ROOT
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker:
+        for old in RESULTS_DIR.glob("*.jsonl"):
+            old.unlink()
+        for old in root.glob("rlpipe-cpu-by-test-*"):
+            try:
+                old.rmdir()  # a cgroup goes with rmdir once no process is left in it
+            except OSError:
+                pass
         return
-    root = V1_ROOT if (V1_ROOT / "cpuacct.usage").exists() else V2_ROOT
     group = root / f"rlpipe-cpu-by-test-{worker}-{os.getpid()}"
     group.mkdir(exist_ok=True)
     (group / "cgroup.procs").write_text(str(os.getpid()))
