@@ -43,12 +43,15 @@ def _cpu_s() -> float:
 
 
 def pytest_configure(config) -> None:  # noqa: ANN001 - pytest's Config
-    """In an xdist worker: its own cgroup and its log file. In the controller (it starts
-    before its workers): the last run's logs and emptied cgroups removed."""
+    """In an xdist worker: its own cgroup and its log file. In the controller of a run that
+    starts workers (it starts before them): the last run's logs and emptied cgroups removed;
+    a run without workers records nothing and so leaves the last run's logs alone."""
     global _log, _usage_file
     root = V1_ROOT if (V1_ROOT / "cpuacct.usage").exists() else V2_ROOT
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker:
+        if not getattr(config.option, "numprocesses", None):
+            return  # no xdist workers (no -n, or -n 0): nothing to record, nothing to clear
         for old in RESULTS_DIR.glob("*.jsonl"):
             old.unlink()
         for old in root.glob("rlpipe-cpu-by-test-*"):
