@@ -101,7 +101,7 @@ class ChatEngine(Protocol):
 class PolicyOptions:
     """The policy agent of an eval, as recorded in EVAL.json (`agent_options`).
 
-    The model: `policy` (an HF folder, e.g. a checkpoint's step=N/policy) or `gguf` (a GGUF
+    The model: `policy` (an HF folder, e.g. a checkpoint's step folder) or `gguf` (a GGUF
     file, converted once to an HF folder beside it); with engine = openai, the server at
     `openai_base_url` generates and `policy`/`gguf` give the tokenizer (its chat template).
     `config`: a run config TOML whose [model] and [rollout] tables the engine worker starts
@@ -128,8 +128,8 @@ class PolicyOptions:
         if self.system_prompt not in SYSTEM_PROMPTS:
             raise ConfigError(f"unknown system prompt {self.system_prompt!r}", hint=f"one of {', '.join(SYSTEM_PROMPTS)}")
         if (self.policy is None) == (self.gguf is None):
-            raise ConfigError("the policy agent needs exactly one model: --policy DIR (an HF folder or a checkpoint's "
-                              "step=N/policy) or --gguf FILE", hint="e.g. --agent policy --gguf models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+            raise ConfigError("the policy agent needs exactly one model: --policy DIR (an HF folder, e.g. a checkpoint's "
+                              "step folder) or --gguf FILE", hint="e.g. --agent policy --gguf models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
         if self.engine == "openai" and not self.openai_base_url:
             raise ConfigError("engine openai needs --openai-base-url", hint="e.g. --openai-base-url http://127.0.0.1:8000/v1")
         if self.engine != "openai" and (self.openai_base_url or self.openai_model):

@@ -1,7 +1,7 @@
 """The policy agent's options of `rlpipe eval` and `rlpipe eval replay` (one definition for both).
 
     --agent policy --gguf models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-    --agent policy --policy rlpipe-lake/runs/RUN/checkpoints/step=20/policy --engine vllm
+    --agent policy --policy rlpipe-lake/checkpoints/RUN/step=000020 --engine vllm
     --agent policy --engine openai --openai-base-url http://127.0.0.1:8000/v1 --openai-model NAME --policy DIR
 
 `policy_options(...)` checks them (a model given exactly once, files that exist; any of them
@@ -27,7 +27,7 @@ class EngineName(str, Enum):
     openai = "openai"
 
 
-POLICY = typer.Option(None, "--policy", help="Policy agent: an HF model folder (e.g. a checkpoint's step=N/policy).")
+POLICY = typer.Option(None, "--policy", help="Policy agent: an HF model folder (e.g. a checkpoint's step folder, rlpipe-lake/checkpoints/RUN/step=000020).")
 GGUF = typer.Option(None, "--gguf", help="Policy agent: a GGUF file (SmolLM2: `make smollm2`), converted once beside it.")
 ENGINE = typer.Option(EngineName.hf, "--engine", help="Policy agent: the engine (in the engine worker).")
 OPENAI_BASE_URL = typer.Option(None, "--openai-base-url", help="Policy agent, --engine openai: the server's URL; "
@@ -74,7 +74,7 @@ def policy_options(agent: Optional[str], policy: Optional[Path], gguf: Optional[
         return None
     if policy is not None and not (policy / "config.json").is_file():
         raise ModelNotFoundError(f"--policy {policy} is not an HF model folder (no config.json there)",
-                                 hint="pass a folder written by save_pretrained, e.g. a checkpoint's step=N/policy")
+                                 hint="pass a folder written by save_pretrained, e.g. a checkpoint's step folder, rlpipe-lake/checkpoints/RUN/step=000020")
     if gguf is not None and not gguf.is_file():
         raise ModelNotFoundError(f"--gguf {gguf}: no such file", hint="`make smollm2` fetches models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     if config is not None and not config.is_file():

@@ -31,7 +31,9 @@ from rlpipe.cli.lake import config_for_lake, open_lake
 from rlpipe.cli.qa import qa as qa_command
 from rlpipe.cli.rescore import rescore as rescore_command
 from rlpipe.cli.verify import verify as verify_command
-from rlpipe.core.config import RunConfig, config_changes, config_from_dict, hash_excluded, load_config, with_overrides
+from rlpipe.core.config import (
+    RunConfig, config_changes, config_from_dict, hash_excluded, hash_excluded_keys, load_config, with_overrides,
+)
 from rlpipe.core.errors import ConfigError, LakeNotFoundError, RunNotFoundError
 from rlpipe.sandbox.docker_owners import reap_in_background
 
@@ -100,7 +102,7 @@ def resume(
     run_id: str = typer.Argument(..., help="The run to resume."),
     lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
     set_: list[str] = typer.Option([], "--set", help="Change what a resume may change, e.g. train.steps=N to extend "
-                                   "the run (only keys left out of the config hash: train.steps, eval.*, checkpoint.*)."),
+                                   f"the run (only keys left out of the config hash: {hash_excluded_keys()})."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
 ) -> None:
     """Resume a run: replay committed steps from the lake, then go on (to train.steps)."""
@@ -282,7 +284,7 @@ def _resumed_config(base: RunConfig, run_id: str, given: Optional[RunConfig], ov
         listed = ", ".join(f"{key} {old} -> {new}" for key, old, new in computed)
         raise ConfigError(
             f"run {run_id!r} cannot go on with another config: {listed} (config hash {stored.config_hash()} -> {given.config_hash()})",
-            "a resumed run keeps what it computes; only train.steps, eval.*, checkpoint.* and sandbox.pool_size may change. "
+            f"a resumed run keeps what it computes; only {hash_excluded_keys()} may change. "
             "Resume with the run's own config (`rlpipe resume RUN_ID`), or start a new run",
         )
     committed = lake.committed_steps(run_id)

@@ -38,7 +38,7 @@ __all__ = [
     "AlgoConfig", "CheckpointConfig", "ClusterConfig", "CurriculumConfig", "EnvConfig", "EvalConfig", "FileDomainConfig",
     "ModelConfig", "QaConfig", "ReasoningGymDomainConfig", "RolloutConfig", "RunConfig", "SandboxConfig", "StorageConfig",
     "TrackingConfig", "TrainConfig", "WarmstartConfig", "check_attention_shape", "config_changes", "config_from_dict",
-    "hash_excluded", "load_config", "merge_config", "parse_override", "with_overrides",
+    "hash_excluded", "hash_excluded_keys", "load_config", "merge_config", "parse_override", "with_overrides",
 ]
 
 
@@ -53,6 +53,12 @@ def hash_excluded(key: str) -> bool:
     section, _, leaf = key.partition(".")
     rule = _HASH_EXCLUDED.get(section)
     return rule is True or (isinstance(rule, set) and leaf in rule)
+
+
+def hash_excluded_keys() -> str:
+    """The keys a resumed run may change, as a reader names them: "train.steps, ..., storage.*"."""
+    leaves = [f"{section}.{leaf}" for section, rule in _HASH_EXCLUDED.items() if isinstance(rule, set) for leaf in sorted(rule)]
+    return ", ".join(leaves + [f"{section}.*" for section, rule in _HASH_EXCLUDED.items() if rule is True])
 
 
 class RunConfig(Section):
