@@ -53,7 +53,7 @@ pytest: venv
 	$(BIN)/pytest -q -n 4 --dist loadfile --no-loadscope-reorder
 
 # The tests marked `extended` (pyproject.toml): long runs whose property a cheaper test of
-# `make test` checks already (README.md, "Tests"), left out of CI to keep it under 20 minutes;
+# `make test` checks already (README.md, "Install and the two commands"), left out of CI to keep it under 20 minutes;
 # run before a change to what they cover (the trainer group, the learning recipe).
 test-extended: export RLPIPE_TEST_DOCKER = required
 test-extended: venv system

@@ -84,8 +84,9 @@ def run_cli(args: list[str], folder: Path, failpoints: str | None = None, timeou
 
 
 def start_prefect_server(workdir: Path) -> subprocess.Popen[bytes]:
-    """A Prefect server on a free loopback port for all runs. Without one, each `rlpipe
-    train` starts Prefect's temporary server, and a SIGKILLed CLI leaves that server running."""
+    """A Prefect server on a free loopback port for all runs, so that the killed and resumed
+    runs' flow runs stay on one server (each `rlpipe train` without one starts a temporary
+    server of its own that ends with it)."""
     import socket
     import urllib.request
 
