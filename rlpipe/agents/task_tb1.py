@@ -50,10 +50,15 @@ from rlpipe.sandbox.base import workspace_problem
 NOT_CONTEXT = {"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "docker-compose.yaml", "docker-compose.yml"}
 DEFAULT_RUN_TESTS = "#!/bin/bash\npytest $TEST_DIR/test_outputs.py -rA\n"
 TEST_SH = """#!/bin/bash
-# written by rlpipe for a Terminal-Bench 1 task: run-tests.sh's exit code is the verdict
+# written by rlpipe for a Terminal-Bench 1 task: run-tests.sh's exit code is the verdict.
+# The tests run the agent's code: every process left behind is killed before the reward is
+# written (kill -1 spares this script), and what that code left in /logs/verifier goes first.
 export TEST_DIR=/tests
 bash /tests/run-tests.sh
-if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+status=$?
+while kill -9 -1 2>/dev/null; do :; done
+chmod -R u+rwX /logs/verifier 2>/dev/null; rm -rf /logs/verifier/reward.txt /logs/verifier/reward.json
+if [ "$status" -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
 """
 HARNESS_SCRIPTS = {
     "setup-uv-pytest.sh": "# rlpipe: offline stand-in for Terminal-Bench's setup-uv-pytest.sh (the tests runtime has pytest)\n",

@@ -15,7 +15,10 @@ The trust model (docs/AGENTS.md, "What the verifier trusts"):
 - The reward is read by rlpipe, after the tests and all they started are gone, from
   /logs/verifier/reward.txt (a number) or reward.json ({"reward": x}); passed iff >= 1.
   A test.sh that a signal ended (exit status above 128: a process it ran may have killed it
-  to write a reward of its own) scores 0. A process the agent's code starts while the
+  to write a reward of its own) scores 0, and a pass counts only where test.sh exited 0: the
+  checked code can write a reward of 1 and lock the file (or put a folder in its place), so
+  that test.sh's own write fails and the agent's reward is what is left; such a test.sh
+  exits non-zero (its last command, the write, failed), and the trial scores 0. A process the agent's code starts while the
   tests run could still write the reward after test.sh did: a test.sh that runs the
   agent's code ends every process it started before it writes the reward (`kill -9 -1`
   runs as the tests' own uid and spares test.sh itself: the built-in suite's do).
@@ -73,6 +76,10 @@ def run_tests(sandboxes: TrialBackend, sandbox: Sandbox, final: Snapshot, task: 
     if reward is None:
         return TestsVerdict(0.0, TrialVerdict.VERIFIER_ERROR,
                             f"test.sh (exit {run.result.exit_code}) wrote no readable reward on the agent's final state: {output}")
+    if reward >= 1.0 and run.result.exit_code != 0:  # its own write failed: the reward read is one the agent left
+        return TestsVerdict(0.0, TrialVerdict.VERIFIER_ERROR,
+                            f"a passing reward, but test.sh exited {run.result.exit_code}: a reward whose write failed "
+                            f"(a file the checked code locked) is not trusted: {output}")
     return TestsVerdict(reward, None, "" if reward >= 1.0 else f"reward {reward:g}: {output}")
 
 

@@ -146,7 +146,7 @@ class BwrapSandbox:
     def run_verifier(self, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
         """A task's tests on this sandbox's state (base.VerifierSandbox; bwrap_verifier.py)."""
         return bwrap_verifier.run_verifier(self.exec_with_mounts, self.dir, self.host_uid, self.runtime_root, argv, tests,
-                                           timeout_s)
+                                           timeout_s, self.limits.disk_mb if self.work_on_tmpfs else None)
 
     def exec_with_mounts(self, argv: list[str], timeout_s: float, extra_args: Sequence[str], stdin: bytes = b"") -> ExecResult:
         """`exec` with more bwrap arguments (binds, --setenv) before the root is made read-only."""

@@ -38,6 +38,8 @@ def reap_leaked_sandboxes(runtime_root: Path | None = None) -> int:
             continue
         if os.geteuid() == 0:
             umount(directory / "work")
+            for logs in directory.glob("verifier-*/logs"):  # a verifier's /logs tmpfs (bwrap_verifier.py)
+                umount(logs)
         limits_module.remove_cgroups_named(layout, cgroup_name(root, directory.name))
         shutil.rmtree(directory, ignore_errors=True)
         for snapshot_dir in (root / "snapshots").glob(f"{directory.name}-*"):

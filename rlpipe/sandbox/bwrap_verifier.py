@@ -3,7 +3,9 @@
 `run_verifier(sandbox, argv, tests, timeout_s)` (BwrapSandbox.run_verifier):
 
     1. a fresh host folder (mkdtemp, in the sandbox's own host folder) holds `tests/`, written
-       by this process, and `logs/verifier`, `logs/agent`, owned by the sandbox's uid;
+       by this process, and `logs/verifier`, `logs/agent`, owned by the sandbox's uid, on a
+       tmpfs of the sandbox's disk limit where the work dir is one (as root; the tests run the
+       agent's code, which may write there);
     2. one exec with those bound at /tests (read-only) and /logs (read-write), the tests
        runtime (tests_runtime.py: pytest, uvx and uv shims; a host copy made once per runtime
        root) read-only at /.rlpipe-tests and first on PATH and PYTHONPATH, HOME=/tmp (a
@@ -29,6 +31,8 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 
 from rlpipe.sandbox.base import VERIFIER_LOG_BYTES, ExecResult, VerifierRun
+from rlpipe.sandbox.bwrap_reap import umount
+from rlpipe.sandbox.bwrap_workdir import mount_work_tmpfs
 from rlpipe.sandbox.tests_runtime import RUNTIME_PATH, host_runtime, verifier_argv
 from rlpipe.sandbox.workdir import write_beneath
 
@@ -40,18 +44,24 @@ MAX_LOG_FILES = 32
 
 
 def run_verifier(exec_with_mounts: ExecWithMounts, sandbox_dir: Path, sandbox_uid: int, runtime_root: Path,
-                 argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
+                 argv: list[str], tests: dict[str, bytes], timeout_s: float, logs_mb: int | None = None) -> VerifierRun:
     """Run argv as the module docstring says, in the sandbox whose host folder is `sandbox_dir`,
-    whose processes run as host uid `sandbox_uid`, with the tests runtime kept under `runtime_root`."""
+    whose processes run as host uid `sandbox_uid`, with the tests runtime kept under `runtime_root`;
+    /logs a tmpfs of `logs_mb` (None: a plain folder, bounded per file only)."""
     root = Path(tempfile.mkdtemp(prefix="verifier-", dir=sandbox_dir))
+    logs_dir = root / "logs"
+    mounted = False
     try:
         os.chmod(root, 0o711)
-        tests_dir, logs_dir = root / "tests", root / "logs"
+        tests_dir = root / "tests"
         tests_dir.mkdir(mode=0o755)
         for path, data in tests.items():
             write_beneath(tests_dir, path, data, uid=None)
         _open_up(tests_dir)
         logs_dir.mkdir(mode=0o755)
+        if logs_mb is not None:  # the checked code writes /logs/agent too: the host's disk is not its to fill
+            mount_work_tmpfs(logs_dir, 0, logs_mb, mode=0o755)
+            mounted = True
         for name in ("verifier", "agent"):
             (logs_dir / name).mkdir(mode=0o755)
             os.chown(logs_dir / name, sandbox_uid, sandbox_uid)
@@ -61,6 +71,8 @@ def run_verifier(exec_with_mounts: ExecWithMounts, sandbox_dir: Path, sandbox_ui
         result = exec_with_mounts(verifier_argv(argv), timeout_s, extra)
         return VerifierRun(result, read_logs(logs_dir / "verifier"))
     finally:
+        if mounted:
+            umount(logs_dir)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -74,7 +86,7 @@ def _open_up(tests_dir: Path) -> None:
 
 def read_logs(folder: Path) -> dict[str, bytes]:
     """The regular files directly in `folder` (which a sandbox process could write): no
-    symlink followed (the folder's own path included), FIFOs and devices skipped, at most
+    symlink followed (the folder's own path included), folders, FIFOs and devices skipped, at most
     VERIFIER_LOG_BYTES of each, MAX_LOG_FILES files."""
     try:
         folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -87,9 +99,11 @@ def read_logs(folder: Path) -> dict[str, bytes]:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
             except OSError:
                 continue
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder named reward.txt opens too; fdopen would raise
+                os.close(fd)
+                continue
             with os.fdopen(fd, "rb") as handle:
-                if stat.S_ISREG(os.fstat(fd).st_mode):
-                    logs[name] = handle.read(VERIFIER_LOG_BYTES)
+                logs[name] = handle.read(VERIFIER_LOG_BYTES)
     finally:
         os.close(folder_fd)
     return logs

@@ -37,12 +37,13 @@ def make_work_dir(work_dir: Path, host_uid: int, disk_mb: int, as_root: bool) ->
     return False
 
 
-def mount_work_tmpfs(work_dir: Path, host_uid: int, disk_mb: int) -> None:
+def mount_work_tmpfs(work_dir: Path, host_uid: int, disk_mb: int, mode: int = 0o700) -> None:
+    """A tmpfs of disk_mb (and disk_mb * 64 inodes) at `work_dir`, its root owned by host_uid."""
     inodes = max(4096, disk_mb * 64)
-    options = f"size={disk_mb}m,nr_inodes={inodes},mode=0700,uid={host_uid},gid={host_uid}"
+    options = f"size={disk_mb}m,nr_inodes={inodes},mode={mode:04o},uid={host_uid},gid={host_uid}"
     if _libc.mount(b"tmpfs", bytes(work_dir), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()) != 0:
         errno = ctypes.get_errno()
-        raise SandboxUnavailable(f"cannot mount a tmpfs work dir at {work_dir}: {os.strerror(errno)}",
+        raise SandboxUnavailable(f"cannot mount a tmpfs at {work_dir}: {os.strerror(errno)}",
                                  hint="run as root with CAP_SYS_ADMIN, or as a non-root user (plain work dir)")
 
 

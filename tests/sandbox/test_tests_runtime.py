@@ -75,3 +75,19 @@ def test_a_pytest_module_in_the_work_dir_is_not_the_pytest_that_runs(sandbox):
     run = sandbox.run_verifier(["bash", "/tests/test.sh"], tests, 60.0)
     assert run.logs["reward.txt"].strip() == b"0", run.result.stdout
     assert "1 failed" in run.result.stdout
+
+
+def test_what_the_tests_write_under_logs_is_bounded_by_the_sandboxs_disk_on_bubblewrap():
+    """The tests run the agent's code, which may write /logs/agent and /logs/verifier: on
+    bubblewrap as root /logs is a tmpfs of the sandbox's disk limit (64 MB here), not the
+    host's disk. Three files of 40 MB: the writes stop at the limit."""
+    sandbox = open_sandbox("bwrap")
+    try:
+        if not sandbox.work_on_tmpfs:
+            pytest.skip("not root: the work dir and /logs are plain folders, bounded per file only")
+        fill = ("for i in 1 2 3; do dd if=/dev/zero of=/logs/agent/fill-$i bs=1M count=40 2>/dev/null; done; "
+                "written=$(du -sm /logs | cut -f1); rm -f /logs/agent/fill-*; echo $written > /logs/verifier/written.txt\n")
+        run = sandbox.run_verifier(["sh", "/tests/test.sh"], {"test.sh": fill.encode()}, 60.0)
+    finally:
+        sandbox.close()
+    assert int(run.logs["written.txt"]) <= 64, run.result.stdout + run.result.stderr

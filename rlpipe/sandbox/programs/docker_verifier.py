@@ -77,9 +77,10 @@ def logs(out):
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
         except OSError:
             continue
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder opens too, and fdopen would raise on it
+            os.close(fd)
+            continue
         with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                continue
             content, encoded = handle.read(LOG_BYTES), name.encode()
         out.write(len(encoded).to_bytes(4, "big") + len(content).to_bytes(8, "big") + encoded + content)
 
