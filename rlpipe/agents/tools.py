@@ -162,4 +162,18 @@ def _validate(call: dict, extra_calls: int) -> ToolCall | MalformedCall:
                     f"not strings {wrong_type}" if wrong_type else ""]
         return MalformedCall("bad_arguments", f"{name}: arguments {'; '.join(p for p in problems if p)}; "
                                               f"{name} takes {list(required) or 'no arguments'}")
+    unusable = [key for key in required if not _passable(key, arguments[key])]
+    if unusable:  # a command or path with a NUL, or text with a lone surrogate, cannot reach a process or a file
+        return MalformedCall("bad_arguments", f"{name}: {unusable} hold a NUL character or text that is not valid "
+                                              "Unicode (a lone surrogate)")
     return ToolCall(name, {key: arguments[key] for key in required}, extra_calls)
+
+
+def _passable(key: str, value: str) -> bool:
+    """Whether an argument can be handed on as it is: valid UTF-8, and no NUL in a command or
+    a path (an argv or a file name cannot hold one; a file's content can)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return key == "content" or "\x00" not in value

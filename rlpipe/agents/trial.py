@@ -264,7 +264,10 @@ def _execute(call: ToolCall, sandbox: Sandbox, shell: str, deadline: float, opti
     """Run one well-formed call: (observation, exit code for bash, whether the tool failed)."""
     if call.name == "bash":
         timeout_s = max(0.1, min(options.command_timeout_s, deadline - time.monotonic()))
-        ran = sandbox.exec([shell, "-c", call.arguments["command"]], timeout_s=timeout_s)
+        try:
+            ran = sandbox.exec([shell, "-c", call.arguments["command"]], timeout_s=timeout_s)
+        except ValueError as exc:  # a command no process can take (parse_tool_call refuses the known ones)
+            return f"error: bash: {exc}", None, True
         return _bash_observation(ran, options.max_observation_chars), ran.exit_code, ran.exit_code != 0
     path = _work_relative(call.arguments["path"], workdir)
     try:

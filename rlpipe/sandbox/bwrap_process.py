@@ -44,6 +44,10 @@ def start_bwrap(prefix: list[str], argv: list[str], cgroups: SandboxCgroups | No
         os.close(block_write_fd)
         os.close(info_read_fd)
         raise SandboxUnavailable(f"cannot start bwrap: {exc}", hint="the host is out of processes or memory") from exc
+    except BaseException:  # e.g. ValueError for a NUL in argv: nothing started, no descriptor kept
+        os.close(block_write_fd)
+        os.close(info_read_fd)
+        raise
     finally:
         os.close(info_write_fd)
         os.close(block_read_fd)

@@ -21,6 +21,7 @@ during a snapshot).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -49,11 +50,27 @@ class _Budget:
 def copy_tree(source: Path, target: Path, uid: int | None, budget_bytes: int | None = None) -> None:
     """Copy dirs, regular files (sparse and hard links kept) and symlinks from source into target
     (created if missing); `uid` owns every copied entry (None: the copier). Raises AgentStateError
-    when the data to copy passes `budget_bytes` (None: no budget)."""
-    _copy_dir(source, target, uid, _Budget(budget_bytes))
+    when the data to copy passes `budget_bytes` (None: no budget), or when the tree's shape is one
+    no copy can follow: deeper than MAX_DEPTH folders, or paths past the kernel's PATH_MAX."""
+    try:
+        _copy_dir(source, target, uid, _Budget(budget_bytes), 0)
+    except OSError as exc:
+        if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+            raise  # the host's doing (a full disk of the host, an I/O error): not the code's
+        raise AgentStateError(f"the work dir holds a path too long to copy ({exc.strerror}: {str(exc.filename)[:120]}...)",
+                              hint=_SHAPE_HINT) from None
 
 
-def _copy_dir(source: Path, target: Path, uid: int | None, budget: _Budget) -> None:
+MAX_DEPTH = 256
+"""Folders nested deeper than this are not a work state: the copy stops (AgentStateError)
+before its recursion could reach Python's limit."""
+_SHAPE_HINT = "the sandboxed code built a tree that cannot be copied; this counts as its failure"
+
+
+def _copy_dir(source: Path, target: Path, uid: int | None, budget: _Budget, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise AgentStateError(f"the work dir nests folders more than {MAX_DEPTH} deep; refused to copy it",
+                              hint=_SHAPE_HINT)
     target.mkdir(mode=0o755, exist_ok=True)
     for entry in os.scandir(source):
         source_path, target_path = Path(entry.path), target / entry.name
@@ -62,7 +79,7 @@ def _copy_dir(source: Path, target: Path, uid: int | None, budget: _Budget) -> N
         if stat.S_ISLNK(mode):
             os.symlink(os.readlink(source_path), target_path)
         elif stat.S_ISDIR(mode):
-            _copy_dir(source_path, target_path, uid, budget)
+            _copy_dir(source_path, target_path, uid, budget, depth + 1)
             os.chmod(target_path, stat.S_IMODE(mode))
         elif stat.S_ISREG(mode):
             inode = (status.st_dev, status.st_ino)
