@@ -5,9 +5,11 @@ verifier runs or what it reads (agents/verifier.py states the trust model). The 
 the quality gate's own list (rlpipe/qa/agent_probes.py: a user site or .pth file under its
 HOME, modules in /work named like the ones trusted steps import, modules that exit 0 at
 import or at exit, return values equal to everything, kill the verifier step, planted
-reward files and fake tests, a background forger; a full disk, sparse files, a work dir it
-locks), plus three aimed at this task's stats.py. Each trial must be recorded
-with reward 0 and an agent verdict, never pass and never turn into infrastructure.
+reward files and fake tests, a background forger, a reward the checked code writes and
+locks, a folder in place of reward.txt; a full disk, sparse files, a work dir it locks, a
+tree too deep or with paths too long to copy), plus three aimed at this task's stats.py, and
+replies no process can take (a NUL in a command). Each trial must be recorded with reward 0
+and an agent verdict, never pass and never turn into infrastructure.
 """
 
 from __future__ import annotations
@@ -101,3 +103,13 @@ def test_the_oracle_still_passes_behind_the_hacks_it_did_not_make(backend):
     replies = list(solve._replies) + [tool_call_json("bash", command=USER_SITE), tool_call_json("bash", command=SHADOWED)]
     result = run_trial(task, "oracle+junk", lambda task: ScriptedAgent(replies), backend)
     assert (result.verdict, result.reward) == (TrialVerdict.PASSED, 1.0), result.detail
+
+
+@pytest.mark.parametrize("command", ["echo x\u0000", "echo \ud800"], ids=["NUL", "lone surrogate"])
+def test_a_command_no_process_can_take_is_a_malformed_call_not_infrastructure(backend, command):
+    """A reply whose bash command holds a NUL (or text that is not Unicode) cannot become an
+    argv: it is the agent's malformed call, the episode goes on, and the trial is scored (it
+    used to raise in the backend and vanish from the score as a retried sandbox error)."""
+    result = hostile(backend, command)
+    assert result.steps[0].malformed_kind == "bad_arguments", result.steps[0]
+    assert (result.reward, result.verdict) == (0.0, TrialVerdict.FAILED), (result.verdict, result.detail)
