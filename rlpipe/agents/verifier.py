@@ -13,7 +13,9 @@ The trust model (docs/AGENTS.md, "What the verifier trusts"):
   run the agent's code runs it in another process and compares plain data (the built-in
   suite's tests/probe.py + tests/check.py).
 - The reward is read by rlpipe, after the tests and all they started are gone, from
-  /logs/verifier/reward.txt (a number) or reward.json ({"reward": x}); passed iff >= 1.
+  /logs/verifier/reward.txt (a number) or, where there is no reward.txt at all,
+  reward.json ({"reward": x}); passed iff >= 1. A reward.txt that is not a regular file (a
+  symlink, a folder) reads as empty: no reward, never a fall back to reward.json.
   A test.sh that a signal ended (exit status above 128: a process it ran may have killed it
   to write a reward of its own) scores 0, and a pass counts only where test.sh exited 0: the
   checked code can write a reward of 1 and lock the file (or put a folder in its place), so

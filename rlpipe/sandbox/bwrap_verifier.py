@@ -41,6 +41,8 @@ ExecWithMounts = Callable[[list[str], float, Sequence[str]], ExecResult]
 
 MAX_LOG_FILES = 32
 """/logs/verifier files read at most (a reward file or two; the rest is the tests' own logs)."""
+REWARD_FILES = ("reward.txt", "reward.json")
+"""Read before any other file of /logs/verifier (agents/verifier.py reads the reward from them)."""
 
 
 def run_verifier(exec_with_mounts: ExecWithMounts, sandbox_dir: Path, sandbox_uid: int, runtime_root: Path,
@@ -85,22 +87,29 @@ def _open_up(tests_dir: Path) -> None:
 
 
 def read_logs(folder: Path) -> dict[str, bytes]:
-    """The regular files directly in `folder` (which a sandbox process could write): no
-    symlink followed (the folder's own path included), folders, FIFOs and devices skipped, at most
-    VERIFIER_LOG_BYTES of each, MAX_LOG_FILES files."""
+    """The files directly in `folder` (which a sandbox process could write), at most
+    VERIFIER_LOG_BYTES of each and MAX_LOG_FILES of them, reward.txt and reward.json first
+    (no number of other files can push them out). No symlink is followed (the folder's own
+    path included); an entry that is not a regular file (a symlink, folder, FIFO, device) is
+    listed with no content, so a reward.txt that is not a file reads as no reward rather than
+    as absent (which would let a reward.json beside it count)."""
     try:
         folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return {}
     logs: dict[str, bytes] = {}
     try:
-        for name in sorted(os.listdir(folder_fd))[:MAX_LOG_FILES]:
+        names = os.listdir(folder_fd)
+        first = [name for name in REWARD_FILES if name in names]
+        for name in first + sorted(set(names) - set(first))[:MAX_LOG_FILES - len(first)]:
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
             except OSError:
+                logs[name] = b""  # a symlink (ELOOP), or gone
                 continue
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder named reward.txt opens too; fdopen would raise
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder opens too; fdopen would raise on it
                 os.close(fd)
+                logs[name] = b""
                 continue
             with os.fdopen(fd, "rb") as handle:
                 logs[name] = handle.read(VERIFIER_LOG_BYTES)

@@ -9,8 +9,9 @@ an entry in them.
     setup   empty /tests and /logs; write the framed files on stdin (docker_work.frames)
             under /tests, mode 0755 (readable and runnable, writable by root only); make
             /logs/verifier and /logs/agent, mode 0777 (the tests run as the sandbox user)
-    logs    the regular files directly in /logs/verifier, framed on stdout: no symlink
-            followed, FIFOs and devices skipped, at most LOG_BYTES each, MAX_FILES files
+    logs    the files directly in /logs/verifier, framed on stdout, reward.txt and
+            reward.json first: no symlink followed, an entry that is no regular file sent
+            with no content, at most LOG_BYTES each, MAX_FILES files
     clear   empty /tests and /logs
     runtime write the framed files on stdin under /.rlpipe-tests (the tests runtime,
             sandbox/tests_runtime.py), mode 0755, unless it is there already
@@ -26,6 +27,7 @@ import sys
 TESTS, LOGS, RUNTIME = "/tests", "/logs", "/.rlpipe-tests"
 LOG_BYTES = 64 * 1024
 MAX_FILES = 32
+REWARD_FILES = ("reward.txt", "reward.json")
 
 
 def clear():
@@ -72,16 +74,20 @@ def logs(out):
         folder_fd = os.open(os.path.join(LOGS, "verifier"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
         return
-    for name in sorted(os.listdir(folder_fd))[:MAX_FILES]:
+    names = os.listdir(folder_fd)
+    first = [name for name in REWARD_FILES if name in names]  # no number of other files pushes them out
+    for name in first + sorted(set(names) - set(first))[:MAX_FILES - len(first)]:
+        content = b""  # a symlink, folder, FIFO or device: listed with no content (a reward.txt that is no file reads as none)
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
         except OSError:
-            continue
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder opens too, and fdopen would raise on it
+            fd = None
+        if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):  # a folder opens too; fdopen would raise on it
             os.close(fd)
-            continue
-        with os.fdopen(fd, "rb") as handle:
-            content, encoded = handle.read(LOG_BYTES), name.encode()
+        elif fd is not None:
+            with os.fdopen(fd, "rb") as handle:
+                content = handle.read(LOG_BYTES)
+        encoded = name.encode("utf-8", "surrogateescape")
         out.write(len(encoded).to_bytes(4, "big") + len(content).to_bytes(8, "big") + encoded + content)
 
 
