@@ -10,6 +10,9 @@ the tests only:
                            pytest finds the pytest-json-ctrf plugin's entry point; of
                            pygments, which pytest imports, only the lexers pytest uses)
     RUNTIME_PATH/shim.py   programs/tests_shim.py
+    RUNTIME_PATH/no_ptrace.py  programs/no_ptrace.py: the tests' command runs under it (no
+                           process of the tests may trace another: the agent's code could
+                           rewrite a check's exit status)
     RUNTIME_PATH/bin/      pytest, py.test, uvx, uv: `python3 -I RUNTIME_PATH/shim.py NAME`
 
 and runs the tests' command with RUNTIME_PATH/bin first on PATH and RUNTIME_PATH/site first
@@ -63,6 +66,7 @@ def runtime_files() -> dict[str, bytes]:
             if path.is_file():
                 files[f"site/{relative}"] = path.read_bytes()
     files["shim.py"] = program_source("programs/tests_shim.py").encode()
+    files["no_ptrace.py"] = program_source("programs/no_ptrace.py").encode()
     for shim in SHIMS:
         files[f"bin/{shim}"] = f'#!/bin/sh\nexec python3 -I {RUNTIME_PATH}/shim.py {shim} "$@"\n'.encode()
     return files
@@ -103,7 +107,8 @@ def host_runtime(root: Path) -> Path:
 
 
 def verifier_argv(argv: list[str]) -> list[str]:
-    """`argv` with the runtime's bin first on PATH and its site first on PYTHONPATH."""
+    """`argv` with the runtime's bin first on PATH and its site first on PYTHONPATH, under a
+    seccomp filter that forbids every process of the tests to trace another (no_ptrace.py)."""
     script = (f'PATH="{RUNTIME_PATH}/bin:$PATH"; PYTHONPATH="{RUNTIME_PATH}/site${{PYTHONPATH:+:$PYTHONPATH}}"; '
               'export PATH PYTHONPATH; exec "$@"')
-    return ["/bin/sh", "-c", script, "rlpipe-tests", *argv]
+    return ["python3", "-I", "-S", f"{RUNTIME_PATH}/no_ptrace.py", "/bin/sh", "-c", script, "rlpipe-tests", *argv]
