@@ -19,9 +19,10 @@ def main() -> None:
         for name in sorted(dirs + files):
             path = os.path.join(top, name)
             info = os.lstat(path)
-            digest.update(f"{os.path.relpath(path, '/work')}\0{stat.S_IFMT(info.st_mode)}\0{stat.S_IMODE(info.st_mode)}\0".encode())
+            digest.update(f"{os.path.relpath(path, '/work')}\0{stat.S_IFMT(info.st_mode)}\0{stat.S_IMODE(info.st_mode)}\0"
+                          .encode("utf-8", "surrogateescape"))  # a name in bytes that are not UTF-8 is still a name
             if stat.S_ISLNK(info.st_mode):
-                digest.update(os.readlink(path).encode())
+                digest.update(os.readlink(path).encode("utf-8", "surrogateescape"))
             elif stat.S_ISREG(info.st_mode):
                 try:
                     with open(path, "rb") as handle:

@@ -93,7 +93,7 @@ def read_reward(logs: dict[str, bytes]) -> float | None:
         raw = logs[name].decode("utf-8", errors="replace").strip()
         try:
             value = float(json.loads(raw)["reward"] if name.endswith(".json") else raw)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: "[" * 60000 in reward.json
             return None
         return value if math.isfinite(value) else None
     return None

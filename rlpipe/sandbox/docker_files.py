@@ -65,10 +65,12 @@ class DockerWorkDir:
         frames = docker_work.frames({_checked_relative(path): data for path, data in files.items()})
         wipe_first = _WIPED_DIRS if self.needs_wipe else []
         raw = self._container.ours(_WORK, ["unpack", *wipe_first], frames, 60.0)
-        if raw.exit_code != 0 and wipe_first:  # the wipe failed: a fresh container, then write again
+        if raw.exit_code not in (0, docker_work.PATH_REFUSED) and wipe_first:  # the wipe failed: a fresh container
             self._container.replace_container()
             raw = self._container.run(["python3", "-I", "-S", "-c", _WORK, "unpack"], frames, 60.0, 4096)
         self.needs_wipe = False
+        if raw.exit_code == docker_work.PATH_REFUSED:  # e.g. stats.py/x where stats.py is a file: the caller's error
+            raise OSError(f"the work dir refused the write: {raw.stderr[-300:].decode(errors='replace').strip()}")
         if raw.exit_code != 0:
             raise SandboxUnavailable(f"docker sandbox could not write files: {raw.stderr[-500:].decode(errors='replace')}",
                                      hint="the files may not fit in the work dir (Limits.disk_mb)")

@@ -24,6 +24,7 @@ What it does not: decide when to wipe or check paths (docker_backend.py does bot
 
 import errno
 import os
+import stat
 import sys
 
 if __name__ != "__main__":  # imported (rlpipe, tests); in a sandbox cleanup.py's and extents.py's text come above this one
@@ -32,6 +33,7 @@ if __name__ != "__main__":  # imported (rlpipe, tests); in a sandbox cleanup.py'
 
 WORK = "/work"
 TREE_UNREADABLE = 3  # the exit code of `tar` when the tree itself cannot be read
+PATH_REFUSED = 4  # the exit code of `unpack` when the work dir refuses a file (a file where a folder must go, full)
 _OOM_COUNTERS = (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"), ("/sys/fs/cgroup/memory.events", "oom_kill"))
 
 
@@ -157,7 +159,11 @@ def main(argv):
         if left:
             sys.exit("; ".join(left))
         if action == "unpack":
-            unpack(sys.stdin.buffer.read())
+            try:
+                unpack(sys.stdin.buffer.read())
+            except OSError as exc:  # the tree the sandboxed code made refuses it: not the host's failure
+                sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+                sys.exit(PATH_REFUSED)
     elif action == "tar":
         try:
             write_tar(sys.stdout.buffer)
@@ -171,8 +177,11 @@ def main(argv):
             sys.exit(TREE_UNREADABLE)
     elif action == "untar":
         read_tar(sys.stdin.buffer)
-    elif action == "cat":
-        with open(args[0], "rb") as source:
+    elif action == "cat":  # a regular file only, as bwrap's read_beneath: a FIFO would block, a link leads elsewhere
+        fd = os.open(args[0], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            sys.exit(f"{args[0]} is not a regular file")
+        with os.fdopen(fd, "rb") as source:
             sys.stdout.buffer.write(source.read(int(args[1])) if len(args) > 1 else source.read())
     elif action == "oom-count":
         print(oom_count())
