@@ -21,6 +21,7 @@ from rlpipe.agents.records import TrialVerdict
 from rlpipe.agents.task_format import builtin_suite_dir, load_task
 from rlpipe.agents.tools import tool_call_json
 from rlpipe.agents.trial import run_trial
+from rlpipe.agents.verifier import read_reward
 from rlpipe.qa.agent_probes import BROKEN_STATES, SHADOWED, TRUST_HACKS, USER_SITE
 from tests.helpers.docker_engine import require_docker_engine
 from tests.sandbox._bwrap_support import require_bwrap
@@ -112,4 +113,41 @@ def test_a_command_no_process_can_take_is_a_malformed_call_not_infrastructure(ba
     used to raise in the backend and vanish from the score as a retried sandbox error)."""
     result = hostile(backend, command)
     assert result.steps[0].malformed_kind == "bad_arguments", result.steps[0]
+    assert (result.reward, result.verdict) == (0.0, TrialVerdict.FAILED), (result.verdict, result.detail)
+
+
+def test_a_write_the_work_dir_refuses_is_the_agents_tool_error_not_infrastructure(backend):
+    """write_file through a regular file (stats.py/x): on docker the container's refusal used
+    to become SandboxUnavailable, a retried sandbox error that left the score (and in RL
+    episodes, a failed step)."""
+    task = load_task(builtin_suite_dir() / "fix-median-bug")
+    replies = [tool_call_json("write_file", path="stats.py/x", content="x"), tool_call_json("submit")]
+    result = run_trial(task, "hostile", lambda task: ScriptedAgent(list(replies)), backend)
+    assert result.steps[0].tool_error, result.steps[0]
+    assert (result.reward, result.verdict) == (0.0, TrialVerdict.FAILED), (result.verdict, result.detail)
+
+
+@pytest.mark.parametrize("written", [b"[" * 60000, b'{"reward": ' + b"[" * 60000], ids=["list", "in reward"])
+def test_a_reward_json_nested_past_the_parsers_depth_is_no_reward(written):
+    """RecursionError from json.loads used to escape as an error of rlpipe's (sandbox_error)."""
+    assert read_reward({"reward.json": written}) is None
+    assert read_reward({"reward.txt": b"1", "reward.json": written}) == 1.0
+
+
+def test_a_file_name_that_is_not_utf8_keeps_the_steps_tree_digest(backend):
+    """The digest of /work after each step (what replay checks a step against) used to fail on
+    a name in bytes that are not UTF-8 and record none, which turned replay's check off."""
+    result = hostile(backend, "touch \"/work/$(printf 'odd\\377name')\" && ls /work | wc -l")
+    assert result.steps[0].exit_code == 0, result.steps[0].observation
+    assert result.steps[0].tree_sha256 is not None
+
+
+def test_reading_a_fifo_is_a_tool_error_at_once(backend):
+    """read_file of a FIFO the agent made: refused as no regular file, as bwrap does (docker's
+    reader opened it plainly and blocked until the exec's own time limit killed it)."""
+    task = load_task(builtin_suite_dir() / "fix-median-bug")
+    replies = [tool_call_json("bash", command="mkfifo /work/pipe"), tool_call_json("read_file", path="pipe"),
+               tool_call_json("submit")]
+    result = run_trial(task, "hostile", lambda task: ScriptedAgent(list(replies)), backend)
+    assert result.steps[1].tool_error and "not a regular file" in result.steps[1].observation, result.steps[1]
     assert (result.reward, result.verdict) == (0.0, TrialVerdict.FAILED), (result.verdict, result.detail)

@@ -49,10 +49,10 @@ def test_episodes_are_chat_rendered_and_no_oracle_reply_holds_the_stop(built):
 def test_every_oracle_reply_fits_max_new_tokens(built):
     from transformers import AutoTokenizer
 
-    from rlpipe.rl.gguf_folder import converted_folder
+    from rlpipe.rl.gguf_folder import converted_folder_in_child
 
     config, mixture, heldout = built
-    tokenizer = AutoTokenizer.from_pretrained(converted_folder(GGUF))
+    tokenizer = AutoTokenizer.from_pretrained(converted_folder_in_child(GGUF))  # converted here when no test did yet
     env = mixture.envs["agent_tasks"]
     longest = max(len(tokenizer(reply + config.rollout.stop[0], add_special_tokens=False)["input_ids"])
                   for task in heldout for reply in env.oracle_turns(task))
