@@ -6,7 +6,8 @@
        by this process, and `logs/verifier`, `logs/agent`, owned by the sandbox's uid, on a
        tmpfs of the sandbox's disk limit where the work dir is one (as root; the tests run the
        agent's code, which may write there);
-    2. one exec with those bound at /tests (read-only) and /logs (read-write), the tests
+    2. one exec with those bound at /tests (read-only) and /logs (read-write), /proc
+       read-only (no process writes another's memory through /proc/PID/mem), the tests
        runtime (tests_runtime.py: pytest, uvx and uv shims; a host copy made once per runtime
        root) read-only at /.rlpipe-tests and first on PATH and PYTHONPATH, HOME=/tmp (a
        tmpfs that is new each exec) and PYTHONNOUSERSITE=1: no file of the agent's /work is a
@@ -68,7 +69,8 @@ def run_verifier(exec_with_mounts: ExecWithMounts, sandbox_dir: Path, sandbox_ui
             (logs_dir / name).mkdir(mode=0o755)
             os.chown(logs_dir / name, sandbox_uid, sandbox_uid)
         runtime = host_runtime(runtime_root)
-        extra = ["--ro-bind", str(tests_dir), "/tests", "--bind", str(logs_dir), "/logs", "--ro-bind", str(runtime), RUNTIME_PATH,
+        extra = ["--remount-ro", "/proc",  # no process of the tests writes another's memory through /proc/PID/mem
+                 "--ro-bind", str(tests_dir), "/tests", "--bind", str(logs_dir), "/logs", "--ro-bind", str(runtime), RUNTIME_PATH,
                  "--setenv", "HOME", "/tmp", "--setenv", "PYTHONNOUSERSITE", "1"]
         result = exec_with_mounts(verifier_argv(argv), timeout_s, extra)
         return VerifierRun(result, read_logs(logs_dir / "verifier"))

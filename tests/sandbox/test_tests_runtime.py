@@ -91,3 +91,19 @@ def test_what_the_tests_write_under_logs_is_bounded_by_the_sandboxs_disk_on_bubb
     finally:
         sandbox.close()
     assert int(run.logs["written.txt"]) <= 64, run.result.stdout + run.result.stderr
+
+
+def test_no_process_of_the_tests_can_write_anothers_memory_on_bubblewrap():
+    """The agent's code, run by a check in a child process, could write the check's memory
+    through /proc/PARENT/mem (same uid; ptrace itself is refused by the tests' seccomp filter):
+    on bubblewrap the tests' /proc is read-only."""
+    child = ("import os\ntry:\n    os.close(os.open('/proc/%d/mem' % os.getppid(), os.O_RDWR))\n    print('opened')\n"
+             "except OSError as exc:\n    print('refused', exc.errno)\n")
+    check = "import subprocess, sys\nprint(subprocess.run([sys.executable, '/tests/child.py'], capture_output=True, text=True).stdout)\n"
+    sandbox = open_sandbox("bwrap")
+    try:
+        run = sandbox.run_verifier(["sh", "/tests/test.sh"], {"test.sh": b"python3 /tests/check.py\n",
+                                                            "child.py": child.encode(), "check.py": check.encode()}, 60.0)
+    finally:
+        sandbox.close()
+    assert run.result.stdout.split() == ["refused", "30"], run.result.stdout + run.result.stderr  # EROFS
