@@ -1,7 +1,9 @@
 """Run a command where no process can trace or write into another: `python3 -I -S no_ptrace.py
-CMD ARGS...` installs a seccomp filter that fails ptrace, process_vm_readv and
-process_vm_writev with EPERM (on x86_64, its x32 and i386 ABIs, and aarch64), then execs CMD.
-The filter holds for CMD and everything it starts, and cannot be removed.
+CMD ARGS...` installs a seccomp filter that fails ptrace, process_vm_readv, process_vm_writev,
+pidfd_getfd and process_madvise with EPERM (on x86_64, its x32 and i386 ABIs, and aarch64),
+then execs CMD. The filter holds for CMD and everything it starts, and cannot be removed.
+What it does not stop: opening another process's /proc/PID/mem or /proc/PID/fd/N (a
+read-only /proc stops the first: bwrap_verifier.py).
 
 Why: a task's tests run the agent's code (a check imports its module in a child process) as
 the tests' own uid, and a process may trace another of its uid: the agent's code could attach
@@ -21,12 +23,14 @@ import sys
 
 _LD_W_ABS, _JEQ_K, _AND_K, _RET_K = 0x20, 0x15, 0x54, 0x06
 _ALLOW, _DENY = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-# (audit arch, mask on the syscall number, the numbers of ptrace, process_vm_readv, process_vm_writev)
+# (audit arch, mask on the syscall number, the numbers it fails)
 _ARCHES = (
-    (0xC000003E, 0xBFFFFFFF, (101, 310, 311, 521, 539, 540)),  # x86_64, and x32 (bit 30 cleared): its own numbers too
-    (0x40000003, 0xFFFFFFFF, (26, 347, 348)),  # i386
-    (0xC00000B7, 0xFFFFFFFF, (117, 270, 271)),  # aarch64
+    (0xC000003E, 0xBFFFFFFF, (101, 310, 311, 521, 539, 540, 438, 440)),  # x86_64, and x32 (bit 30 cleared): its own numbers too
+    (0x40000003, 0xFFFFFFFF, (26, 347, 348, 438, 440)),  # i386
+    (0xC00000B7, 0xFFFFFFFF, (117, 270, 271, 438, 440)),  # aarch64
 )
+"""ptrace, process_vm_readv, process_vm_writev, then pidfd_getfd (438) and process_madvise (440),
+which have one number on every arch."""
 
 
 def filter_program():
