@@ -20,10 +20,12 @@ The trust model (docs/AGENTS.md, "What the verifier trusts"):
   to write a reward of its own) scores 0, and a pass counts only where test.sh exited 0: the
   checked code can write a reward of 1 and lock the file (or put a folder in its place), so
   that test.sh's own write fails and the agent's reward is what is left; such a test.sh
-  exits non-zero (its last command, the write, failed), and the trial scores 0. A process the agent's code starts while the
-  tests run could still write the reward after test.sh did: a test.sh that runs the
-  agent's code ends every process it started before it writes the reward (`kill -9 -1`
-  runs as the tests' own uid and spares test.sh itself: the built-in suite's do).
+  exits non-zero (its last command, the write, failed), and the trial scores 0. A process
+  the agent's code starts while the tests run could still write the reward after test.sh
+  did: a test.sh that runs the agent's code ends every process it started before it writes
+  the reward (`kill -9 -1` runs as the tests' own uid and spares test.sh itself: the
+  built-in suite's do). No process of the tests can trace another (sandbox/programs/
+  no_ptrace.py): the agent's code could otherwise rewrite the check's exit status.
 - Abstention scores zero: tests past their time limit, or no readable reward on the agent's
   final state, are the agent's failures (reward 0), never infrastructure. Infrastructure is
   only what the host caused: the sandbox could not start or the backend failed

@@ -3,7 +3,8 @@ CMD ARGS...` installs a seccomp filter that fails ptrace, process_vm_readv, proc
 pidfd_getfd and process_madvise with EPERM (on x86_64, its x32 and i386 ABIs, and aarch64),
 then execs CMD. The filter holds for CMD and everything it starts, and cannot be removed.
 What it does not stop: opening another process's /proc/PID/mem or /proc/PID/fd/N (a
-read-only /proc stops the first: bwrap_verifier.py).
+read-only /proc stops the first: bwrap_verifier.py). What it costs: a task whose tests need a
+debugger (gdb, strace: ptrace) cannot run them.
 
 Why: a task's tests run the agent's code (a check imports its module in a child process) as
 the tests' own uid, and a process may trace another of its uid: the agent's code could attach
