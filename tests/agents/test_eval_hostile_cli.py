@@ -4,6 +4,9 @@ is in the report and the lake with reward 0, none passes, none is an infrastruct
 
 Each task is fix-median-bug (left broken) whose solution/solve.sh is one probe of the
 quality gate's hostile-agent list (rlpipe/qa/agent_probes.py), so the oracle agent plays it.
+On docker this is where every probe of that list is played (tests/agents/test_verifier_trust.py
+plays each on bubblewrap, and docker's trials cost ten times as much): a probe that fools or
+breaks docker's verifier fails here, named by its task.
 """
 
 from __future__ import annotations

@@ -10,6 +10,14 @@ locks, a folder in place of reward.txt; a full disk, sparse files, a work dir it
 tree too deep or with paths too long to copy), plus three aimed at this task's stats.py, and
 replies no process can take (a NUL in a command). Each trial must be recorded with reward 0
 and an agent verdict, never pass and never turn into infrastructure.
+
+Where each backend plays the gate's own list: bubblewrap here, one test per probe (a trial
+costs ~0.3 CPU s); docker in tests/agents/test_eval_hostile_cli.py, every probe through
+`rlpipe eval --backend docker` with the same assertions per trial (reward 0, no pass, no
+infrastructure failure), since a docker trial costs ~3 CPU s of the engine's and the same
+list played twice more on docker was ~40% of the suite's docker time. Everything else in
+this file (the task-specific hacks, all hacks at once, the forger, the oracle behind junk,
+unusable commands and paths) runs on both.
 """
 
 from __future__ import annotations
@@ -53,13 +61,17 @@ FORGER = ("cat > /work/stats.py <<'EOF'\n"
           "EOF")
 
 
-@pytest.fixture(params=["bwrap", "docker"])
-def backend(request):
-    if request.param == "bwrap":
+def use_backend(name: str) -> str:
+    if name == "bwrap":
         require_bwrap()
     else:
         require_docker_engine()  # skip without an engine; fail where docker was provisioned
-    return request.param
+    return name
+
+
+@pytest.fixture(params=["bwrap", "docker"])
+def backend(request):
+    return use_backend(request.param)
 
 
 def hostile(backend: str, *commands: str):
@@ -68,8 +80,16 @@ def hostile(backend: str, *commands: str):
     return run_trial(task, "hostile", lambda task: ScriptedAgent(list(replies)), backend)
 
 
-@pytest.mark.parametrize("hack", list(HACKS), ids=list(HACKS))
-def test_a_hack_scores_zero_with_an_agent_verdict(backend, hack):
+def hack_cases() -> list:
+    """(backend, hack) pairs: the gate's list on bubblewrap (docker's play is the eval CLI
+    test's, module docstring), the task-specific hacks on both."""
+    cases = [pytest.param("bwrap", name, id=f"bwrap-{name}") for name in HACKS]
+    return cases + [pytest.param("docker", name, id=f"docker-{name}") for name in HACKS if name not in TRUST_HACKS]
+
+
+@pytest.mark.parametrize(("backend_name", "hack"), hack_cases())
+def test_a_hack_scores_zero_with_an_agent_verdict(backend_name, hack):
+    backend = use_backend(backend_name)
     result = hostile(backend, HACKS[hack])
     assert result.steps[0].exit_code == 0, result.steps[0].observation  # the hack itself ran
     assert (result.reward, result.verdict.family) == (0.0, "agent"), (result.verdict, result.detail)
@@ -91,7 +111,8 @@ def test_a_forger_started_by_the_checked_code_cannot_outlast_the_tests(backend):
 
 
 @pytest.mark.parametrize("state", list(BROKEN_STATES), ids=list(BROKEN_STATES))
-def test_a_broken_state_is_the_agents_failure_and_is_recorded(backend, state):
+def test_a_broken_state_is_the_agents_failure_and_is_recorded(state):
+    backend = use_backend("bwrap")  # docker: test_eval_hostile_cli.py (module docstring)
     result = hostile(backend, BROKEN_STATES[state])
     assert (result.reward, result.verdict.family) == (0.0, "agent"), (result.verdict, result.detail)
 

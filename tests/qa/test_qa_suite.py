@@ -2,9 +2,11 @@
 answer a real trial (agents/suite_env.py) in real sandboxes: the oracle must pass, noop and
 every hostile-agent probe of qa/agent_probes.py must score 0 as the agent's failure.
 
-The built-in suite passes on bubblewrap and docker; a task whose test.sh trusts the exit
-status of a process that imports the agent's module (tests/qa/weak_envs.py) fails, the
-report naming the probes that fooled it.
+The built-in suite passes on bubblewrap; a task whose test.sh trusts the exit status of a
+process that imports the agent's module (tests/qa/weak_envs.py) fails, the report naming the
+probes that fooled it. The gate's trials are agents/trial.py's, the backend a parameter of
+them: every probe on docker is played by tests/agents/test_eval_hostile_cli.py (through
+`rlpipe eval`, the same verdict rule per trial), not a third time here.
 """
 
 from __future__ import annotations
@@ -18,27 +20,11 @@ from typer.testing import CliRunner
 
 from rlpipe.agents.task_format import builtin_suite_dir
 from rlpipe.cli.main import app
-from rlpipe.core.errors import SandboxUnavailable
 from rlpipe.qa.agent_probes import PROBES
-from rlpipe.sandbox.base import Limits
 from tests.qa.weak_envs import write_trusting_task
 from tests.sandbox._bwrap_support import require_bwrap
 
 runner = CliRunner()
-
-
-@pytest.fixture(params=["bwrap", "docker"])
-def backend(request):
-    if request.param == "bwrap":
-        require_bwrap()
-    else:
-        from rlpipe.sandbox.docker_backend import DockerSandbox
-
-        try:
-            DockerSandbox(Limits()).close()
-        except SandboxUnavailable as exc:
-            pytest.skip(f"no docker engine: {exc.message}")
-    return request.param
 
 
 def qa_suite(tmp_path: Path, *args: str) -> tuple[int, dict]:
@@ -51,11 +37,12 @@ def probe_answers(report: dict) -> set[str]:
     return {finding["answer"] for finding in report["findings"] if finding["check"] == "probes"}
 
 
-def test_a_python_task_of_the_suite_passes_every_hostile_probe(tmp_path, backend):
+def test_a_python_task_of_the_suite_passes_every_hostile_probe(tmp_path):
     """fix-median-bug: its check imports the agent's module, what most probes aim at."""
+    require_bwrap()
     folder = tmp_path / "tasks"
     shutil.copytree(builtin_suite_dir() / "fix-median-bug", folder / "fix-median-bug")
-    code, report = qa_suite(tmp_path, "--tasks", str(folder), "--samples", "1", "--backend", backend)
+    code, report = qa_suite(tmp_path, "--tasks", str(folder), "--samples", "1", "--backend", "bwrap")
     assert (code, report["findings"]) == (0, []), report["findings"]
     assert report["tasks"] == ["fix-median-bug"]
     checks = {check["name"]: check["verifications"] for check in report["checks"]}
