@@ -85,6 +85,9 @@ log = logging.getLogger(__name__)
 __all__ = ["LABEL", "DockerSandbox", "docker_client", "remove_leaked_containers"]
 _INIT_USER = "65534:65534"
 _KILL_ALL = 'i=0; while kill -9 -1 2>/dev/null && [ $i -lt 2000 ]; do i=$((i+1)); done'
+# one exec: the loop ends when `kill -9 -1` finds no process to signal (nothing of the user's is
+# left: the same test as `kill -0 -1`), and exits 1 if processes still stand after 2000 rounds
+_KILL_ALL_OR_FAIL = 'i=0; while kill -9 -1 2>/dev/null; do i=$((i+1)); [ $i -lt 2000 ] || exit 1; done; exit 0'
 _WRAPPER = ["/bin/sh", "-c", f'"$@"; rc=$?; {_KILL_ALL}; exit $rc', "rlpipe-exec"]
 # the warm server gets the environment a wrapped command gets (dash adds PWD), and no kill at its end
 _WARM_SERVER = ["/bin/sh", "-c", 'exec "$@"', "rlpipe-warm", *NOT_INIT_SERVER_ARGV]
@@ -178,8 +181,8 @@ class DockerSandbox:
 
     def run_verifier(self, argv: list[str], tests: dict[str, bytes], timeout_s: float) -> VerifierRun:
         """A task's tests on this sandbox's state (base.VerifierSandbox; docker_verifier.py)."""
-        self._stop_warm(kill_everything=True)  # nothing of the user's may see the tests arrive
-        self._kill_everything()
+        self._stop_warm()
+        self._kill_everything()  # nothing of the user's may see the tests arrive, the warm server included
         self.work_dir.wipe_if_needed()
         return docker_verifier.run_verifier(self._run, self._kill_everything, argv, tests, timeout_s, self.limits.output_bytes)
 
@@ -370,9 +373,7 @@ class DockerSandbox:
         """After a timeout (or a lost warm server): kill every sandbox process from inside; if that
         fails, replace the container."""
         try:
-            raw = self._run(["/bin/sh", "-c", _KILL_ALL + "; exit 0"], b"", 5.0, 4096)
-            leftover = self._run(["/bin/sh", "-c", "kill -0 -1 2>/dev/null && exit 1; exit 0"], b"", 5.0, 4096)
-            if raw.exit_code == 0 and leftover.exit_code == 0:
+            if self._run(["/bin/sh", "-c", _KILL_ALL_OR_FAIL], b"", 5.0, 4096).exit_code == 0:
                 return
         except SandboxUnavailable:
             pass

@@ -14,7 +14,8 @@
        unwrapped: it is the exec's own process, so a test.sh may `kill -9 -1` what it
        started without ending its caller; then every process of the user is killed;
     4. root reads the regular files of /logs/verifier (no symlink followed, at most
-       VERIFIER_LOG_BYTES each) and empties /tests and /logs.
+       VERIFIER_LOG_BYTES each) and empties /tests and /logs, in the same exec (or, where
+       the run failed before it, empties them alone).
 
 What it does not: choose the command or interpret the reward (agents/verifier.py).
 """
@@ -37,9 +38,11 @@ RunAs = Callable[..., RawRun]
 def run_verifier(run: RunAs, kill_everything: Callable[[], None], argv: list[str], tests: dict[str, bytes],
                  timeout_s: float, output_bytes: int) -> VerifierRun:
     """Steps 2-4 of the module docstring; the caller has done step 1 (no process of the user left)."""
+    cleared = False
     try:
-        _ours(run, "runtime", docker_work.frames(runtime_files()), "put the tests runtime in place")
-        _ours(run, "setup", docker_work.frames(tests), "put the tests in place")
+        runtime = docker_work.frames(runtime_files())
+        _ours(run, "setup", len(runtime).to_bytes(8, "big") + runtime + docker_work.frames(tests),
+              "put the tests and their runtime in place")
         raw = run(verifier_argv(list(argv)), b"", timeout_s, output_bytes, identity=TESTS)
         kill_everything()
         result = ExecResult(
@@ -47,9 +50,11 @@ def run_verifier(run: RunAs, kill_everything: Callable[[], None], argv: list[str
             stdout=raw.stdout.decode("utf-8", errors="replace"), stderr=raw.stderr.decode("utf-8", errors="replace"),
             stdout_truncated=raw.stdout_truncated, stderr_truncated=raw.stderr_truncated,
             duration_s=raw.duration_s, timed_out=raw.timed_out, oom_killed=False)
-        logs = unframe(_ours(run, "logs", b"", "read the tests' logs"))
+        logs = unframe(_ours(run, "logs", b"", "read the tests' logs and remove the tests"))
+        cleared = True
     finally:
-        _ours(run, "clear", b"", "remove the tests")
+        if not cleared:
+            _ours(run, "clear", b"", "remove the tests")
     return VerifierRun(result, logs)
 
 

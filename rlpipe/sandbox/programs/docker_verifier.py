@@ -6,15 +6,20 @@ as uid 0 without capabilities: root owns /tests and /logs (tmpfs mounts of the c
 mode 0755), so the sandbox user (1000) can read them but neither add, remove nor rename
 an entry in them.
 
-    setup   empty /tests and /logs; write the framed files on stdin (docker_work.frames)
-            under /tests, mode 0755 (readable and runnable, writable by root only); make
-            /logs/verifier and /logs/agent, mode 0777 (the tests run as the sandbox user)
+    setup   stdin: an 8-byte length N, N bytes of framed files (docker_work.frames) for the
+            tests runtime, then the tests' framed files. The runtime's go under
+            /.rlpipe-tests (sandbox/tests_runtime.py), mode 0755, unless it is there
+            already (once per container); /tests and /logs are emptied, the tests written
+            under /tests, mode 0755 (readable and runnable, writable by root only), and
+            /logs/verifier and /logs/agent made, mode 0777 (the tests run as the sandbox user)
     logs    the files directly in /logs/verifier, framed on stdout, reward.txt and
             reward.json first: no symlink followed, an entry that is no regular file sent
-            with no content, at most LOG_BYTES each, MAX_FILES files
-    clear   empty /tests and /logs
-    runtime write the framed files on stdin under /.rlpipe-tests (the tests runtime,
-            sandbox/tests_runtime.py), mode 0755, unless it is there already
+            with no content, at most LOG_BYTES each, MAX_FILES files; then /tests and /logs
+            emptied, as `clear` does
+    clear   empty /tests and /logs (where `logs` did not run)
+
+One exec each (a `docker exec` costs ~60 ms of the engine's CPU): setup before the tests,
+logs after them.
 
 What it does not: run the tests (the backend's exec does, as the sandbox user, and kills
 every process of that user before `logs` runs).
@@ -94,15 +99,17 @@ def logs(out):
 def main(argv):
     action = argv[0]
     if action == "setup":
-        setup(sys.stdin.buffer.read())
+        data = sys.stdin.buffer.read()
+        runtime_size = int.from_bytes(data[:8], "big")
+        if not os.listdir(RUNTIME):
+            _unpack(data[8:8 + runtime_size], RUNTIME)
+        setup(data[8 + runtime_size:])
     elif action == "logs":
         logs(sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        clear()
     elif action == "clear":
         clear()
-    elif action == "runtime":
-        data = sys.stdin.buffer.read()
-        if not os.listdir(RUNTIME):
-            _unpack(data, RUNTIME)
     else:
         sys.exit(f"docker_verifier: unknown action {action!r}")
 
