@@ -66,24 +66,26 @@ from tests.helpers.s3_server import start_moto_server
 # the end of both workers' time. What each file and test costs in CPU, its processes
 # included (on two cores the suite is CPU-bound, so CPU is what CI's minutes are):
 # `python -m pytest -p scripts.cpu_by_test ...`, then `python scripts/cpu_by_test.py`.
-LONGEST_FILES = (
-    "tests/cli/test_up_serves_train.py",  # 227
-    "tests/durability/test_kill_resume.py",  # 136
-    "tests/cli/test_signals.py",  # 103
-    "tests/workers/test_trainer_group.py",  # 98
-    "tests/flows/test_learning_e2e.py",  # 97
-    "tests/agents/test_eval_hostile_cli.py",  # 96
-    "tests/agents/test_eval_resume.py",  # 85
-    "tests/qa/test_qa_suite.py",  # 82
-    "tests/agents/test_verifier_trust.py",  # 78
-    "tests/flows/test_ui_retry.py",  # 76
-    "tests/durability/test_checkpoint_background.py",  # 75
-    "tests/durability/test_part_write_enospc.py",  # 71
-    "tests/cli/test_resume_more_steps.py",  # 68
-    "tests/sandbox/test_docker_warm_python.py",  # 50
-    "tests/durability/test_s3_outage.py",  # 47
-    "tests/durability/test_async_kill_resume.py",  # 47
-    "tests/agents/test_eval_cli.py",  # 42
+LONGEST_FILES = (  # seconds of a quiet fresh-clone `.ci/run` (docs/RESULTS.md, "The test suite's time")
+    "tests/cli/test_up_serves_train.py",  # 213
+    "tests/cli/test_signals.py",  # 136
+    "tests/durability/test_kill_resume.py",  # 126
+    "tests/workers/test_trainer_group.py",  # 107
+    "tests/flows/test_learning_e2e.py",  # 104
+    "tests/agents/test_verifier_trust.py",  # 94
+    "tests/agents/test_eval_hostile_cli.py",  # 93
+    "tests/flows/test_ui_retry.py",  # 90
+    "tests/sandbox/test_docker_warm_python.py",  # 67
+    "tests/qa/test_qa_suite.py",  # 62
+    "tests/durability/test_s3_outage.py",  # 59
+    "tests/qa/test_qa_agent_tasks.py",  # 55
+    "tests/agents/test_eval_resume.py",  # 49
+    "tests/rl/test_gguf_folder.py",  # 49
+    "tests/durability/test_checkpoint_background.py",  # < 30 (started early, it used to end late)
+    "tests/durability/test_part_write_enospc.py",  # < 30
+    "tests/cli/test_resume_more_steps.py",  # < 30
+    "tests/durability/test_async_kill_resume.py",  # < 30
+    "tests/agents/test_eval_cli.py",  # < 30
     "tests/flows/test_learning_torchrun.py",  # `extended`: only in make test-extended
     "tests/flows/test_agent_rl_flow.py",  # a warm start and 2 steps of agent episodes: slow under load
 )
