@@ -16,6 +16,8 @@ import json
 import pytest
 
 from rlpipe.qa.agent_probes import PROBES
+from rlpipe.storage.evals import EvalStore
+from rlpipe.storage.lake import Lake
 from tests.agents.helpers import copy_task
 from tests.cli.cli_process import run_rlpipe
 from tests.helpers.docker_engine import require_docker_engine
@@ -40,3 +42,13 @@ def test_every_hack_is_recorded_as_the_agents_failure(tmp_path, prefect_api_url,
     assert {task: trial["reward"] for task, trial in trials.items()} == {task: 0.0 for task in trials}
     metrics = output["metrics"]
     assert (metrics["scored"], metrics["passed"], metrics["infrastructure_failures"]) == (len(PROBES), 0, 0)
+    # and each hack itself ran (every probe exits 0 whatever /work holds): a probe that broke
+    # before its attack would score 0 too, and prove nothing
+    store = EvalStore(Lake.open(str(tmp_path / "lake")))
+    first_steps = {}
+    for commit in store.commits(output["eval_id"]):
+        _, steps = store.read_trial(commit)
+        first_steps[commit.task_id] = (steps[0].tool, steps[0].exit_code, steps[0].observation[-300:])
+    assert sorted(first_steps) == sorted(trials)
+    did_not_run = {task: step for task, step in first_steps.items() if step[:2] != ("bash", 0)}
+    assert not did_not_run, did_not_run
