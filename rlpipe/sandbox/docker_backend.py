@@ -85,9 +85,8 @@ log = logging.getLogger(__name__)
 __all__ = ["LABEL", "DockerSandbox", "docker_client", "remove_leaked_containers"]
 _INIT_USER = "65534:65534"
 _KILL_ALL = 'i=0; while kill -9 -1 2>/dev/null && [ $i -lt 2000 ]; do i=$((i+1)); done'
-# one exec: the loop ends when `kill -9 -1` finds no process to signal (nothing of the user's is
-# left: the same test as `kill -0 -1`), and exits 1 if processes still stand after 2000 rounds
-_KILL_ALL_OR_FAIL = 'i=0; while kill -9 -1 2>/dev/null; do i=$((i+1)); [ $i -lt 2000 ] || exit 1; done; exit 0'
+# ends when `kill -9 -1` finds none of the user's processes (`kill -0 -1`'s test); at 2000 rounds, 0.1 s, then that test
+_KILL_ALL_OR_FAIL = 'i=0; while kill -9 -1 2>/dev/null; do i=$((i+1)); [ $i -lt 2000 ] || { sleep 0.1; kill -0 -1 2>/dev/null && exit 1; break; }; done'
 _WRAPPER = ["/bin/sh", "-c", f'"$@"; rc=$?; {_KILL_ALL}; exit $rc', "rlpipe-exec"]
 # the warm server gets the environment a wrapped command gets (dash adds PWD), and no kill at its end
 _WARM_SERVER = ["/bin/sh", "-c", 'exec "$@"', "rlpipe-warm", *NOT_INIT_SERVER_ARGV]
@@ -369,11 +368,12 @@ class DockerSandbox:
             time.sleep(0.01)
         return None
 
-    def _kill_everything(self) -> None:
-        """After a timeout (or a lost warm server): kill every sandbox process from inside; if that
+    def _kill_everything(self, then: str = "true") -> None:
+        """Kill every sandbox process from inside, then run the shell command `then` as the
+        sandbox user in the same exec (nothing of the user's left to race it); if the kill
         fails, replace the container."""
         try:
-            if self._run(["/bin/sh", "-c", _KILL_ALL_OR_FAIL], b"", 5.0, 4096).exit_code == 0:
+            if self._run(["/bin/sh", "-c", f"{_KILL_ALL_OR_FAIL}; {then}; exit 0"], b"", 5.0, 4096).exit_code == 0:
                 return
         except SandboxUnavailable:
             pass

@@ -12,7 +12,10 @@
        /.rlpipe-tests, a root-owned tmpfs, once per container;
        argv runs as the sandbox user, its PATH and PYTHONPATH led by the runtime (docker_stream.TESTS: HOME=/tmp, PYTHONNOUSERSITE=1),
        unwrapped: it is the exec's own process, so a test.sh may `kill -9 -1` what it
-       started without ending its caller; then every process of the user is killed;
+       started without ending its caller; then every process of the user is killed, and in
+       the same exec the user opens up what its processes made under /logs (OPEN_THE_LOGS:
+       root without capabilities could not remove a folder the tests' code left mode 0555,
+       and the failed clean-up would turn the agent's failure into a retried sandbox error);
     4. root reads the regular files of /logs/verifier (no symlink followed, at most
        VERIFIER_LOG_BYTES each) and empties /tests and /logs, in the same exec (or, where
        the run failed before it, empties them alone).
@@ -31,11 +34,14 @@ from rlpipe.sandbox.programs import docker_work, program_source
 from rlpipe.sandbox.tests_runtime import runtime_files, verifier_argv
 
 PROGRAM = ["python3", "-I", "-S", "-c", program_source("programs/docker_verifier.py")]
+# run by the sandbox user once none of its processes is left (after the tests); a symlink is
+# not followed, and what it cannot change (none of its own) root clears anyway
+OPEN_THE_LOGS = "chmod -R a+rwX /logs/verifier /logs/agent 2>/dev/null"
 RunAs = Callable[..., RawRun]
 """DockerSandbox._run: (argv, stdin, timeout_s, bytes kept of each stream, identity=...) -> the raw run."""
 
 
-def run_verifier(run: RunAs, kill_everything: Callable[[], None], argv: list[str], tests: dict[str, bytes],
+def run_verifier(run: RunAs, kill_everything: Callable[[str], None], argv: list[str], tests: dict[str, bytes],
                  timeout_s: float, output_bytes: int) -> VerifierRun:
     """Steps 2-4 of the module docstring; the caller has done step 1 (no process of the user left)."""
     cleared = False
@@ -44,7 +50,7 @@ def run_verifier(run: RunAs, kill_everything: Callable[[], None], argv: list[str
         _ours(run, "setup", len(runtime).to_bytes(8, "big") + runtime + docker_work.frames(tests),
               "put the tests and their runtime in place")
         raw = run(verifier_argv(list(argv)), b"", timeout_s, output_bytes, identity=TESTS)
-        kill_everything()
+        kill_everything(OPEN_THE_LOGS)
         result = ExecResult(
             exit_code=None if raw.timed_out else raw.exit_code,
             stdout=raw.stdout.decode("utf-8", errors="replace"), stderr=raw.stderr.decode("utf-8", errors="replace"),

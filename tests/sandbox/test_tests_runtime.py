@@ -107,3 +107,17 @@ def test_no_process_of_the_tests_can_write_anothers_memory_on_bubblewrap():
     finally:
         sandbox.close()
     assert run.result.stdout.split() == ["refused", "30"], run.result.stdout + run.result.stderr  # EROFS
+
+
+def test_what_the_tests_leave_under_logs_is_read_then_gone_even_folders_only_their_owner_can_empty(sandbox):
+    """The tests' code leaves folders under /logs mode 0555 and 0000 (on docker, root without
+    capabilities could not empty them, and the failed clean-up was a sandbox error that took the
+    trial out of the score): the reward is read, and /tests and /logs are empty for the next use."""
+    lock = ("for top in /logs/verifier /logs/agent; do mkdir -p $top/kept/inner && echo x > $top/kept/inner/f && "
+            "echo x > $top/kept/f && chmod 0 $top/kept/inner && chmod 555 $top/kept; done; echo 1 > /logs/verifier/reward.txt\n")
+    run = sandbox.run_verifier(["sh", "/tests/test.sh"], {"test.sh": lock.encode()}, 60.0)
+    assert run.logs["reward.txt"].strip() == b"1", run.result.stdout + run.result.stderr
+    left = sandbox.exec(["sh", "-c", "ls -A /tests /logs 2>/dev/null | grep -v -e '^/' -e '^$'; true"])
+    assert left.stdout.strip() == "", left.stdout
+    again = sandbox.run_verifier(["sh", "/tests/test.sh"], {"test.sh": b"echo 0 > /logs/verifier/reward.txt\n"}, 60.0)
+    assert again.logs == {"reward.txt": b"0\n"}, again.logs

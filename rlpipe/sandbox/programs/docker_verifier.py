@@ -62,6 +62,8 @@ def _unpack(data, top):
     at = 0
     while at < len(data):
         path_size, data_size = int.from_bytes(data[at:at + 4], "big"), int.from_bytes(data[at + 4:at + 12], "big")
+        if at + 12 + path_size + data_size > len(data):
+            sys.exit(f"docker_verifier: a frame runs past the end of the input ({len(data)} bytes)")
         relative = data[at + 12:at + 12 + path_size].decode()
         at += 12 + path_size
         if relative.startswith("/") or ".." in relative.split("/"):
@@ -101,6 +103,8 @@ def main(argv):
     if action == "setup":
         data = sys.stdin.buffer.read()
         runtime_size = int.from_bytes(data[:8], "big")
+        if 8 + runtime_size > len(data):
+            sys.exit(f"docker_verifier: the runtime's {runtime_size} bytes run past the input ({len(data)} bytes)")
         if not os.listdir(RUNTIME):
             _unpack(data[8:8 + runtime_size], RUNTIME)
         setup(data[8 + runtime_size:])
