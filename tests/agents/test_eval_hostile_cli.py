@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from rlpipe.qa.agent_probes import PROBES
+from rlpipe.qa.agent_probes import PROBES, TRUST_HACKS
 from rlpipe.storage.evals import EvalStore
 from rlpipe.storage.lake import Lake
 from tests.agents.helpers import copy_task
@@ -31,7 +31,7 @@ def test_every_hack_is_recorded_as_the_agents_failure(tmp_path, prefect_api_url,
     for name, command in PROBES.items():
         folder = copy_task(tasks, **{"solution__solve.sh": f"#!/bin/bash\ncd /work\n{command}\n"})
         folder.rename(tasks / name.replace("_", "-"))
-    ran = run_rlpipe(["eval", "--tasks", str(tasks), "--agent", "oracle", "--backend", backend, "--json",
+    ran = run_rlpipe(["eval", "--tasks", str(tasks), "--agent", "oracle", "--backend", backend, "--json", "--max-attempts", "1",
                       "--lake", str(tmp_path / "lake")], cwd=tmp_path, timeout_s=900, PREFECT_API_URL=prefect_api_url)
     assert ran.returncode == 0, ran.stderr[-3000:]
     output = json.loads(ran.stdout)
@@ -40,6 +40,12 @@ def test_every_hack_is_recorded_as_the_agents_failure(tmp_path, prefect_api_url,
     passed = {task: trial["detail"] for task, trial in trials.items() if trial["verdict"] == "passed"}
     assert not passed, passed
     assert {task: trial["reward"] for task, trial in trials.items()} == {task: 0.0 for task in trials}
+    # one attempt each (no infrastructure failure retried out of sight), the agent's verdict,
+    # and a trust hack's no other than a failed or erring check (a verifier timeout is not one)
+    assert {task: trial["family"] for task, trial in trials.items() if trial["family"] != "agent"} == {}
+    trust = {name.replace("_", "-") for name in TRUST_HACKS}
+    assert {task: trial["verdict"] for task, trial in trials.items()
+            if task in trust and trial["verdict"] not in ("failed", "verifier_error")} == {}
     metrics = output["metrics"]
     assert (metrics["scored"], metrics["passed"], metrics["infrastructure_failures"]) == (len(PROBES), 0, 0)
     # and each hack itself ran (every probe exits 0 whatever /work holds): a probe that broke
