@@ -20,7 +20,6 @@ image (the first trial builds it).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from rlpipe.agents.task_format import builtin_suite_dir, load_task  # noqa: E402
 from rlpipe.agents.tools import tool_call_json  # noqa: E402
 from rlpipe.agents.trial import run_trial  # noqa: E402
 from rlpipe.qa.agent_probes import PROBES  # noqa: E402
+from scripts.cpu_by_process import machine_cpu_s  # noqa: E402
 
 EXECS = [0]
 
@@ -47,11 +47,6 @@ def count_docker_execs() -> None:
         return create(self, *args, **kwargs)
 
     docker.api.exec_api.ExecApiMixin.exec_create = counted
-
-
-def machine_cpu_s() -> float:
-    fields = [int(value) for value in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
 
 
 def one_trial(backend: str, probe: str) -> tuple[float, float, int]:

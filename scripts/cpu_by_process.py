@@ -64,7 +64,7 @@ def _stat(pid: str) -> tuple[str, float, int, str] | None:
     return fields[19], (int(fields[11]) + int(fields[12])) / TICKS_PER_S, int(fields[16]), name
 
 
-def _machine_cpu_s() -> float:
+def machine_cpu_s() -> float:
     """CPU seconds the whole machine spent busy since boot (/proc/stat: all but idle and iowait)."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(values) - values[3] - values[4]) / TICKS_PER_S
@@ -106,7 +106,7 @@ def main() -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given: cpu_by_process.py -- COMMAND ...")
-    sampler, machine_before, started = Sampler(), _machine_cpu_s(), time.monotonic()
+    sampler, machine_before, started = Sampler(), machine_cpu_s(), time.monotonic()
     done = threading.Event()
 
     def keep_sampling() -> None:
@@ -119,7 +119,7 @@ def main() -> int:
     done.set()
     thread.join()
     sampler.sample()
-    wall_s, machine_s = time.monotonic() - started, _machine_cpu_s() - machine_before
+    wall_s, machine_s = time.monotonic() - started, machine_cpu_s() - machine_before
     print(f"\ncpu_by_process: {' '.join(command)} exited {returncode} after {wall_s:.0f} s wall;"
           f" the machine was busy {machine_s:.0f} CPU s ({machine_s / wall_s:.2f} cores), the kinds below"
           f" sum to {sum(sampler.kinds.values()):.0f} (processes shorter than a sample are missed)")

@@ -51,8 +51,13 @@ def _remove(path):
 
 
 def setup(data):
+    runtime_size = int.from_bytes(data[:8], "big")
+    if 8 + runtime_size > len(data):
+        sys.exit(f"docker_verifier: the runtime's {runtime_size} bytes run past the input ({len(data)} bytes)")
+    if not os.listdir(RUNTIME):
+        _unpack(data[8:8 + runtime_size], RUNTIME)
     clear()
-    _unpack(data, TESTS)
+    _unpack(data[8 + runtime_size:], TESTS)
     for name in ("verifier", "agent"):
         os.mkdir(os.path.join(LOGS, name))
         os.chmod(os.path.join(LOGS, name), 0o777)
@@ -101,13 +106,7 @@ def logs(out):
 def main(argv):
     action = argv[0]
     if action == "setup":
-        data = sys.stdin.buffer.read()
-        runtime_size = int.from_bytes(data[:8], "big")
-        if 8 + runtime_size > len(data):
-            sys.exit(f"docker_verifier: the runtime's {runtime_size} bytes run past the input ({len(data)} bytes)")
-        if not os.listdir(RUNTIME):
-            _unpack(data[8:8 + runtime_size], RUNTIME)
-        setup(data[8 + runtime_size:])
+        setup(sys.stdin.buffer.read())
     elif action == "logs":
         logs(sys.stdout.buffer)
         sys.stdout.buffer.flush()
