@@ -54,12 +54,18 @@ from rlpipe.workers.zygote import import_settings, read_hello, send_request, ser
 PRELOAD = ("typer", "rich.progress", "rich.table", "matplotlib.figure", "rlpipe.core.config", "rlpipe.flows.train",
            "rlpipe.flows.eval", "rlpipe.agents.evaluation", "rlpipe.storage.evals", "rlpipe.storage.query",
            "rlpipe.storage.run_lock", "rlpipe.controller.builders", "rlpipe.controller.preflight",
-           "rlpipe.orchestration.prefect_server", "rlpipe.orchestration.status", "rlpipe.sandbox.docker_owners")
+           "rlpipe.orchestration.prefect_server", "rlpipe.orchestration.status", "rlpipe.sandbox.docker_owners",
+           "mlflow.store.tracking.sqlalchemy_store", "sqlalchemy.dialects.sqlite", "prefect.flow_engine",
+           "prefect.task_engine", "prefect.utilities.visualization", "docker")
 """What `rlpipe train`, `resume` and `eval` import (their run's curve plot included) but the CLI's
 own modules (rlpipe/cli/): those build consoles at import, whose width (COLUMNS) and colours
-are the command's, so each child imports them itself (~0.1 s)."""
+are the command's, so each child imports them itself (~0.1 s). Among them what they import only
+when they run: MLflow's SQLite store (SQLAlchemy and alembic: ~1 s of CPU a command, imported
+when the run's tracker opens its store), Prefect's flow and task engines (at the first flow
+call) and the docker SDK (the reaper of a run's containers)."""
 KEYED = ("MLFLOW_CONFIGURE_LOGGING", "MLFLOW_DISABLE_AGENT_HINT", "MLFLOW_DISABLE_TELEMETRY",
-         "MLFLOW_LOGGING_CONFIGURE_LOGGING", "MLFLOW_LOGGING_LEVEL", "RLPIPE_RETRY_BACKOFF_S",
+         "MLFLOW_LOGGING_CONFIGURE_LOGGING", "MLFLOW_LOGGING_LEVEL", "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY",
+         "RLPIPE_RETRY_BACKOFF_S",
          "RLPIPE_SERVICE_STARTUP_TIMEOUT_S", "RLPIPE_WORKER_READY_TIMEOUT_S")
 """Run-scoped variables (not in `import_settings`) that PRELOAD's imports read by name and that
 nothing reads again in the child: a request whose values differ gets a zygote of its own."""
