@@ -60,13 +60,13 @@ PRELOAD = ("typer", "rich.progress", "rich.table", "matplotlib.figure", "rlpipe.
 """What `rlpipe train`, `resume` and `eval` import (their run's curve plot included) but the CLI's
 own modules (rlpipe/cli/): those build consoles at import, whose width (COLUMNS) and colours
 are the command's, so each child imports them itself (~0.1 s). Among them what they import only
-when they run: MLflow's SQLite store (SQLAlchemy and alembic: ~1 s of CPU a command, imported
-when the run's tracker opens its store), Prefect's flow and task engines (at the first flow
-call) and the docker SDK (the reaper of a run's containers)."""
+when they run: MLflow's SQLite store (SQLAlchemy and alembic, the most of what a forked command
+still imported; docs/RESULTS.md, "The test suite's time"), imported when the run's tracker opens
+its store, Prefect's flow and task engines (at the first flow call) and the docker SDK (the
+reaper of a run's containers)."""
 KEYED = ("MLFLOW_CONFIGURE_LOGGING", "MLFLOW_DISABLE_AGENT_HINT", "MLFLOW_DISABLE_TELEMETRY",
          "MLFLOW_LOGGING_CONFIGURE_LOGGING", "MLFLOW_LOGGING_LEVEL", "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY",
-         "RLPIPE_RETRY_BACKOFF_S",
-         "RLPIPE_SERVICE_STARTUP_TIMEOUT_S", "RLPIPE_WORKER_READY_TIMEOUT_S")
+         "RLPIPE_RETRY_BACKOFF_S", "RLPIPE_SERVICE_STARTUP_TIMEOUT_S", "RLPIPE_WORKER_READY_TIMEOUT_S")
 """Run-scoped variables (not in `import_settings`) that PRELOAD's imports read by name and that
 nothing reads again in the child: a request whose values differ gets a zygote of its own."""
 REREAD = ("PREFECT_", "COLUMNS", "LINES")
