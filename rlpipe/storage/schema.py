@@ -96,45 +96,55 @@ def _metadata_from_json(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((str(key), str(value)) for key, value in json.loads(text).items())
 
 
-def _row(trajectory: Trajectory) -> dict[str, object]:
-    task, completion, verdict = trajectory.task, trajectory.completion, trajectory.verdict
-    if completion.task_id != task.task_id:
-        raise ValueError(
-            f"completion of task {completion.task_id!r} stored under task {task.task_id!r}"
-        )
+def _task_columns(tasks: list[Task]) -> dict[str, list]:
+    """The task columns, one entry per row; the metadata JSON once per distinct Task object
+    (the rows of a group share theirs)."""
+    metadata: dict[int, str] = {}
+    for task in tasks:
+        if id(task) not in metadata:
+            metadata[id(task)] = _metadata_to_json(task)
     return {
-        "schema_version": trajectory.schema_version,
-        "run_id": trajectory.run_id,
-        "step": trajectory.step,
-        "policy_version": trajectory.policy_version,
-        "task_id": task.task_id,
-        "domain": task.domain,
-        "prompt": task.prompt,
-        "verifier_kind": task.verifier.kind,
-        "verifier_payload": task.verifier.payload,
-        "reference_answer": task.reference_answer,
-        "task_metadata": _metadata_to_json(task),
-        "sample_idx": completion.sample_idx,
-        "completion_policy_version": completion.policy_version,
-        "completion_text": completion.text,
-        "prompt_token_ids": list(completion.prompt_token_ids),
-        "token_ids": list(completion.token_ids),
-        "logprobs": list(completion.logprobs),
-        "finish_reason": completion.finish_reason,
-        "reward": verdict.reward if verdict else None,
-        "passed": verdict.passed if verdict else None,
-        "reason": VerdictReason(verdict.reason).value if verdict else None,
-        "detail": verdict.detail if verdict else None,
-        "verify_duration_s": verdict.duration_s if verdict else None,
-        "verifier_version": verdict.verifier_version if verdict else None,
-        "advantage": trajectory.advantage,
-        "loss_mask": None if completion.loss_mask is None else list(completion.loss_mask),
+        "task_id": [task.task_id for task in tasks],
+        "domain": [task.domain for task in tasks],
+        "prompt": [task.prompt for task in tasks],
+        "verifier_kind": [task.verifier.kind for task in tasks],
+        "verifier_payload": [task.verifier.payload for task in tasks],
+        "reference_answer": [task.reference_answer for task in tasks],
+        "task_metadata": [metadata[id(task)] for task in tasks],
     }
 
 
 def to_table(trajectories: list[Trajectory]) -> pa.Table:
-    """Trajectories -> a table with TRAJECTORY_SCHEMA (row order kept)."""
-    return pa.Table.from_pylist([_row(t) for t in trajectories], schema=TRAJECTORY_SCHEMA)
+    """Trajectories -> a table with TRAJECTORY_SCHEMA (row order kept), built column by column."""
+    for t in trajectories:
+        if t.completion.task_id != t.task.task_id:
+            raise ValueError(f"completion of task {t.completion.task_id!r} stored under task {t.task.task_id!r}")
+    completions = [t.completion for t in trajectories]
+    verdicts = [t.verdict for t in trajectories]
+    columns: dict[str, list] = {
+        "schema_version": [t.schema_version for t in trajectories],
+        "run_id": [t.run_id for t in trajectories],
+        "step": [t.step for t in trajectories],
+        "policy_version": [t.policy_version for t in trajectories],
+        **_task_columns([t.task for t in trajectories]),
+        "sample_idx": [c.sample_idx for c in completions],
+        "completion_policy_version": [c.policy_version for c in completions],
+        "completion_text": [c.text for c in completions],
+        "prompt_token_ids": [c.prompt_token_ids for c in completions],
+        "token_ids": [c.token_ids for c in completions],
+        "logprobs": [c.logprobs for c in completions],
+        "finish_reason": [c.finish_reason for c in completions],
+        "reward": [v.reward if v else None for v in verdicts],
+        "passed": [v.passed if v else None for v in verdicts],
+        "reason": [VerdictReason(v.reason).value if v else None for v in verdicts],
+        "detail": [v.detail if v else None for v in verdicts],
+        "verify_duration_s": [v.duration_s if v else None for v in verdicts],
+        "verifier_version": [v.verifier_version if v else None for v in verdicts],
+        "advantage": [t.advantage for t in trajectories],
+        "loss_mask": [c.loss_mask for c in completions],
+    }
+    return pa.Table.from_arrays([pa.array(columns[field.name], field.type) for field in TRAJECTORY_SCHEMA],
+                                schema=TRAJECTORY_SCHEMA)
 
 
 def to_part_table(trajectories: list[Trajectory], run_id: str, step: int) -> pa.Table:
@@ -157,52 +167,44 @@ def with_partition_columns(table: pa.Table, run_id: str, step: int) -> pa.Table:
 
 
 def from_table(table: pa.Table) -> list[Trajectory]:
-    """A table with TRAJECTORY_SCHEMA's columns (any order, extra columns ignored) -> rows."""
+    """A table with TRAJECTORY_SCHEMA's columns (any order, extra columns ignored) -> rows.
+    Rows with the same task columns share one Task object (a group's rows: one JSON decode
+    of its metadata, not one per row)."""
     missing = [name for name in TRAJECTORY_SCHEMA.names if name not in table.column_names and name not in OPTIONAL_COLUMNS]
     if missing:
         raise ValueError(f"table lacks trajectory columns: {missing}")
-    columns = {name: table.column(name).to_pylist() if name in table.column_names else [None] * table.num_rows
-               for name in TRAJECTORY_SCHEMA.names}
+    c = {name: table.column(name).to_pylist() if name in table.column_names else [None] * table.num_rows
+         for name in TRAJECTORY_SCHEMA.names}
+    task_keys = zip(c["task_id"], c["domain"], c["prompt"], c["verifier_kind"], c["verifier_payload"],
+                    c["reference_answer"], c["task_metadata"])
+    tasks: dict[tuple, Task] = {}
     trajectories = []
-    for i in range(table.num_rows):
-        c = {name: values[i] for name, values in columns.items()}
-        task = Task(
-            task_id=c["task_id"],
-            domain=c["domain"],
-            prompt=c["prompt"],
-            verifier=VerifierSpec(kind=c["verifier_kind"], payload=c["verifier_payload"]),
-            reference_answer=c["reference_answer"],
-            metadata=_metadata_from_json(c["task_metadata"]),
-        )
+    for i, key in enumerate(task_keys):
+        task = tasks.get(key)
+        if task is None:
+            task = tasks[key] = Task(task_id=key[0], domain=key[1], prompt=key[2],
+                                     verifier=VerifierSpec(kind=key[3], payload=key[4]),
+                                     reference_answer=key[5], metadata=_metadata_from_json(key[6]))
         completion = Completion(
-            task_id=c["task_id"],
-            sample_idx=c["sample_idx"],
-            text=c["completion_text"],
-            prompt_token_ids=tuple(c["prompt_token_ids"]),
-            token_ids=tuple(c["token_ids"]),
-            logprobs=tuple(c["logprobs"]),
-            finish_reason=c["finish_reason"],
-            policy_version=c["completion_policy_version"],
-            loss_mask=None if c["loss_mask"] is None else tuple(c["loss_mask"]),
+            task_id=key[0],
+            sample_idx=c["sample_idx"][i],
+            text=c["completion_text"][i],
+            prompt_token_ids=tuple(c["prompt_token_ids"][i]),
+            token_ids=tuple(c["token_ids"][i]),
+            logprobs=tuple(c["logprobs"][i]),
+            finish_reason=c["finish_reason"][i],
+            policy_version=c["completion_policy_version"][i],
+            loss_mask=None if c["loss_mask"][i] is None else tuple(c["loss_mask"][i]),
         )
-        verdict = None if c["reason"] is None else Verdict(
-            reward=c["reward"],
-            passed=c["passed"],
-            reason=VerdictReason(c["reason"]),
-            detail=c["detail"],
-            duration_s=c["verify_duration_s"],
-            verifier_version=c["verifier_version"],
+        verdict = None if c["reason"][i] is None else Verdict(
+            reward=c["reward"][i],
+            passed=c["passed"][i],
+            reason=VerdictReason(c["reason"][i]),
+            detail=c["detail"][i],
+            duration_s=c["verify_duration_s"][i],
+            verifier_version=c["verifier_version"][i],
         )
-        trajectories.append(
-            Trajectory(
-                run_id=c["run_id"],
-                step=c["step"],
-                policy_version=c["policy_version"],
-                task=task,
-                completion=completion,
-                verdict=verdict,
-                advantage=c["advantage"],
-                schema_version=c["schema_version"],
-            )
-        )
+        trajectories.append(Trajectory(run_id=c["run_id"][i], step=c["step"][i], policy_version=c["policy_version"][i],
+                                       task=task, completion=completion, verdict=verdict, advantage=c["advantage"][i],
+                                       schema_version=c["schema_version"][i]))
     return trajectories
