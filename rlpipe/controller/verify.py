@@ -8,7 +8,11 @@ pool holds, each sandbox reset before its next use, verdicts back in row order
 task per completion would drown the server, so there is none. `verify_all` is the same
 fan-out for any list of (task, completion text) pairs (the held-out evaluation uses it).
 
-The rows go to the rollout task in memory; it stages them in the lake (tasks/step_tasks.py).
+The rows go to the rollout task in memory; it stages them in the lake (tasks/step_tasks.py)
+when some row was verified in a sandbox (`runs_in_sandboxes`). Rows checked inline only
+are not staged: an exact-answer check of a step's rows costs microseconds a row, staging
+them (an Arrow table, a Parquet file, two writes) more than that, and a retry verifies
+them again to the same verdicts.
 Rows that arrive with a verdict are kept as they are: a multi-turn episode (agent_tasks) is
 judged by its verifier in its own sandbox at the end of the episode, in the generate stage
 (controller/agent_episodes.py), since the final state lives only there.
@@ -33,6 +37,11 @@ from rlpipe.core.records import Task, Trajectory, Verdict
 def verify_all(runtime: Runtime, pairs: list[tuple[Task, str]]) -> list[Verdict]:
     """A verdict per (task, completion text), in order; sandboxed ones on the run's pool."""
     return verify_batch(runtime.mixture, runtime.workers.sandbox_pool, pairs)
+
+
+def runs_in_sandboxes(runtime: Runtime, rows: list[Trajectory]) -> bool:
+    """Whether verifying `rows` runs some row in a sandbox (rows with a verdict are kept)."""
+    return any(row.verdict is None and runtime.mixture.env_for(row.task).needs_sandbox for row in rows)
 
 
 def verify_rows(runtime: Runtime, rows: list[Trajectory]) -> list[Trajectory]:

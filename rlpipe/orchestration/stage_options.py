@@ -10,7 +10,9 @@
   for the concurrency limits of a task run's tags on every call (a round trip per stage).
 - Stage keys (`stage_key`): (run id, run incarnation, step and round, stage, config hash,
   the policy version that generates the step), never the Prefect run id. The rollout task
-  stages what `generate` and `verify` computed in the lake under this key (`staged_rows`),
+  stages what `generate` computed in the lake under this key (`staged_rows`), and what `verify`
+  computed when some row was verified in a sandbox (inline exact-answer checks cost less to
+  run again than their rows cost to stage),
   so a retry of the task, a UI retry of a crashed flow run and a new flow run started with
   --resume all take them from there instead of computing them again. Prefect's own cache is not used: it
   caches per task run, and a task run per stage costs more than a small step can spare
@@ -89,8 +91,13 @@ def stage_key(runtime: Runtime, step: int, round_: int, stage: str) -> str:
     )
 
 
-def staged_rows(runtime: Runtime, step: int, round_: int, stage: str, compute: Callable[[], list[Trajectory]]) -> list[Trajectory]:
-    """The rows an earlier attempt staged for this stage, else `compute()`'s, staged now."""
+def staged_rows(runtime: Runtime, step: int, round_: int, stage: str, compute: Callable[[], list[Trajectory]],
+                worth_staging: bool = True) -> list[Trajectory]:
+    """The rows an earlier attempt staged for this stage, else `compute()`'s, staged now.
+    `worth_staging=False`: `compute()`'s rows, the lake neither read nor written (a stage
+    that costs less to compute again than its rows cost to stage)."""
+    if not worth_staging:
+        return compute()
     records = runtime.records
     name, key = staged_name(stage, round_), stage_key(runtime, step, round_, stage)
     rows = records.lake.read_staged(runtime.run_id, step, name, key)

@@ -15,10 +15,11 @@ Every task gets the run's Runtime by reference (controller/runtime.py).
 One task run per side of the step, not one per stage: each Prefect task run costs the
 controller and the Prefect server tens of ms of CPU, which a small step cannot spare
 (docs/ARCHITECTURE.md, "What orchestration costs"). What a task run per stage bought is
-kept: a task is retried on an InfraError (orchestration/stage_options.py); `generate` and `verify`
-stage their rows in the lake under their stage key before the next stage starts, so a retry
-of the task, a UI retry of a crashed flow run and a resumed run take them from there (a
-warning in the task run's log says so) instead of generating or verifying again; `update`,
+kept: a task is retried on an InfraError (orchestration/stage_options.py); `generate` stages
+its rows in the lake under their stage key before the next stage starts, and so does `verify`
+when some row was verified in a sandbox (controller/verify.py), so a retry of the task, a UI
+retry of a crashed flow run and a resumed run take them from there (a warning in the task
+run's log says so) instead of generating or sandboxing again; `update`,
 `sync` and `publish` are idempotent by policy version (a retried `train` logs the metrics the
 first attempt's update returned); the stage that runs is on the step's StageClock, so
 status.json names it and `time/<stage>_s` is logged per stage. A step whose manifest exists
@@ -56,7 +57,7 @@ from rlpipe.controller.runtime import Runtime
 from rlpipe.controller.sample import extra_round_count, round_tasks
 from rlpipe.controller.stage_clock import StageClock
 from rlpipe.controller.update import apply_committed_update
-from rlpipe.controller.verify import verify_rows
+from rlpipe.controller.verify import runs_in_sandboxes, verify_rows
 from rlpipe.controller.weight_sync import publish_current, sync_if_behind
 from rlpipe.orchestration.stage_options import UNCACHED_STAGE_OPTIONS, staged_rows
 from rlpipe.orchestration.track import track
@@ -81,8 +82,9 @@ def rollout(runtime: Runtime, step: int, clock: StageClock | None = None) -> int
             break  # the domains have no fresh task left for this step
         clock.enter("generate")  # 2. group_size completions each, by the engine worker (staged)
         generated = staged_rows(runtime, step, round_, "generate", lambda: generate(runtime, step, tasks, round_))
-        clock.enter("verify")  # 3. a verdict per completion, fanned out on the sandbox pool (staged)
-        verified = staged_rows(runtime, step, round_, "verify", lambda: verify_rows(runtime, generated))
+        clock.enter("verify")  # 3. a verdict per completion, fanned out on the sandbox pool (staged if it was)
+        verified = staged_rows(runtime, step, round_, "verify", lambda: verify_rows(runtime, generated),
+                               worth_staging=runs_in_sandboxes(runtime, generated))
         clock.enter("advantages")  # 4. group-relative advantages; another round if too few groups have a signal
         scored.append(advantages(runtime, verified))
         with_signal = sum(round_scored.groups_with_signal for round_scored in scored)

@@ -120,3 +120,21 @@ def test_verify_all_raises_an_infra_error_when_every_sandboxed_row_failed() -> N
     pairs = [(SimpleNamespace(domain="code"), "0"), (SimpleNamespace(domain="exact"), "1")]
     with pytest.raises(SandboxUnavailable, match="sandboxed verifications failed"):
         verify_all(_runtime(VerdictReason.SANDBOX_ERROR), pairs)
+
+
+def test_verify_rows_are_worth_staging_only_where_a_sandbox_judges_one() -> None:
+    """The rollout task stages verify's rows when some row runs in a sandbox (a retry must
+    not sandbox it again), not when every row is checked inline or came judged."""
+    from types import SimpleNamespace
+
+    from rlpipe.controller.verify import runs_in_sandboxes
+
+    runtime = _runtime(VerdictReason.WRONG)
+
+    def row(domain: str, judged: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(task=SimpleNamespace(domain=domain), verdict=object() if judged else None)
+
+    assert runs_in_sandboxes(runtime, [row("exact"), row("code"), row("exact")])
+    assert not runs_in_sandboxes(runtime, [row("exact"), row("exact")])
+    assert not runs_in_sandboxes(runtime, [row("exact"), row("code", judged=True)])  # an episode's verdict is kept
+    assert not runs_in_sandboxes(runtime, [])
