@@ -17,8 +17,11 @@ fires when the spawning *thread* exits, and Prefect runs tasks in threads. ^C at
 terminal does not reach a worker (its own session, SIGINT ignored): the controller decides
 when it ends.
 
-After each reply the worker returns its freed heap pages to the kernel (`return_freed_memory`):
-the engine's KV cache and the trainer's activations are not held while the worker waits.
+Once a worker has waited TRIM_AFTER_IDLE_S for its next request it returns its freed heap
+pages to the kernel (`return_freed_memory`): the engine's KV cache and the trainer's
+activations are not held while the other worker's long stage runs. Not at once after each
+reply: the next request would fault the same pages in again, which cost a 1-s quickstart
+step ~0.1 s (docs/RESULTS.md, "The CLI's whole step beside the loop and TRL").
 
 A service may mark itself `poisoned` when a request failed half-way through changing its
 state (an update interrupted after some optimizer steps): the worker then exits after the
@@ -61,6 +64,10 @@ class Service(Protocol):
     def handle(self, request: Any) -> Any:
         """The value of one request (raise to fail it)."""
         ...
+
+
+TRIM_AFTER_IDLE_S = 1.0
+"""How long a worker waits for its next request before it returns its freed heap pages."""
 
 
 def return_freed_memory() -> None:
@@ -174,8 +181,12 @@ def serve(listener: Listener, service: Service) -> bool:
         except Exception as exc:  # noqa: BLE001 - a peer without the authkey: wait for ours
             log.warning("refused a connection: %s", exc)
     with connection:
+        trim_due = False  # a reply went out since the last trim
         while True:
             try:
+                if trim_due and not connection.poll(TRIM_AFTER_IDLE_S):
+                    return_freed_memory()  # idle: the other worker's stage is a long one
+                trim_due = False
                 request = connection.recv()
             except (EOFError, OSError):
                 return False  # the controller is done with this worker (or gone)
@@ -197,7 +208,7 @@ def serve(listener: Listener, service: Service) -> bool:
                 connection.send(reply)
             except (EOFError, OSError):
                 return False
-            return_freed_memory()
+            trim_due = True
             if isinstance(reply, Failed) and service.poisoned:
                 log.warning("state changed half-way before %s; exiting so that a fresh worker restores it", reply.error_type)
                 return True

@@ -1,13 +1,18 @@
-"""A worker gives freed heap memory back between requests (workers/server.return_freed_memory):
-glibc keeps freed chunks of its heap, so a worker that freed its last request's tensors would
-otherwise keep their pages while it waits."""
+"""A worker gives freed heap memory back once it idles between requests
+(workers/server.return_freed_memory): glibc keeps freed chunks of its heap, so a worker that
+freed its last request's tensors would otherwise keep their pages while it waits; requests
+that follow one another at once keep them (faulting them in again each time costs more)."""
 
 import ctypes
 import platform
+import threading
+from multiprocessing.connection import Client, Listener
 
 import pytest
 import torch
 
+from rlpipe.workers import server
+from rlpipe.workers.protocol import Accepted, Ok, Stop
 from rlpipe.workers.server import return_freed_memory
 
 MB = 1024 * 1024
@@ -33,3 +38,42 @@ def test_freed_tensors_pages_are_returned():
         assert all(float(tensor[0]) == 1.0 for tensor in kept)
     finally:
         mallopt(-3, 128 * 1024)  # the default threshold (glibc then adjusts it dynamically again)
+
+
+class _Echo:
+    poisoned = False
+
+    def handle(self, request: object) -> object:
+        return request
+
+
+def test_a_worker_trims_once_it_waits_for_its_next_request_not_between_back_to_back_ones(tmp_path, monkeypatch):
+    trimmed = threading.Event()
+    trims: list[int] = []
+
+    def record_trim() -> None:
+        trims.append(1)
+        trimmed.set()
+
+    monkeypatch.setattr(server, "return_freed_memory", record_trim)
+    monkeypatch.setattr(server, "TRIM_AFTER_IDLE_S", 600.0)  # phase 1: no wait between requests comes near it
+    address = str(tmp_path / "worker.sock")
+    listener = Listener(address, family="AF_UNIX", authkey=b"key")
+    serving = threading.Thread(target=server.serve, args=(listener, _Echo()), daemon=True)
+    serving.start()
+
+    def call(request: object) -> object:
+        client.send(request)
+        assert isinstance(client.recv(), Accepted)
+        return client.recv()
+
+    with Client(address, family="AF_UNIX", authkey=b"key") as client:
+        assert [call(n) for n in range(3)] == [Ok(0), Ok(1), Ok(2)]
+        assert trims == []
+        monkeypatch.setattr(server, "TRIM_AFTER_IDLE_S", 0.01)  # read by the wait after the next reply
+        assert call("last") == Ok("last")
+        assert trimmed.wait(60), "the idle worker never returned its freed memory"
+        assert call(Stop()) == Ok(None)
+    serving.join(60)
+    assert not serving.is_alive() and trims == [1]
+    listener.close()
