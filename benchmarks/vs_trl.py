@@ -34,20 +34,18 @@ stages make, WITHOUT the Prefect orchestration and the lake writes
 (model.generate, its loss with the fused LM head) on the same CPU threads.
 
 `--steps N` times steps instead of racing: per repeat each system runs N RL steps from the
-same policy (the order rotating), and each run's median seconds per step after the first
-is printed with the ratios of `rlpipe train` (system `cli`, benchmarks/cli_steps.py: the
+same policy (the order rotating); each run's median seconds per step after the first, and
+its stages' medians (the CLI's `time/<stage>_s`, the loop's timed under the same names),
+are printed with the ratios of `rlpipe train` (system `cli`, benchmarks/cli_steps.py: the
 command as a user runs it, Prefect, lake, MLflow and workers included, timed from its step
 commits) to the loop and to TRL, repeat by repeat. `--init DIR` starts every system from a
 model folder (e.g. a run's checkpoint step=000000) instead of warm-starting here.
 
-Why TRL once looked 4x slower per step (profiled): docs/RESULTS.md, "Why TRL once looked
-4x slower per step".
-
 Prints, per size (`--sizes`, prompts x group per step; the settings above are the 128 x 8
-case, 8 x 8 changes only the two counts), one row per run (accuracy, RL steps, wall and CPU
-seconds per step, and held-out accuracy every `--eval-every` training seconds, measured
-with the clocks stopped), the mean and spread (min..max) per system, and rlpipe's wall
-time per step as a ratio of TRL's. Nothing here asserts: numbers are for reading.
+case), one row per run (accuracy, RL steps, wall and CPU seconds per step, held-out accuracy
+every `--eval-every` training seconds with the clocks stopped), the median and spread per
+system, and the ratios. Nothing here asserts: numbers are for reading. Why TRL once looked
+4x slower per step: docs/RESULTS.md, "Why TRL once looked 4x slower per step".
 """
 
 from __future__ import annotations
@@ -68,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_steps, next to this file
 
 import cli_steps  # noqa: E402
-from cli_steps import StepTimes  # noqa: E402
+from race_budget import CLOCKS, Budget  # noqa: E402
 
 from rlpipe.controller.sample import build_mixture  # noqa: E402
 from rlpipe.core.config import load_config  # noqa: E402
@@ -83,55 +81,6 @@ from rlpipe.rl.warmstart import warm_start  # noqa: E402
 from rlpipe.workers.builders import build_policy  # noqa: E402
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-
-
-class Budget:
-    """The training time of one run: `seconds` on the chosen clock; wall and CPU both
-    recorded. Every `eval_every` seconds of training (0 = never) the run's held-out accuracy
-    is measured with the clocks stopped (`checkpoint`), for the accuracy-over-time curve."""
-
-    def __init__(self, seconds: float, clock: str, eval_every: float = 0.0, evaluate=None, steps: int = 0) -> None:
-        self.seconds, self.clock, self.steps = seconds, CLOCKS[clock], steps
-        self.eval_every, self.evaluate = eval_every, evaluate
-        self.curve: list[tuple[float, float]] = []  # (training seconds, held-out accuracy)
-        self.start()
-
-    def start(self) -> None:
-        self.started, self.wall_started, self.cpu_started = self.clock(), time.perf_counter(), time.process_time()
-        self.paused = (0.0, 0.0, 0.0)  # clock, wall, cpu seconds spent evaluating
-        self.marks: list[tuple[float, float]] = [self.used()]  # (wall, cpu) of training at the start and each step's end
-
-    def elapsed(self) -> float:
-        return self.clock() - self.started - self.paused[0]
-
-    def spent(self) -> bool:
-        """`seconds` of training are over, or (`steps` > 0) that many RL steps are done."""
-        return self.elapsed() >= self.seconds or 0 < self.steps < len(self.marks)
-
-    def step_done(self) -> None:
-        self.marks.append(self.used())
-
-    def periods(self) -> StepTimes:
-        """Wall and CPU seconds of each RL step after the first (the first warms caches up)."""
-        walls, cpus = ([b[i] - a[i] for a, b in zip(self.marks[1:], self.marks[2:])] for i in (0, 1))
-        return StepTimes(walls, cpus)
-
-    def checkpoint(self, model: torch.nn.Module) -> None:
-        """Measure held-out accuracy if the next curve point is due (time not counted)."""
-        if not self.eval_every or self.evaluate is None or self.elapsed() < self.eval_every * (len(self.curve) + 1):
-            return
-        at, before = self.elapsed(), (self.clock(), time.perf_counter(), time.process_time())
-        self.curve.append((at, self.evaluate(model)))
-        after = (self.clock(), time.perf_counter(), time.process_time())
-        self.paused = tuple(total + end - begin for total, begin, end in zip(self.paused, before, after))
-
-    def used(self) -> tuple[float, float]:
-        """(wall seconds, CPU seconds) of training since start."""
-        return (time.perf_counter() - self.wall_started - self.paused[1],
-                time.process_time() - self.cpu_started - self.paused[2])
-
-
 class Setup:
     """The quickstart's config, mixture, held-out tasks and the warm-started policy (or the
     policy of `init`, a model folder such as a checkpoint's: no warm start then)."""
@@ -195,6 +144,7 @@ def race_rlpipe(setup: Setup, seed: int, budget: Budget, dynamic_sampling: bool)
     budget.start()
     while not budget.spent():
         step += 1
+        stages: dict[str, float] = defaultdict(float)  # wall seconds, named as the CLI's stages
         groups: list[list[tuple]] = []  # [(completion, reward)] per task, in round then task order
         seen: set[str] = set()
         for round_ in range(rounds):  # one round without dynamic sampling
@@ -208,20 +158,30 @@ def race_rlpipe(setup: Setup, seed: int, budget: Budget, dynamic_sampling: bool)
             params = SamplingParams(n=rollout.group_size, temperature=rollout.temperature, top_p=rollout.top_p,
                                     max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
                                     seed=derive_seed(seed, step, f"generate-round-{round_}"))
+            started = time.perf_counter()
             completions = engine.generate([(t.task_id, t.prompt) for t in tasks], params)
+            stages["generate"] += time.perf_counter() - started
+            started = time.perf_counter()
             by_task = defaultdict(list)
             for task, completion in zip((t for t in tasks for _ in range(rollout.group_size)), completions):
                 by_task[task.task_id].append((completion, setup.env.verify(task, completion.text).reward))
             groups.extend(by_task[t.task_id] for t in tasks)
+            stages["verify"] += time.perf_counter() - started
         if dynamic_sampling:
             groups = [group for group in groups if _has_signal(group)][:wanted]
+        started = time.perf_counter()
         samples = []
         for group in groups:
             for (completion, _), advantage in zip(group, group_advantages([reward for _, reward in group], config.algo.advantage)):
                 samples.append(TrainSample(completion.prompt_token_ids, completion.token_ids, completion.logprobs, advantage))
+        stages["advantages"] = time.perf_counter() - started
+        started = time.perf_counter()
         trainer.update(samples, shuffle_seed=derive_seed(seed, step, "mini-batches"))
+        stages["update"] = time.perf_counter() - started
+        started = time.perf_counter()
         engine.load_weights(trainer.named_weights(), step)
-        budget.step_done()
+        stages["sync"] = time.perf_counter() - started
+        budget.step_done(stages)
         budget.checkpoint(model)
     return model, step
 
@@ -360,7 +320,7 @@ def step_race(args: argparse.Namespace, base: Setup) -> None:
             medians: dict[str, list[tuple[float, float]]] = defaultdict(list)
             print(f"\n{prompts} x {group} completions per step, {args.steps} RL steps per run, lr {args.lr:g}, "
                   f"dynamic sampling {args.dynamic_sampling}, {args.threads} threads")
-            print(f"{'system':8} {'seed':>4} {'held-out':>9} {'wall s/step':>20} {'cpu s/step':>10} {'load':>5}  stages (cli, median s)")
+            print(f"{'system':8} {'seed':>4} {'held-out':>9} {'wall s/step':>20} {'cpu s/step':>10} {'load':>5}  stages (median s)")
             for seed in range(args.repeats):
                 for system in systems[seed % len(systems):] + systems[:seed % len(systems)]:  # rotate who goes first
                     if system in checkouts:
