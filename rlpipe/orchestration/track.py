@@ -1,7 +1,9 @@
 """Stage `track` (the last of the `train` task, tasks/step_tasks.py): store a committed
 step's after-commit metrics (the update's, the timings) in the lake beside its manifest
 (TRAIN.json), log all its metrics to MLflow (timestamps from the step manifest, so a
-retried or resumed step adds no duplicate point) and refresh the Prefect table artifact of
+retried or resumed step adds no duplicate point; on the tracker's own thread, so the next
+step need not wait for MLflow's write: a failed log is raised by the next step's `track`
+or the run's end, storage/step_log_thread.py) and refresh the Prefect table artifact of
 step metrics (at most every TABLE_REFRESH_S, and at the last step).
 
 With the curriculum on, the step's domain ratios are logged and kept in TRAIN.json too
@@ -65,7 +67,8 @@ def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, 
     metrics = {**dict(manifest.metrics), **extra}
     if metrics.get("time/generate_s") and "rollout/tokens" in metrics:
         metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["time/generate_s"]
-    records.tracker.log_step_metrics(records.mlflow_run_id, step, metrics, timestamp_ms=manifest.committed_at_ms)
+    # off the step's path: the next step goes on while MLflow writes (`end_run` waits for it)
+    records.tracker.log_step_metrics_soon(records.mlflow_run_id, step, metrics, timestamp_ms=manifest.committed_at_ms)
     return metrics
 
 

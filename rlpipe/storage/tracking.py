@@ -6,9 +6,12 @@ a running `rlpipe up`; else sqlite:///<cwd>/mlruns.db with artifacts in <cwd>/ml
 track several runs) and takes the MLflow run id in every call. Step metrics are
 idempotent: a key that already has a point at a step is not logged again, and callers pass
 the step manifest's commit time as the timestamp, so a retried or resumed step adds no
-duplicate point. MLflow and connection errors are translated: unreachable or failing
-tracking server -> StorageUnavailable; unknown run -> RunNotFoundError; rejected value ->
-UserError.
+duplicate point. `log_step_metrics_soon` logs a step's metrics on a thread of the
+tracker's own (storage/step_log_thread.py) while the caller goes on; `end_run` and
+`settle` wait for it, and the tracker's metric and tag requests take one lock, so the two
+threads never interleave in the store. MLflow and connection errors are translated
+(storage/tracking_errors.py): unreachable or failing tracking server -> StorageUnavailable;
+unknown run -> RunNotFoundError; rejected value -> UserError.
 
 Artifact uploads fail within seconds, never minutes: before a run's first upload its
 artifact store is checked once with one bounded request (`check_artifact_store`,
@@ -27,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import io
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -38,15 +42,18 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 
-from rlpipe.core.errors import RunNotFoundError, StorageUnavailable, UserError
-from rlpipe.storage.artifact_checks import bucket_of, check_proxied_store, check_s3_bucket
+from rlpipe.core.errors import StorageUnavailable
+from rlpipe.storage.artifact_checks import check_proxied_store, check_s3_bucket
 from rlpipe.storage.lake import Lake
 from rlpipe.storage.local_services import live_mlflow_uri, url_answers
 from rlpipe.storage.mlflow_model import LoggedPolicy, log_policy_model
+from rlpipe.storage.step_log_thread import StepLogThread
+from rlpipe.storage.tracking_errors import artifact_errors, tracking_errors
 
 MAX_PARAM_CHARS = 6000
 PARAMS_PER_BATCH = 100
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
+END_WAIT_S = 10.0  # a failed or killed run waits this long at most for its last step's metrics
 
 
 def resolve_tracking_uri(
@@ -89,45 +96,6 @@ def _sqlite_store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-@contextmanager
-def _tracking_errors(uri: str, action: str) -> Iterator[None]:
-    try:
-        yield
-    except MlflowException as exc:
-        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
-            raise RunNotFoundError(
-                f"MLflow at {uri}: {action}: {exc.message}",
-                hint="the tracking store lacks this run; check tracking.mlflow_uri",
-            ) from exc
-        if exc.error_code in ("INVALID_PARAMETER_VALUE", "BAD_REQUEST", "MALFORMED_REQUEST"):
-            raise UserError(f"MLflow at {uri} rejected {action}: {exc.message}") from exc
-        raise StorageUnavailable(
-            f"MLflow at {uri}: {action} failed: {exc.message}",
-            hint="check that the tracking server is running (`rlpipe up`) or fix tracking.mlflow_uri",
-        ) from exc
-    except OSError as exc:
-        raise StorageUnavailable(
-            f"MLflow at {uri}: {action} failed: {exc}",
-            hint="check the tracking server or the artifact store",
-        ) from exc
-
-
-@contextmanager
-def _artifact_errors(uri: str, root: str, action: str) -> Iterator[None]:
-    """`_tracking_errors`, plus boto3's and botocore's errors (an s3:// artifact root is
-    uploaded to by boto3 in this process, whose errors are neither MLflow's nor OSError)."""
-    try:
-        with _tracking_errors(uri, action):
-            yield
-    except Exception as exc:
-        if not type(exc).__module__.startswith(("boto3", "botocore", "s3transfer")):
-            raise
-        raise StorageUnavailable(
-            f"MLflow artifact store {root}: {action} failed: {exc}",
-            hint=f"check that the bucket {bucket_of(root)!r} exists and that MLFLOW_S3_ENDPOINT_URL and the AWS keys are right",
-        ) from exc
-
-
 class Tracker:
     """Logs to one MLflow experiment. Every method takes the MLflow run id explicitly."""
 
@@ -141,12 +109,14 @@ class Tracker:
             )
         self._checked_artifact_roots: set[str] = set()
         self._latest: dict[str, dict[str, int]] = {}  # MLflow run id -> key -> highest step logged (see _latest_steps)
+        self._metrics_lock = threading.RLock()  # the step log's thread and the caller share _latest and the store
+        self._step_log = StepLogThread()
         with _sqlite_store_lock(uri):  # MlflowClient opens (creates, migrates) the store
             self._client = MlflowClient(tracking_uri=uri)
             self.experiment_id = self._experiment_id(artifact_location or default_artifact_location(uri))
 
     def _experiment_id(self, artifact_location: str | None) -> str:
-        with _tracking_errors(self.uri, f"opening experiment {self.experiment!r}"):
+        with tracking_errors(self.uri, f"opening experiment {self.experiment!r}"):
             found = self._client.get_experiment_by_name(self.experiment)
             if found is not None:
                 if found.lifecycle_stage == "deleted":
@@ -166,7 +136,7 @@ class Tracker:
         self, run_name: str, tags: Mapping[str, str], params: Mapping[str, object]
     ) -> str:
         """Create a run with tags and params; return its MLflow run id."""
-        with _tracking_errors(self.uri, f"starting run {run_name!r}"):
+        with tracking_errors(self.uri, f"starting run {run_name!r}"):
             run = self._client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags))
             run_id = str(run.info.run_id)
             entries = [Param(str(k), str(v)[:MAX_PARAM_CHARS]) for k, v in sorted(params.items())]
@@ -176,8 +146,8 @@ class Tracker:
 
     def resume_run(self, mlflow_run_id: str) -> None:
         """Mark an existing run as running again (RunNotFoundError if the store lacks it)."""
-        self._latest.pop(mlflow_run_id, None)  # read again from the store at the next log
-        with _tracking_errors(self.uri, f"resuming run {mlflow_run_id}"):
+        with self._metrics_lock, tracking_errors(self.uri, f"resuming run {mlflow_run_id}"):
+            self._latest.pop(mlflow_run_id, None)  # read again from the store at the next log
             self._client.get_run(mlflow_run_id)
             self._client.update_run(mlflow_run_id, status="RUNNING")
 
@@ -191,7 +161,7 @@ class Tracker:
         """Log metrics at `step`, skipping keys that already have a point at this step.
         Returns how many points were logged."""
         stamp = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
-        with _tracking_errors(self.uri, f"logging metrics of step {step}"), self._latest_kept(mlflow_run_id):
+        with self._metrics_lock, tracking_errors(self.uri, f"logging metrics of step {step}"), self._latest_kept(mlflow_run_id):
             latest_steps = self._latest_steps(mlflow_run_id)
             fresh = [
                 Metric(key, float(value), stamp, step)
@@ -201,6 +171,15 @@ class Tracker:
             self._log_metrics(mlflow_run_id, fresh)
         return len(fresh)
 
+    def log_step_metrics_soon(self, mlflow_run_id: str, step: int, metrics: Mapping[str, float], timestamp_ms: int) -> None:
+        """`log_step_metrics` on the tracker's step-log thread (storage/step_log_thread.py):
+        returns at once, after the log before it has settled (whose error is raised here)."""
+        self._step_log.submit(lambda: self.log_step_metrics(mlflow_run_id, step, dict(metrics), timestamp_ms))
+
+    def settle(self, wait_s: float | None = None) -> None:
+        """Wait for the step log in flight (StepLogThread.settle): its error is raised here."""
+        self._step_log.settle(wait_s)
+
     def log_series(self, mlflow_run_id: str, key: str, points: list[tuple[int, float]]) -> int:
         """Log (step, value) points of one metric in one request, skipping those at or below
         the highest step already logged for `key` (a series that is re-run from its start,
@@ -208,7 +187,7 @@ class Tracker:
         if not points:
             return 0
         stamp = int(time.time() * 1000)
-        with _tracking_errors(self.uri, f"logging {key}"), self._latest_kept(mlflow_run_id):
+        with self._metrics_lock, tracking_errors(self.uri, f"logging {key}"), self._latest_kept(mlflow_run_id):
             latest = self._latest_steps(mlflow_run_id).get(key, -1)
             fresh = [Metric(key, float(value), stamp, step) for step, value in points if step > latest]
             self._log_metrics(mlflow_run_id, fresh)
@@ -254,12 +233,12 @@ class Tracker:
 
     def metric_history(self, mlflow_run_id: str, key: str) -> list[tuple[int, float, int]]:
         """(step, value, timestamp_ms) of every point of a metric, by step."""
-        with _tracking_errors(self.uri, f"reading metric {key}"):
+        with tracking_errors(self.uri, f"reading metric {key}"):
             points = self._client.get_metric_history(mlflow_run_id, key)
         return sorted((p.step, p.value, p.timestamp) for p in points)
 
     def set_tags(self, mlflow_run_id: str, tags: Mapping[str, str]) -> None:
-        with _tracking_errors(self.uri, "setting tags"):
+        with self._metrics_lock, tracking_errors(self.uri, "setting tags"):
             for key, value in tags.items():
                 self._client.set_tag(mlflow_run_id, key, value)
 
@@ -280,19 +259,19 @@ class Tracker:
     def log_artifact(self, mlflow_run_id: str, local_path: Path, artifact_path: str | None = None) -> None:
         """Upload a local file (or folder) into the run's artifacts."""
         root = self.check_artifact_store(mlflow_run_id)
-        with _artifact_errors(self.uri, root, f"logging artifact {local_path}"):
+        with artifact_errors(self.uri, root, f"logging artifact {local_path}"):
             self._client.log_artifact(mlflow_run_id, str(local_path), artifact_path)
 
     def log_policy_model(self, mlflow_run_id: str, folder: Path, name: str, step: int) -> LoggedPolicy:
         """The HF folder `folder` as a logged model of the run, registered as a version of
         `name` (storage/mlflow_model.py)."""
         root = self.check_artifact_store(mlflow_run_id)
-        with _artifact_errors(self.uri, root, f"logging the model {name!r}"):
+        with artifact_errors(self.uri, root, f"logging the model {name!r}"):
             return log_policy_model(self._client, self.experiment_id, mlflow_run_id, folder, name, step)
 
     def log_text(self, mlflow_run_id: str, text: str, artifact_file: str) -> None:
         root = self.check_artifact_store(mlflow_run_id)
-        with _artifact_errors(self.uri, root, f"logging {artifact_file}"):
+        with artifact_errors(self.uri, root, f"logging {artifact_file}"):
             self._client.log_text(mlflow_run_id, text, artifact_file)
 
     def log_curve(
@@ -324,19 +303,24 @@ class Tracker:
         return points
 
     def end_run(self, mlflow_run_id: str, status: str = "FINISHED") -> None:
+        """Settle the step log in flight (at most END_WAIT_S unless FINISHED), then end the
+        run; a step log that failed again is raised after the run is ended."""
         if status not in RUN_STATUSES:
             raise ValueError(f"status must be one of {RUN_STATUSES}, not {status!r}")
-        with _tracking_errors(self.uri, f"ending run {mlflow_run_id}"):
-            self._client.set_terminated(mlflow_run_id, status=status)
+        try:
+            self.settle(None if status == "FINISHED" else END_WAIT_S)
+        finally:
+            with self._metrics_lock, tracking_errors(self.uri, f"ending run {mlflow_run_id}"):
+                self._client.set_terminated(mlflow_run_id, status=status)
 
     def run_status(self, mlflow_run_id: str) -> str:
-        with _tracking_errors(self.uri, f"reading run {mlflow_run_id}"):
+        with tracking_errors(self.uri, f"reading run {mlflow_run_id}"):
             return str(self._client.get_run(mlflow_run_id).info.status)
 
     def find_run(self, tag: str, value: str) -> str | None:
         """The newest run of this experiment whose tag `tag` is `value`, else None (an eval
         resumed in a new process finds its MLflow run by its eval id)."""
-        with _tracking_errors(self.uri, f"searching runs with {tag}={value}"):
+        with tracking_errors(self.uri, f"searching runs with {tag}={value}"):
             quoted = value.replace("'", "\\'")
             runs = self._client.search_runs([self.experiment_id], filter_string=f"tags.`{tag}` = '{quoted}'",
                                             order_by=["attributes.start_time DESC"], max_results=1)
@@ -344,7 +328,7 @@ class Tracker:
 
     def artifact_uri(self, mlflow_run_id: str, artifact_path: str = "") -> str:
         """Where the run's artifact `artifact_path` is stored (a file:// path for a local store)."""
-        with _tracking_errors(self.uri, f"reading run {mlflow_run_id}"):
+        with tracking_errors(self.uri, f"reading run {mlflow_run_id}"):
             root = str(self._client.get_run(mlflow_run_id).info.artifact_uri)
         return f"{root.rstrip('/')}/{artifact_path}" if artifact_path else root
 
