@@ -174,7 +174,8 @@ class Tracker:
     def log_step_metrics_soon(self, mlflow_run_id: str, step: int, metrics: Mapping[str, float], timestamp_ms: int) -> None:
         """`log_step_metrics` on the tracker's step-log thread (storage/step_log_thread.py):
         returns at once, after the log before it has settled (whose error is raised here)."""
-        self._step_log.submit(lambda: self.log_step_metrics(mlflow_run_id, step, dict(metrics), timestamp_ms))
+        snapshot = dict(metrics)  # taken now: the caller may change its mapping while the thread logs
+        self._step_log.submit(lambda: self.log_step_metrics(mlflow_run_id, step, snapshot, timestamp_ms))
 
     def settle(self, wait_s: float | None = None) -> None:
         """Wait for the step log in flight (StepLogThread.settle): its error is raised here."""
