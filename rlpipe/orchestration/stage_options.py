@@ -91,13 +91,8 @@ def stage_key(runtime: Runtime, step: int, round_: int, stage: str) -> str:
     )
 
 
-def staged_rows(runtime: Runtime, step: int, round_: int, stage: str, compute: Callable[[], list[Trajectory]],
-                worth_staging: bool = True) -> list[Trajectory]:
-    """The rows an earlier attempt staged for this stage, else `compute()`'s, staged now.
-    `worth_staging=False`: `compute()`'s rows, the lake neither read nor written (a stage
-    that costs less to compute again than its rows cost to stage)."""
-    if not worth_staging:
-        return compute()
+def staged_rows(runtime: Runtime, step: int, round_: int, stage: str, compute: Callable[[], list[Trajectory]]) -> list[Trajectory]:
+    """The rows an earlier attempt staged for this stage, else `compute()`'s, staged now."""
     records = runtime.records
     name, key = staged_name(stage, round_), stage_key(runtime, step, round_, stage)
     rows = records.lake.read_staged(runtime.run_id, step, name, key)

@@ -83,8 +83,10 @@ def rollout(runtime: Runtime, step: int, clock: StageClock | None = None) -> int
         clock.enter("generate")  # 2. group_size completions each, by the engine worker (staged)
         generated = staged_rows(runtime, step, round_, "generate", lambda: generate(runtime, step, tasks, round_))
         clock.enter("verify")  # 3. a verdict per completion, fanned out on the sandbox pool (staged if it was)
-        verified = staged_rows(runtime, step, round_, "verify", lambda: verify_rows(runtime, generated),
-                               worth_staging=runs_in_sandboxes(runtime, generated))
+        if runs_in_sandboxes(runtime, generated):  # staged: a retry must not sandbox them again
+            verified = staged_rows(runtime, step, round_, "verify", lambda: verify_rows(runtime, generated))
+        else:  # inline checks cost less to run again than their rows cost to stage (controller/verify.py)
+            verified = verify_rows(runtime, generated)
         clock.enter("advantages")  # 4. group-relative advantages; another round if too few groups have a signal
         scored.append(advantages(runtime, verified))
         with_signal = sum(round_scored.groups_with_signal for round_scored in scored)
