@@ -38,10 +38,11 @@ class Budget:
         """`seconds` of training are over, or (`steps` > 0) that many RL steps are done."""
         return self.elapsed() >= self.seconds or 0 < self.steps < len(self.marks)
 
-    def step_done(self, stages: dict[str, float] | None = None) -> None:
+    def step_done(self, timings: dict[str, float] | None = None) -> None:
+        """A step ended; `timings`: its StageClock's (`time/<stage>_s`)."""
         self.marks.append(self.used())
-        for name, seconds in (stages or {}).items():
-            self.stage_walls[name].append(seconds)
+        for name, seconds in (timings or {}).items():
+            self.stage_walls[name.removeprefix("time/").removesuffix("_s")].append(seconds)
 
     def periods(self) -> StepTimes:
         """Wall and CPU seconds of each RL step after the first (the first warms caches up),

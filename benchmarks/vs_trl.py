@@ -69,6 +69,7 @@ import cli_steps  # noqa: E402
 from race_budget import CLOCKS, Budget  # noqa: E402
 
 from rlpipe.controller.sample import build_mixture  # noqa: E402
+from rlpipe.controller.stage_clock import StageClock  # noqa: E402
 from rlpipe.core.config import load_config  # noqa: E402
 from rlpipe.core.seeds import derive_seed  # noqa: E402
 from rlpipe.engines.hf import HFEngine  # noqa: E402
@@ -144,10 +145,11 @@ def race_rlpipe(setup: Setup, seed: int, budget: Budget, dynamic_sampling: bool)
     budget.start()
     while not budget.spent():
         step += 1
-        stages: dict[str, float] = defaultdict(float)  # wall seconds, named as the CLI's stages
+        clock = StageClock()  # the CLI's stage names and clock (controller/stage_clock.py)
         groups: list[list[tuple]] = []  # [(completion, reward)] per task, in round then task order
         seen: set[str] = set()
         for round_ in range(rounds):  # one round without dynamic sampling
+            clock.enter("sample")
             with_signal = sum(1 for group in groups if _has_signal(group))
             if round_ and with_signal >= wanted:
                 break
@@ -158,30 +160,25 @@ def race_rlpipe(setup: Setup, seed: int, budget: Budget, dynamic_sampling: bool)
             params = SamplingParams(n=rollout.group_size, temperature=rollout.temperature, top_p=rollout.top_p,
                                     max_new_tokens=rollout.max_new_tokens, stop=rollout.stop,
                                     seed=derive_seed(seed, step, f"generate-round-{round_}"))
-            started = time.perf_counter()
+            clock.enter("generate")
             completions = engine.generate([(t.task_id, t.prompt) for t in tasks], params)
-            stages["generate"] += time.perf_counter() - started
-            started = time.perf_counter()
+            clock.enter("verify")
             by_task = defaultdict(list)
             for task, completion in zip((t for t in tasks for _ in range(rollout.group_size)), completions):
                 by_task[task.task_id].append((completion, setup.env.verify(task, completion.text).reward))
             groups.extend(by_task[t.task_id] for t in tasks)
-            stages["verify"] += time.perf_counter() - started
+        clock.enter("advantages")
         if dynamic_sampling:
             groups = [group for group in groups if _has_signal(group)][:wanted]
-        started = time.perf_counter()
         samples = []
         for group in groups:
             for (completion, _), advantage in zip(group, group_advantages([reward for _, reward in group], config.algo.advantage)):
                 samples.append(TrainSample(completion.prompt_token_ids, completion.token_ids, completion.logprobs, advantage))
-        stages["advantages"] = time.perf_counter() - started
-        started = time.perf_counter()
+        clock.enter("update")
         trainer.update(samples, shuffle_seed=derive_seed(seed, step, "mini-batches"))
-        stages["update"] = time.perf_counter() - started
-        started = time.perf_counter()
+        clock.enter("sync")
         engine.load_weights(trainer.named_weights(), step)
-        stages["sync"] = time.perf_counter() - started
-        budget.step_done(stages)
+        budget.step_done(clock.timings())
         budget.checkpoint(model)
     return model, step
 
