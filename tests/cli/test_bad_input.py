@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.s3_server import free_port
+from tests.helpers.ports import free_port
 from tests.helpers.cli_zygote import run_rlpipe_command
 
 RLPIPE = [sys.executable, "-m", "rlpipe.cli.main"]

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 
 from tests.cli.cli_process import error_lines, run_rlpipe
-from tests.helpers.s3_server import free_port
+from tests.helpers.ports import free_port
 
 
 def _listening() -> socket.socket:

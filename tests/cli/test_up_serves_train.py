@@ -66,7 +66,7 @@ from tests.cli.test_signals import (
 )
 from tests.durability.cli_runs import Where, cli_env, count_rows, make_where, run_cli
 from tests.helpers.processes import shared_zygote_workers
-from tests.helpers.s3_server import free_port
+from tests.helpers.ports import free_port
 from tests.sandbox._bwrap_support import require_bwrap
 
 STEPS, PROMPTS, GROUP = 2, 4, 4

@@ -25,7 +25,8 @@ import pytest
 from rlpipe.core.errors import StorageUnavailable
 from rlpipe.storage.tracking import Tracker
 from tests.helpers.mlflow_db import seed_mlflow_db
-from tests.helpers.s3_server import free_port, unique_bucket
+from tests.helpers.ports import free_port
+from tests.helpers.s3_server import unique_bucket
 from tests.helpers.waiting import returns_within, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")

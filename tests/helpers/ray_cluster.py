@@ -25,18 +25,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.helpers.ports import free_port
+
 OBJECT_STORE_BYTES = 200_000_000
 START_TIMEOUT_S = 120.0
 
 
 def ray_command() -> str:
     return str(Path(sys.executable).with_name("ray"))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_node(args: list[str], temp_dir: Path, log: Path) -> subprocess.Popen:

@@ -11,7 +11,6 @@ network.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,14 +20,9 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.helpers.ports import free_port
+
 STARTUP_TIMEOUT_S = 120.0  # a hang guard: a loaded 2-core box starts moto slowly
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def unique_bucket(stem: str) -> str:

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 
-from tests.helpers.s3_server import free_port
+from tests.helpers.ports import free_port
 
 
 class TcpProxy:

@@ -10,7 +10,8 @@ import pytest
 
 from rlpipe.core.errors import ConfigError, StorageUnavailable
 from rlpipe.storage.lake import Lake
-from tests.helpers.s3_server import free_port, unique_bucket
+from tests.helpers.ports import free_port
+from tests.helpers.s3_server import unique_bucket
 from tests.helpers.tcp_proxy import TcpProxy
 from tests.helpers.waiting import returns_within
 from tests.storage import lake_behaviours

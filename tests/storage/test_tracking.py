@@ -17,7 +17,8 @@ from rlpipe.storage.lake import Lake
 from rlpipe.storage.lake_records import StepManifest
 from rlpipe.storage.local_services import LocalServices, read_services, write_services
 from rlpipe.storage.tracking import Tracker, resolve_tracking_uri
-from tests.helpers.s3_server import free_port, unique_bucket
+from tests.helpers.ports import free_port
+from tests.helpers.s3_server import unique_bucket
 from tests.helpers.trajectories import make_trajectories
 from tests.helpers.waiting import returns_within
 

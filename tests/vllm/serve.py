@@ -6,20 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.helpers.ports import free_port
+
 SERVER_START_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager
