@@ -16,14 +16,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
-
-
-class Versioned(Protocol):
-    policy_version: int
-
-
-RowT = TypeVar("RowT", bound=Versioned)
 
 
 def generation_version(step: int, max_staleness: int) -> int:
@@ -36,17 +28,17 @@ def staleness(step: int, policy_version: int) -> int:
     return step - 1 - policy_version
 
 
-def split_stale(rows: Sequence[RowT], step: int, max_staleness: int) -> tuple[list[RowT], int]:
-    """(rows fresh enough to train on at step `step`, how many were staler than the bound)."""
-    fresh = [row for row in rows if staleness(step, row.policy_version) <= max_staleness]
-    return fresh, len(rows) - len(fresh)
+def is_fresh(step: int, policy_version: int, max_staleness: int) -> bool:
+    """Whether a row of `policy_version` may train at step `step`: no staler than the bound."""
+    return staleness(step, policy_version) <= max_staleness
 
 
-def staleness_metrics(rows: Sequence[Versioned], step: int) -> dict[str, float]:
-    """The staleness histogram of a step's rows as fractions, `async/staleness_<n>`, and its mean."""
-    if not rows:
+def staleness_metrics(versions: Sequence[int], step: int) -> dict[str, float]:
+    """The staleness histogram of the policy versions of a step's rows as fractions,
+    `async/staleness_<n>`, and its mean."""
+    if not versions:
         return {}
-    counts = Counter(staleness(step, row.policy_version) for row in rows)
-    metrics = {f"async/staleness_{value}": count / len(rows) for value, count in sorted(counts.items())}
-    metrics["async/staleness_mean"] = sum(value * count for value, count in counts.items()) / len(rows)
+    counts = Counter(staleness(step, version) for version in versions)
+    metrics = {f"async/staleness_{value}": count / len(versions) for value, count in sorted(counts.items())}
+    metrics["async/staleness_mean"] = sum(value * count for value, count in counts.items()) / len(versions)
     return metrics

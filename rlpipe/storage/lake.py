@@ -176,12 +176,16 @@ class Lake:
         """The rows of the parts, in order; LakeCorrupted if one is missing or altered."""
         return from_table(self.read_parts_table(parts))
 
-    def read_parts_table(self, parts: tuple[PartRef, ...] | list[PartRef]) -> pa.Table:
-        """Like read_parts, as one Arrow table with TRAJECTORY_SCHEMA."""
-        tables = [TRAJECTORY_SCHEMA.empty_table()]
+    def read_parts_table(self, parts: tuple[PartRef, ...] | list[PartRef],
+                         columns: tuple[str, ...] | None = None) -> pa.Table:
+        """Like read_parts, as one Arrow table with TRAJECTORY_SCHEMA, or only its
+        `columns` (the others are not decoded)."""
+        names = tuple(TRAJECTORY_SCHEMA.names) if columns is None else columns
+        tables = [pa.schema([TRAJECTORY_SCHEMA.field(name) for name in names]).empty_table()]
         for part in parts:
-            table = pq.read_table(pa.BufferReader(self._checked_part_bytes(part)))
-            tables.append(with_partition_columns(table, *partition_of(part.path)))
+            parquet = pq.ParquetFile(pa.BufferReader(self._checked_part_bytes(part)))
+            stored = [name for name in names if name in parquet.schema_arrow.names]
+            tables.append(with_partition_columns(parquet.read(columns=stored), *partition_of(part.path), names=names))
         return pa.concat_tables(tables)
 
     def iter_parts(self, parts: tuple[PartRef, ...] | list[PartRef], batch_rows: int) -> Iterator[list[Trajectory]]:

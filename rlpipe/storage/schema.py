@@ -155,15 +155,23 @@ def to_part_table(trajectories: list[Trajectory], run_id: str, step: int) -> pa.
     return to_table(trajectories).drop_columns(list(PARTITION_COLUMNS))
 
 
-def with_partition_columns(table: pa.Table, run_id: str, step: int) -> pa.Table:
+def with_partition_columns(table: pa.Table, run_id: str, step: int,
+                           names: tuple[str, ...] | list[str] = tuple(TRAJECTORY_SCHEMA.names)) -> pa.Table:
     """A part's table (PART_SCHEMA, or a version 1 part that still holds run_id and step)
-    -> TRAJECTORY_SCHEMA, run_id and step filled from its path."""
-    constants = {"run_id": pa.array([run_id] * table.num_rows, pa.string()),
-                 "step": pa.array([step] * table.num_rows, pa.int64())}
-    for name in OPTIONAL_COLUMNS:
-        constants[name] = pa.nulls(table.num_rows, TRAJECTORY_SCHEMA.field(name).type)
-    columns = [table.column(name) if name in table.column_names else constants[name] for name in TRAJECTORY_SCHEMA.names]
-    return pa.Table.from_arrays(columns, names=TRAJECTORY_SCHEMA.names).cast(TRAJECTORY_SCHEMA)
+    -> TRAJECTORY_SCHEMA (or its columns `names`, in that order), run_id and step filled
+    from its path."""
+    def filled(name: str) -> pa.Array:
+        if name == "run_id":
+            return pa.array([run_id] * table.num_rows, pa.string())
+        if name == "step":
+            return pa.array([step] * table.num_rows, pa.int64())
+        if name in OPTIONAL_COLUMNS:
+            return pa.nulls(table.num_rows, TRAJECTORY_SCHEMA.field(name).type)
+        raise ValueError(f"a part of run {run_id!r} step {step} lacks the column {name!r}")
+
+    columns = [table.column(name) if name in table.column_names else filled(name) for name in names]
+    schema = pa.schema([TRAJECTORY_SCHEMA.field(name) for name in names])
+    return pa.Table.from_arrays(columns, names=list(names)).cast(schema)
 
 
 def from_table(table: pa.Table) -> list[Trajectory]:

@@ -43,20 +43,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from rlpipe.core.config import RunConfig
 from rlpipe.core.errors import LakeCorrupted
 from rlpipe.core.failpoints import failpoint
-from rlpipe.core.records import Trajectory
 from rlpipe.core.seeds import derive_seed
 from rlpipe.rl.data_parallel import RankShare
 from rlpipe.rl.checkpoint import CheckpointMeta, load_checkpoint, load_policy_weights
 from rlpipe.storage.checkpoint_retention import rule_of
 from rlpipe.workers.checkpoint_writer import CheckpointWriter
 from rlpipe.rl.grad_conflict import gradient_conflict
-from rlpipe.rl.samples import train_samples
-from rlpipe.rl.staleness import split_stale, staleness_metrics
+from rlpipe.rl.samples import TRAIN_COLUMNS, train_samples_from_table
+from rlpipe.rl.staleness import is_fresh, staleness_metrics
 from rlpipe.rl.warmstart import warm_start
 from rlpipe.workers import weights
 from rlpipe.workers.builders import build_policy, build_trainer
@@ -179,9 +180,11 @@ class TrainerService:
             return UpdateResult(self.policy_version, {})
         if self.policy_version != step - 1:
             raise VersionMismatch(f"update of step {step} needs policy version {step - 1}, the trainer has {self.policy_version}")
-        rows = self.lake.read_parts(parts)  # storage errors leave the weights as they are
-        fresh, stale = split_stale(rows, step, self.config.rollout.max_staleness)  # never train on staler rows
-        samples = train_samples(fresh)
+        rows = self.lake.read_parts_table(parts, columns=TRAIN_COLUMNS)  # storage errors leave the weights as they are
+        versions = rows.column("policy_version").to_pylist()
+        bound = self.config.rollout.max_staleness
+        fresh = rows.filter(pa.array([is_fresh(step, version, bound) for version in versions], pa.bool_()))
+        samples = train_samples_from_table(fresh)  # never train on staler rows
         conflict = self.gradient_conflict(step, fresh)  # before the update, at its weights; changes nothing
         self.poisoned = True
         self.weights_generation += 1
@@ -191,20 +194,20 @@ class TrainerService:
         self.policy_version = step
         self.poisoned = False
         result = {f"train/{name}": float(value) for name, value in asdict(metrics).items()}
-        result["train/stale_dropped"] = float(stale)
+        result["train/stale_dropped"] = float(rows.num_rows - fresh.num_rows)
         result["time/checkpoint_wait_s"] = self.checkpoints.take_waited_s()  # inside time/update_s: the write held it
-        return UpdateResult(step, {**result, **staleness_metrics(rows, step), **conflict})
+        return UpdateResult(step, {**result, **staleness_metrics(versions, step), **conflict})
 
-    def gradient_conflict(self, step: int, rows: list[Trajectory]) -> dict[str, float]:
-        """`grad_conflict/<a>__<b>` of the step's rows every eval.grad_conflict_every_steps steps
-        (rl/grad_conflict.py), else nothing."""
+    def gradient_conflict(self, step: int, rows: pa.Table) -> dict[str, float]:
+        """`grad_conflict/<a>__<b>` of the step's rows (TRAIN_COLUMNS) every
+        eval.grad_conflict_every_steps steps (rl/grad_conflict.py), else nothing."""
         every = self.config.eval.grad_conflict_every_steps
         if not every or step % every:
             return {}
-        by_domain: dict[str, list[Trajectory]] = {}
-        for row in rows:
-            by_domain.setdefault(row.task.domain, []).append(row)
-        return gradient_conflict(self.trainer.policy_gradient, {name: train_samples(domain_rows) for name, domain_rows in by_domain.items()})
+        domains = rows.column("domain")
+        return gradient_conflict(self.trainer.policy_gradient, {
+            name: train_samples_from_table(rows.filter(pc.equal(domains, name)))
+            for name in dict.fromkeys(domains.to_pylist())})
 
     def save(self, step: int, config_hash: str) -> None:
         """Write checkpoint `step` from the live state in the background (the previous write
