@@ -1,10 +1,11 @@
 """Turn stored trajectories into trainer samples (the only input the update needs), so
 an update replays exactly from the lake without re-sampling or re-verification.
 
-Two ways in, giving equal samples: `train_samples` from Trajectory rows (the library loop,
-which holds its rows in memory) and `train_samples_from_table` from the Arrow columns of
-committed parts (the trainer worker, which reads only `TRAIN_COLUMNS` and makes no
-Trajectory row: on a 1024-row step that was most of the time of reading the part back).
+Two ways in, giving equal samples: `train_samples` from Trajectory rows (the reference
+path: tests, benchmarks/stage_ceiling.py) and `train_samples_from_table` from the Arrow
+columns of committed parts (the trainer worker's update, which reads only `TRAIN_COLUMNS`
+and makes no Trajectory row: on a 1024-row step that was most of the time of reading the
+part back; the metadata JSON and verdict columns, which it does not use, are not decoded).
 
 Not here: which rows are fresh enough to train on (rl/staleness.py), reading parts
 (storage/lake.py).

@@ -6,8 +6,8 @@ v(s) = max(0, s-1-k) (version s-1 is the policy after s-1 updates; k = 0 is sync
 The schedule is fixed, so a run's rows are a function of (seed, step) and the weights
 alone, and a resumed run regenerates exactly what an uninterrupted one would have. A row's
 staleness at its update is (s-1) - its policy version; rows staler than k are dropped and
-counted, never trained on (a guard: the fixed schedule never makes them, a changed or
-broken producer could).
+counted, never trained on (`split_stale_table`, which the trainer worker's update calls; a
+guard: the fixed schedule never makes them, a changed or broken producer could).
 
 Not here: when stages run (flows/), what the trainer does with the fresh rows (rl/trainer.py).
 """
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+
+import pyarrow as pa
 
 
 def generation_version(step: int, max_staleness: int) -> int:
@@ -31,6 +33,14 @@ def staleness(step: int, policy_version: int) -> int:
 def is_fresh(step: int, policy_version: int, max_staleness: int) -> bool:
     """Whether a row of `policy_version` may train at step `step`: no staler than the bound."""
     return staleness(step, policy_version) <= max_staleness
+
+
+def split_stale_table(rows: pa.Table, step: int, max_staleness: int) -> tuple[pa.Table, int]:
+    """(the rows, a table with a policy_version column, fresh enough to train on at step
+    `step`; how many were staler than the bound)."""
+    fresh = rows.filter(pa.array([is_fresh(step, version, max_staleness)
+                                  for version in rows.column("policy_version").to_pylist()], pa.bool_()))
+    return fresh, rows.num_rows - fresh.num_rows
 
 
 def staleness_metrics(versions: Sequence[int], step: int) -> dict[str, float]:

@@ -191,7 +191,8 @@ def _refuse_old_schema(runtime: Runtime, run_id: str, step: int) -> None:
     logprobs follow another convention, so replaying or continuing the run would be wrong."""
     records = runtime.records
     manifest = records.lake.read_manifest(run_id, step)
-    versions = records.lake.read_parts_table(manifest.parts if manifest else ()).column("schema_version").to_pylist()
+    parts = manifest.parts if manifest else ()
+    versions = records.lake.read_parts_table(parts, columns=("schema_version",)).column("schema_version").to_pylist()
     oldest = min(versions, default=SCHEMA_VERSION)
     if oldest < SCHEMA_VERSION:
         raise ConfigError(

@@ -57,7 +57,7 @@ from rlpipe.storage.checkpoint_retention import rule_of
 from rlpipe.workers.checkpoint_writer import CheckpointWriter
 from rlpipe.rl.grad_conflict import gradient_conflict
 from rlpipe.rl.samples import TRAIN_COLUMNS, train_samples_from_table
-from rlpipe.rl.staleness import is_fresh, staleness_metrics
+from rlpipe.rl.staleness import split_stale_table, staleness_metrics
 from rlpipe.rl.warmstart import warm_start
 from rlpipe.workers import weights
 from rlpipe.workers.builders import build_policy, build_trainer
@@ -181,10 +181,8 @@ class TrainerService:
         if self.policy_version != step - 1:
             raise VersionMismatch(f"update of step {step} needs policy version {step - 1}, the trainer has {self.policy_version}")
         rows = self.lake.read_parts_table(parts, columns=TRAIN_COLUMNS)  # storage errors leave the weights as they are
-        versions = rows.column("policy_version").to_pylist()
-        bound = self.config.rollout.max_staleness
-        fresh = rows.filter(pa.array([is_fresh(step, version, bound) for version in versions], pa.bool_()))
-        samples = train_samples_from_table(fresh)  # never train on staler rows
+        fresh, stale = split_stale_table(rows, step, self.config.rollout.max_staleness)  # never train on staler rows
+        samples = train_samples_from_table(fresh)
         conflict = self.gradient_conflict(step, fresh)  # before the update, at its weights; changes nothing
         self.poisoned = True
         self.weights_generation += 1
@@ -194,9 +192,9 @@ class TrainerService:
         self.policy_version = step
         self.poisoned = False
         result = {f"train/{name}": float(value) for name, value in asdict(metrics).items()}
-        result["train/stale_dropped"] = float(rows.num_rows - fresh.num_rows)
+        result["train/stale_dropped"] = float(stale)
         result["time/checkpoint_wait_s"] = self.checkpoints.take_waited_s()  # inside time/update_s: the write held it
-        return UpdateResult(step, {**result, **staleness_metrics(versions, step), **conflict})
+        return UpdateResult(step, {**result, **staleness_metrics(rows.column("policy_version").to_pylist(), step), **conflict})
 
     def gradient_conflict(self, step: int, rows: pa.Table) -> dict[str, float]:
         """`grad_conflict/<a>__<b>` of the step's rows (TRAIN_COLUMNS) every

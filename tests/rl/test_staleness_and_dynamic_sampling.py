@@ -7,7 +7,8 @@ import dataclasses
 
 from rlpipe.core.records import Trajectory, Verdict, VerdictReason
 from rlpipe.rl.dynamic_sampling import extra_round_size, filter_overlong, has_signal, select_groups
-from rlpipe.rl.staleness import generation_version, is_fresh, staleness_metrics
+from rlpipe.rl.staleness import generation_version, is_fresh, split_stale_table, staleness_metrics
+from rlpipe.storage.schema import to_table
 from tests.helpers.trajectories import make_trajectory
 
 
@@ -37,7 +38,12 @@ def test_rows_older_than_the_bound_are_dropped_and_counted() -> None:
     # at step 5 the trainer is at version 4: version 3 is 1 behind, 2 is 2 behind, 1 is 3 behind
     rows = [_row("a", 0, 1.0, version=3), _row("a", 1, 0.0, version=2), _row("a", 2, 0.0, version=1)]
     assert [row.policy_version for row in rows if is_fresh(5, row.policy_version, max_staleness=1)] == [3]
-    assert [row.policy_version for row in rows if is_fresh(5, row.policy_version, max_staleness=2)] == [3, 2]
+    table = to_table(rows)  # the trainer worker's update splits the columns it read
+    fresh, dropped = split_stale_table(table, step=5, max_staleness=1)
+    assert fresh.column("policy_version").to_pylist() == [3] and dropped == 2
+    fresh, dropped = split_stale_table(table, step=5, max_staleness=2)
+    assert fresh.column("policy_version").to_pylist() == [3, 2] and dropped == 1
+    assert fresh.column("sample_idx").to_pylist() == [0, 1]  # the rows themselves, in order
     # staleness 1, 2, 3 once each: fractions 1/3, mean (1 + 2 + 3) / 3 = 2
     metrics = staleness_metrics([row.policy_version for row in rows], step=5)
     assert metrics["async/staleness_1"] == metrics["async/staleness_3"] == 1 / 3
