@@ -6,8 +6,8 @@ two writes of a step's rows (generate's staged rows, the committed part with its
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/trainer_read.py [--rows 1024]
 
-Rows are made up in the quickstart's shape at 128 x 8 (groups of 8, short prompts and
-replies, task metadata of three pairs); the part is on a local temporary folder. Prints
+Rows are made up in the quickstart's shape at 128 x 8 (groups of 8 sharing one Task, short
+prompts and replies, task metadata of three pairs); the part is on a local temporary folder. Prints
 milliseconds per call (median of --repeats, each the mean of --calls) and the ratio.
 Not measured here: an S3 lake's round trips, the update itself.
 """
@@ -29,9 +29,10 @@ from rlpipe.storage.lake import Lake
 def made_up_rows(count: int, group: int, prompt_tokens: int, reply_tokens: int) -> list[Trajectory]:
     rows = []
     for index in range(count):
-        task = Task(task_id=f"reverse-{index // group}", domain="reverse", prompt=f"Reverse: word{index // group}",
-                    verifier=VerifierSpec(kind="exact_match", payload=f"{index // group}drow"),
-                    metadata=(("source", "generator"), ("seed", str(index // group)), ("split", "train")))
+        if index % group == 0:  # the rows of a group share one Task, as generate makes them
+            task = Task(task_id=f"reverse-{index // group}", domain="reverse", prompt=f"Reverse: word{index // group}",
+                        verifier=VerifierSpec(kind="exact_match", payload=f"{index // group}drow"),
+                        metadata=(("source", "generator"), ("seed", str(index // group)), ("split", "train")))
         completion = Completion(task_id=task.task_id, sample_idx=index % group, text="x" * reply_tokens,
                                 prompt_token_ids=tuple(range(prompt_tokens)), token_ids=tuple(range(reply_tokens)),
                                 logprobs=tuple(-0.1 * token for token in range(reply_tokens)), finish_reason="stop",
