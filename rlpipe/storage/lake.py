@@ -184,7 +184,8 @@ class Lake:
         tables = [pa.schema([TRAJECTORY_SCHEMA.field(name) for name in names]).empty_table()]
         for part in parts:
             parquet = pq.ParquetFile(pa.BufferReader(self._checked_part_bytes(part)))
-            stored = [name for name in names if name in parquet.schema_arrow.names]
+            in_part = set(parquet.schema_arrow.names)  # the property converts the file's schema on each use
+            stored = [name for name in names if name in in_part]
             tables.append(with_partition_columns(parquet.read(columns=stored), *partition_of(part.path), names=names))
         return pa.concat_tables(tables)
 
