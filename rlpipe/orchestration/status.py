@@ -4,7 +4,8 @@ progress/warmstart.json (the warm start's steps, loss and accuracy checks).
 
 Plain functions the train flow and its tasks call; all writes are best effort (the step
 manifests are the truth, so a lake that cannot take a status line right now does not fail
-the run). Not here: deciding when a run fails (flows/), printing anything (cli/).
+the run), and a running run's status.json, rewritten at every step, is not fsynced
+(storage/lake.py `write_status`). Not here: deciding when a run fails (flows/), printing anything (cli/).
 """
 
 from __future__ import annotations

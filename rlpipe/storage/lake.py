@@ -3,7 +3,7 @@
 Layout under the root (a folder or s3://bucket/prefix):
 
     runs/{run_id}/run.json                         RunInfo
-    runs/{run_id}/status.json                      RunStatus (overwritten as the run moves)
+    runs/{run_id}/status.json                      RunStatus (overwritten as the run moves; fsynced once it ends)
     runs/{run_id}/steps/{step:06d}/MANIFEST.json   StepManifest, written LAST for the step
     runs/{run_id}/steps/{step:06d}/TRAIN.json      StepTrainMetrics, after the manifest (update, timings)
     trajectories/run_id={run_id}/step={step}/part-{name}.parquet   immutable, zstd; run_id and
@@ -70,6 +70,7 @@ from rlpipe.storage.lake_records import (
     CheckpointInfo,
     PartRef,
     RunInfo,
+    RunState,
     RunStatus,
     StepManifest,
     StepTrainMetrics,
@@ -145,12 +146,19 @@ class Lake:
         return sorted(run_id for run_id, info in zip(candidates, infos) if info.type == pafs.FileType.File)
 
     def write_status(self, status: RunStatus) -> None:
+        """Replace status.json; fsynced once the run ended: a running run's (one a step) a power
+        cut may leave older or damaged, which `read_status` reads as none (manifests are the truth)."""
         relative = f"runs/{_check_name('run id', status.run_id)}/status.json"
-        self.objects.put(relative, status.to_json().encode())
+        self.objects.put(relative, status.to_json().encode(), durable=status.state != RunState.RUNNING)
 
     def read_status(self, run_id: str) -> RunStatus | None:
+        """The run's status; None when it has none or it does not parse (logged)."""
         data = self.objects.get(f"runs/{_check_name('run id', run_id)}/status.json")
-        return None if data is None else RunStatus.from_json(data.decode())
+        try:
+            return None if data is None else RunStatus.from_json(data.decode())
+        except ValueError as exc:  # pydantic's ValidationError and UnicodeDecodeError are ValueErrors
+            logging.getLogger(__name__).warning("lake %s: status.json of run %s does not parse: %s", self.uri, run_id, exc)
+            return None
 
     # -- trajectories and manifests ----------------------------------------------------------
 
@@ -366,9 +374,8 @@ class Lake:
         return self.checkpoints.steps(run_id)
 
     def load_checkpoint(self, run_id: str, step: int, local_dir: Path, only: Callable[[str], bool] | None = None) -> CheckpointInfo | None:
-        """Download a complete checkpoint into `local_dir` (digests checked), or None; with
-        `only`, the files whose relative path it accepts. LakeCorrupted names a listed file
-        that is missing or altered."""
+        """Download a complete checkpoint into `local_dir` (digests checked), or None; with `only`,
+        the files whose relative path it accepts. LakeCorrupted: a listed file missing or altered."""
         return self.checkpoints.load(run_id, step, local_dir, only)
 
 

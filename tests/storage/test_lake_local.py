@@ -10,6 +10,7 @@ import pytest
 
 from rlpipe.core.errors import ConfigError, StorageUnavailable
 from rlpipe.storage.lake import Lake
+from rlpipe.storage.lake_records import RunState, RunStatus
 from tests.storage import lake_behaviours
 from tests.storage.lake_behaviours import ALL_BEHAVIOURS
 
@@ -102,3 +103,26 @@ def test_staged_rows_skip_fsync_committed_parts_do_not(tmp_path: Path, monkeypat
     assert synced == []
     lake.write_part("r1", 1, "00000", rows)
     assert len(synced) == 2  # the file, then its folder (the rename)
+
+
+def test_a_running_status_skips_fsync_an_ended_one_does_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """status.json is rewritten at every step: a running run's is not fsynced (the manifests
+    are the truth), a failed or finished run's is. A status a power cut left empty or cut
+    short reads as none, with a warning, never as an error (`rlpipe resume`, `runs show`)."""
+    lake = Lake.open(str(tmp_path / "lake"))
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    lake.write_status(RunStatus("r1", RunState.RUNNING, 3, "rl-step", None, 9))
+    assert synced == []
+    for ended in (RunState.FAILED, RunState.FINISHED):
+        lake.write_status(RunStatus("r1", ended, 3, "rl-step", None, 10))
+        assert len(synced) == 2  # the file, then its folder (the rename)
+        synced.clear()
+    path = tmp_path / "lake" / "runs" / "r1" / "status.json"
+    for damaged in (b"", path.read_bytes()[:12], b"\xff\xfe"):
+        path.write_bytes(damaged)
+        with caplog.at_level("WARNING", logger="rlpipe.storage.lake"):
+            assert lake.read_status("r1") is None
+        assert "status.json of run r1 does not parse" in caplog.records[-1].getMessage()
