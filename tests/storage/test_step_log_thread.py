@@ -75,3 +75,21 @@ def test_a_failed_run_ends_even_when_its_last_step_log_fails(tracker: Tracker, m
     with pytest.raises(StorageUnavailable, match="step 1"):
         tracker.end_run(run_id, "FAILED")
     assert tracker.run_status(run_id) == "FAILED"
+
+
+def test_logs_run_in_order_on_one_thread_which_ends_when_idle_and_comes_back() -> None:
+    from rlpipe.storage.step_log_thread import StepLogThread
+
+    ran: list[tuple[int, threading.Thread]] = []
+    logs = StepLogThread(idle_exit_s=0.05)
+    for step in (1, 2, 3):
+        logs.submit(lambda step=step: ran.append((step, threading.current_thread())))
+    logs.settle()
+    assert [step for step, _ in ran] == [1, 2, 3]
+    assert len({thread for _, thread in ran}) == 1 and threading.current_thread() not in {thread for _, thread in ran}
+    first = ran[0][1]
+    first.join(10)  # idle for idle_exit_s: it ends
+    assert not first.is_alive()
+    logs.submit(lambda: ran.append((4, threading.current_thread())))
+    logs.settle()
+    assert [step for step, _ in ran] == [1, 2, 3, 4] and ran[-1][1] is not first
