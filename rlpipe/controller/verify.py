@@ -11,7 +11,7 @@ fan-out for any list of (task, completion text) pairs (the held-out evaluation u
 The rows go to the rollout task in memory; it stages them in the lake (tasks/step_tasks.py)
 when some row was verified in a sandbox (`runs_in_sandboxes`). Rows checked inline only
 are not staged: an exact-answer check of a step's rows costs microseconds a row, staging
-them (an Arrow table, a Parquet file, two writes) more than that, and a retry verifies
+them (an Arrow table, its file, two writes) more than that, and a retry verifies
 them again to the same verdicts.
 Rows that arrive with a verdict are kept as they are: a multi-turn episode (agent_tasks) is
 judged by its verifier in its own sandbox at the end of the episode, in the generate stage

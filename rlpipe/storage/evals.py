@@ -40,7 +40,8 @@ from rlpipe.storage.eval_records import (
     rows_table,
     task_key,
 )
-from rlpipe.storage.lake import Lake, _parquet_bytes
+from rlpipe.storage.lake import Lake
+from rlpipe.storage.table_bytes import parquet_bytes
 from rlpipe.storage.lake_records import PartRef
 
 
@@ -75,7 +76,7 @@ class EvalStore:
         parts = []
         for name, table in (("trial", rows_table([trial], EvalTrialRow, EVAL_TRIAL_SCHEMA)),
                             ("steps", rows_table(steps, EvalStepRow, EVAL_STEP_SCHEMA))):
-            data = _parquet_bytes(table)
+            data = parquet_bytes(table)
             self.objects.put(f"{base}/{name}.parquet", data, crash_point="eval-part-write")
             parts.append(PartRef(path=f"{base}/{name}.parquet", rows=table.num_rows, sha256=hashlib.sha256(data).hexdigest()))
         commit = TrialCommit(eval_id=trial.eval_id, task_id=trial.task_id, attempt=trial.attempt, verdict=trial.verdict,

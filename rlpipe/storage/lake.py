@@ -17,7 +17,7 @@ Layout under the root (a folder or s3://bucket/prefix):
                                                    beside it (rl/checkpoint_layout.py)
     checkpoints/{run_id}/step={step:06d}/CHECKPOINT.json   file list + digests, after the files
     checkpoints/{run_id}/LATEST                    the highest complete step, written last
-    staging/run_id={run_id}/step={step}/{stage}-{digest}.parquet   rows passed between stages
+    staging/run_id={run_id}/step={step}/{stage}-{digest}.arrow     rows passed between stages (Arrow IPC, lz4)
     staging/run_id={run_id}/step={step}/{stage}-{digest}.json      their PartRef (rows, sha256), after them
     runs/{run_id}/{document}.json                  small JSON documents (evaluations, ...)
     runs/{run_id}/rescores/{rescore_id}/...        re-scored verdicts beside the run (storage/rescores.py)
@@ -51,7 +51,6 @@ are written, read and deleted by storage/checkpoint_store.py (`Lake.checkpoints`
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import re
@@ -76,6 +75,7 @@ from rlpipe.storage.lake_records import (
     StepTrainMetrics,
 )
 from rlpipe.storage.objects import ObjectStore, storage_errors
+from rlpipe.storage.table_bytes import ipc_bytes, ipc_table, parquet_bytes
 from rlpipe.storage.schema import (
     TRAJECTORY_SCHEMA,
     from_table,
@@ -172,7 +172,7 @@ class Lake:
             f"{folder}/run_id={_check_name('run id', run_id)}/step={step}/"
             f"part-{_check_name('part name', name)}.parquet"
         )
-        data = _parquet_bytes(to_part_table(trajectories, run_id, step))
+        data = parquet_bytes(to_part_table(trajectories, run_id, step))
         self.objects.put(relative, data, crash_point="part-write")
         return PartRef(path=relative, rows=len(trajectories), sha256=hashlib.sha256(data).hexdigest())
 
@@ -293,11 +293,12 @@ class Lake:
     def write_staged(self, run_id: str, step: int, stage: str, key: str, trajectories: list[Trajectory]) -> str:
         """Store the rows a stage of an uncommitted step computed under `key` (everything that
         determines them: orchestration/stage_options.py `stage_key`); return their path. The name is
-        a digest of the key, so a retry or a resumed run finds them with `read_staged`. Not
+        a digest of the key, so a retry or a resumed run finds them with `read_staged`. Arrow IPC
+        (storage/table_bytes.py), not Parquet: read back by rlpipe only, then deleted. Not
         fsynced (two files and two fsyncs each, every step): `read_staged` checks the rows
         against the digest and a stage whose rows a power cut lost or damaged is computed again."""
         relative = self._staged_path(run_id, step, stage, key)
-        data = _parquet_bytes(to_table(trajectories))
+        data = ipc_bytes(to_table(trajectories))
         self.objects.put(relative, data, durable=False)
         ref = PartRef(path=relative, rows=len(trajectories), sha256=hashlib.sha256(data).hexdigest())
         self.objects.put(_staged_ref_path(relative), ref.to_json().encode(), durable=False)  # last: the rows count from here
@@ -323,11 +324,11 @@ class Lake:
                 "lake %s: staged rows %s have sha256 %s, their PartRef says %s (altered or damaged): "
                 "not used, the stage computes them again", self.uri, relative, digest, expected)
             return None
-        return from_table(pq.read_table(pa.BufferReader(data)))
+        return from_table(ipc_table(data))
 
     def _staged_path(self, run_id: str, step: int, stage: str, key: str) -> str:
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        return f"staging/run_id={_check_name('run id', run_id)}/step={step}/{_check_name('stage', stage)}-{digest}.parquet"
+        return f"staging/run_id={_check_name('run id', run_id)}/step={step}/{_check_name('stage', stage)}-{digest}.arrow"
 
     def clean_staged(self, run_id: str, step: int) -> None:
         """Delete the staged rows of a step (call after it is committed; missing is fine)."""
@@ -389,12 +390,4 @@ def set_apart_path(path: str) -> str:
 
 
 def _staged_ref_path(relative: str) -> str:
-    return relative.removesuffix(".parquet") + ".json"
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression="zstd")
-    return buffer.getvalue()
-
-
+    return relative.removesuffix(".arrow") + ".json"

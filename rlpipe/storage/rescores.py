@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 
 from rlpipe.core.errors import LakeCorrupted
 from rlpipe.storage.eval_records import rows_table
-from rlpipe.storage.lake import Lake, _check_name, _parquet_bytes
+from rlpipe.storage.lake import Lake, _check_name
+from rlpipe.storage.table_bytes import parquet_bytes
 from rlpipe.storage.lake_records import LakeDocument, PartRef
 
 RESCORE_SCHEMA = pa.schema(
@@ -135,7 +136,7 @@ class RescoreStore:
         step `step` of the run (part-{step:06d}.parquet, then part-{step:06d}-{batch:05d}.parquet)."""
         name = f"part-{step:06d}" if batch == 0 else f"part-{step:06d}-{batch:05d}"
         relative = f"{self._dir(run_id, rescore_id)}/{name}.parquet"
-        data = _parquet_bytes(rows_table(rows, RescoreRow, RESCORE_SCHEMA))
+        data = parquet_bytes(rows_table(rows, RescoreRow, RESCORE_SCHEMA))
         self.objects.put(relative, data)
         return PartRef(path=relative, rows=len(rows), sha256=hashlib.sha256(data).hexdigest())
 

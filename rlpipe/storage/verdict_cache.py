@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 
 from rlpipe.core.errors import LakeCorrupted
 from rlpipe.core.records import Verdict, VerdictReason
-from rlpipe.storage.lake import Lake, _parquet_bytes
+from rlpipe.storage.lake import Lake
+from rlpipe.storage.table_bytes import parquet_bytes
 
 VERDICT_CACHE_SCHEMA = pa.schema(
     [
@@ -102,7 +103,7 @@ class VerdictCache:
                 "detail": [verdict.detail for _, verdict in items],
                 "verify_duration_s": [verdict.duration_s for _, verdict in items],
             }, schema=VERDICT_CACHE_SCHEMA)
-            data = _parquet_bytes(table)
+            data = parquet_bytes(table)
             relative = f"verdicts/verifier={version_key(version)}/part-{hashlib.sha256(data).hexdigest()[:16]}.parquet"
             self.objects.put(relative, data)
             written.append(relative)

@@ -224,14 +224,14 @@ def staged_rows_are_digest_checked(lake: Lake) -> None:
     staged = lake.write_staged("r1", 4, "verify", "key-a", rows)
     assert lake.read_staged("r1", 4, "verify", "key-a") == rows
     other = lake.write_staged("r1", 4, "verify", "key-b", rows[:2])
-    lake.objects.put(staged, lake.objects.get(other))  # valid Parquet of other rows: only the digest tells
+    lake.objects.put(staged, lake.objects.get(other))  # valid rows of another key: only the digest tells
     assert lake.read_staged("r1", 4, "verify", "key-a") is None  # not used: the stage computes them again
-    lake.objects.put(staged, b"PAR1 torn")
+    lake.objects.put(staged, b"ARROW1 torn")
     assert lake.read_staged("r1", 4, "verify", "key-a") is None
     lake.write_staged("r1", 4, "verify", "key-a", rows)  # computed again and staged again
     assert lake.read_staged("r1", 4, "verify", "key-a") == rows
     # rows whose PartRef was never written (a crash between the two writes) are not used
-    lake.location.filesystem.delete_file(lake.location.path(other.removesuffix(".parquet") + ".json"))
+    lake.location.filesystem.delete_file(lake.location.path(other.removesuffix(".arrow") + ".json"))
     assert lake.objects.get(other) is not None and lake.read_staged("r1", 4, "verify", "key-b") is None
 
 

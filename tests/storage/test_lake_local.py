@@ -83,7 +83,7 @@ def test_a_damaged_staged_partref_means_compute_again(tmp_path: Path, caplog: py
 
     lake = Lake.open(str(tmp_path / "lake"))
     staged = lake.write_staged("r1", 1, "verify", "key", make_trajectories("r1", 1, 3))
-    ref = tmp_path / "lake" / staged.replace(".parquet", ".json")
+    ref = tmp_path / "lake" / staged.replace(".arrow", ".json")
     for damaged in (b"", ref.read_bytes()[:10]):
         ref.write_bytes(damaged)
         with caplog.at_level("WARNING", logger="rlpipe.storage.lake"):
