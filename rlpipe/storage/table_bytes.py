@@ -3,8 +3,8 @@
 - `parquet_bytes`: Parquet, zstd: what the lake keeps (committed parts, set-apart rows, eval
   trials, rescores, the verdict cache), small and read by any Parquet reader (DuckDB, Polars).
 - `ipc_bytes` / `ipc_table`: the Arrow IPC file format, lz4: staged rows, read back only by
-  rlpipe (a retried stage) and deleted once the step commits. Encoding takes a tenth of
-  Parquet's zstd, for files a few times larger.
+  rlpipe (a retried stage) and deleted once the step commits: no Parquet encoding on every
+  step's path (docs/RESULTS.md has the times), for files a few times larger.
 
 What it does not: write or read the files (storage/objects.py), check digests (storage/lake.py).
 """
