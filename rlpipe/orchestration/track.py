@@ -63,7 +63,10 @@ def log_step(runtime: Runtime, step: int, extra: dict[str, float]) -> dict[str, 
     if ratios is not None:
         extra = {**extra, **{f"curriculum/ratio/{domain}": ratio for domain, ratio in sorted(ratios.items())}}
     if extra:  # the update's and the timings, beside the manifest: the step_metrics view joins them
-        records.lake.record_train_metrics(runtime.run_id, step, extra)
+        # merged with what an earlier attempt stored: a replayed step (resumed from an older
+        # checkpoint) logs the timings its first run measured, which a kill may have cut from
+        # that run's MLflow log in flight (points MLflow has are skipped)
+        extra = dict(records.lake.record_train_metrics(runtime.run_id, step, extra).metrics)
     metrics = {**dict(manifest.metrics), **extra}
     if metrics.get("time/generate_s") and "rollout/tokens" in metrics:
         metrics["throughput/tokens_per_s"] = metrics["rollout/tokens"] / metrics["time/generate_s"]

@@ -177,7 +177,10 @@ def evaluate(runtime: Runtime, name: str) -> dict[str, float]:
 def checkpoint(runtime: Runtime, step: int) -> None:
     """The trainer worker snapshots its state for `step` and writes it into the lake in the
     background (an HF model folder with the trainer state beside it); CHECKPOINT.json and then
-    LATEST are written last (workers/checkpoint_writer.py)."""
+    LATEST are written last (workers/checkpoint_writer.py). The steps' MLflow log is waited
+    for first: a resume from this checkpoint does not replay its steps, so a log in flight
+    that a crash cut would never be sent again."""
+    runtime.records.tracker.settle()
     runtime.workers.trainer.save_checkpoint(step, runtime.config.config_hash())
     runtime.progress.trainer_in_lake = True
 
