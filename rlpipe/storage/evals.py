@@ -41,8 +41,8 @@ from rlpipe.storage.eval_records import (
     task_key,
 )
 from rlpipe.storage.lake import Lake
-from rlpipe.storage.table_bytes import parquet_bytes
 from rlpipe.storage.lake_records import PartRef
+from rlpipe.storage.table_bytes import parquet_bytes
 
 
 class EvalStore:

@@ -75,7 +75,6 @@ from rlpipe.storage.lake_records import (
     StepTrainMetrics,
 )
 from rlpipe.storage.objects import ObjectStore, storage_errors
-from rlpipe.storage.table_bytes import ipc_bytes, ipc_table, parquet_bytes
 from rlpipe.storage.schema import (
     TRAJECTORY_SCHEMA,
     from_table,
@@ -84,6 +83,7 @@ from rlpipe.storage.schema import (
     to_table,
     with_partition_columns,
 )
+from rlpipe.storage.table_bytes import ipc_bytes, ipc_table, parquet_bytes
 
 TRAJECTORIES = "trajectories"
 """The folder of the rows runs train on: what a reader of the lake points at."""

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 from rlpipe.core.errors import LakeCorrupted
 from rlpipe.storage.eval_records import rows_table
 from rlpipe.storage.lake import Lake, _check_name
-from rlpipe.storage.table_bytes import parquet_bytes
 from rlpipe.storage.lake_records import LakeDocument, PartRef
+from rlpipe.storage.table_bytes import parquet_bytes
 
 RESCORE_SCHEMA = pa.schema(
     [
