@@ -16,7 +16,9 @@ it ran, which is once it gets the GIL from the controller's other threads).
 What it does not: serialise the tracker's other requests against this thread (Tracker's
 lock does), or outlive its process: a log in flight when the controller is killed is lost,
 as a synchronous one was between the lake's TRAIN.json and MLflow; the lake keeps every
-step's metrics (`rlpipe runs show`, the step_metrics view).
+step's metrics (`rlpipe runs show`, the step_metrics view), a resume logs the steps it
+replays from there (orchestration/track.py), and a checkpoint waits for the log before it
+(tasks/lifecycle.py), since a resume from it replays none of its steps.
 """
 
 from __future__ import annotations
