@@ -81,15 +81,37 @@ def test_logs_run_in_order_on_one_thread_which_ends_when_idle_and_comes_back() -
     from rlpipe.storage.step_log_thread import StepLogThread
 
     ran: list[tuple[int, threading.Thread]] = []
-    logs = StepLogThread(idle_exit_s=0.05)
+    logs = StepLogThread()  # idle for 30 s before its thread ends: not within this test
     for step in (1, 2, 3):
         logs.submit(lambda step=step: ran.append((step, threading.current_thread())))
     logs.settle()
     assert [step for step, _ in ran] == [1, 2, 3]
     assert len({thread for _, thread in ran}) == 1 and threading.current_thread() not in {thread for _, thread in ran}
-    first = ran[0][1]
+    idle = StepLogThread(idle_exit_s=0.05)
+    idle.submit(lambda: ran.append((4, threading.current_thread())))
+    idle.settle()
+    first = ran[-1][1]
     first.join(10)  # idle for idle_exit_s: it ends
     assert not first.is_alive()
-    logs.submit(lambda: ran.append((4, threading.current_thread())))
-    logs.settle()
-    assert [step for step, _ in ran] == [1, 2, 3, 4] and ran[-1][1] is not first
+    idle.submit(lambda: ran.append((5, threading.current_thread())))
+    idle.settle()
+    assert [step for step, _ in ran] == [1, 2, 3, 4, 5] and ran[-1][1] is not first and ran[-1][1].name == first.name
+
+
+def test_a_thread_that_cannot_start_leaves_nothing_pending(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlpipe.storage.step_log_thread import StepLogThread
+
+    logs = StepLogThread()
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread (test)")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(RuntimeError, match="can't start"):
+        logs.submit(lambda: None)
+    monkeypatch.undo()
+    logs.settle(wait_s=5)  # nothing pending: returns at once, never waits for a log no thread runs
+    ran: list[int] = []
+    logs.submit(lambda: ran.append(1))  # and the next log starts a thread
+    logs.settle(wait_s=5)
+    assert ran == [1]
