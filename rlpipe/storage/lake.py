@@ -146,8 +146,8 @@ class Lake:
         return sorted(run_id for run_id, info in zip(candidates, infos) if info.type == pafs.FileType.File)
 
     def write_status(self, status: RunStatus) -> None:
-        """Replace status.json; fsynced once the run ended: a running run's (one a step) a power
-        cut may leave older or damaged, which `read_status` reads as none (manifests are the truth)."""
+        """Replace status.json. Not fsynced while the run runs (a new one every step; a power cut
+        may leave an older or damaged one, which `read_status` reads as none), fsynced once it ended."""
         relative = f"runs/{_check_name('run id', status.run_id)}/status.json"
         self.objects.put(relative, status.to_json().encode(), durable=status.state != RunState.RUNNING)
 
