@@ -49,14 +49,14 @@ class StepLogThread:
         """Settle the log before (its error is raised here, and `log` is not started), then
         hand `log` to the thread."""
         self.settle()
-        done = threading.Event()
+        done, self._failure = threading.Event(), None  # before the job is queued: the thread may fail it at once
         with self._thread_lock:  # the thread ends only under this lock, and only with no job queued
             if self._thread is None:
                 thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
                 thread.start()  # when it cannot start, nothing is queued or pending
                 self._thread = thread
             self._jobs.put((log, done))
-        self._pending, self._failure, self._done = log, None, done
+        self._pending, self._done = log, done
 
     def settle(self, wait_s: float | None = None) -> None:
         """Wait for the log in flight (at most `wait_s`: then StorageUnavailable, and it goes
