@@ -64,7 +64,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     rows = made_up_rows(args.rows, args.group, args.prompt_tokens, args.reply_tokens)
-    lake = Lake.open(tempfile.mkdtemp(prefix="trainer-read-"))
+    with tempfile.TemporaryDirectory(prefix="trainer-read-") as folder:
+        measure(Lake.open(folder), rows, args)
+
+
+def measure(lake: Lake, rows: list[Trajectory], args: argparse.Namespace) -> None:
+    """Time the two reads of `rows` committed in `lake`, and the two writes, and print them."""
     part = lake.write_part("r", 2, "00000", rows)
 
     def columns() -> list:
