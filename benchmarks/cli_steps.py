@@ -7,9 +7,9 @@ temporary folder that holds its lake, its MLflow database and its RLPIPE_HOME (s
 `rlpipe up` services of the machine are used: Prefect runs its temporary server, as in a
 fresh clone). Afterwards it reads from the lake:
   - each step's commit time (MANIFEST.json `committed_at_ms`). From one commit to the next
-    is one whole step as the CLI runs it: train-step-(k-1) (update, sync, track, status)
-    then rollout-step-k (sample, generate, verify, advantages, persist), with Prefect's task
-    runs, the lake's writes and reads, MLflow and the workers' hand-offs included;
+    is one whole step as the CLI runs it: the end of step-(k-1) (update, sync, track,
+    status) then the start of step-k (sample, generate, verify, advantages, persist), with
+    Prefect's task runs, the lake's writes and reads, MLflow and the workers' hand-offs included;
   - the per-stage seconds the flow recorded (TRAIN.json `time/*_s`, medians);
   - the held-out accuracy after RL (evals/after_rl.json, the run's own greedy evaluator).
 CPU seconds: every process of the command's tree (controller, engine and trainer workers,

@@ -2,11 +2,11 @@
 
 Runs RL steps two ways, interleaved (plain, tasks, plain, ...) in one process from the same
 warm-started policy, so that a machine's changing load hits both alike:
-  1. plain: the step's two task functions called directly (`task.fn`), no Prefect;
-  2. tasks: `rl_step` as the train flow runs it: `rollout-step-N` and `train-step-N`, two
-     task runs of the run's flow run.
-(Earlier layouts, a task run per stage and a nested flow run per step: their figures are in
-docs/RESULTS.md, "What orchestration costs".)
+  1. plain: the step's stages called directly (tasks/step_tasks.py `rollout_stages` and
+     `train_stages`), no Prefect;
+  2. tasks: `rl_step` as the train flow runs it: `step-N`, one task run of the run's flow run.
+(Earlier layouts, a task run per stage, a nested flow run per step and two task runs per
+step: their figures are in docs/RESULTS.md, "What orchestration costs".)
 Prints seconds per stage (plain, from the step's StageClock) and the ratio tasks/plain,
 i.e. what orchestration costs. Uses configs/quickstart.toml with fewer steps by default.
 Prefect's API is the temporary server `rlpipe train` starts (orchestration/prefect_server.py; a
@@ -109,8 +109,8 @@ def main() -> None:
 
         def _plain_step(runtime, step: int, stage_s: dict[str, list[float]]) -> None:
             clock = StageClock()
-            step_tasks.rollout.fn(runtime, step, clock)
-            step_tasks.train.fn(runtime, step, clock)
+            step_tasks.rollout_stages(runtime, step, clock)
+            step_tasks.train_stages(runtime, step, clock)
             clock.enter("done")  # close track's interval (the step's own timings end where track starts)
             for stage, seconds in clock.seconds.items():
                 stage_s[stage].append(seconds)

@@ -1,4 +1,4 @@
-"""Stage `advantages` (inside the `rollout` task, tasks/step_tasks.py): group a round's
+"""Stage `advantages` (stage 4 of a step, tasks/step_tasks.py): group a round's
 verified rows by task, compute advantages (and, with algo.overlong_filter, leave truncated
 completions out of the loss). A pure function of the verified rows: never staged, a retry
 computes it again."""

@@ -1,4 +1,4 @@
-"""Stage `generate` (inside the `rollout` task, tasks/step_tasks.py): group_size completions
+"""Stage `generate` (stage 2 of a step, tasks/step_tasks.py): group_size completions
 per task by the engine worker, sampled by the policy version the step needs
 (rl/staleness.py); the engine is brought to that version first (controller/weight_sync.py).
 Tasks of a multi-turn domain (agent_tasks) are run as whole episodes in the sandbox pool

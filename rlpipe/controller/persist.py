@@ -1,4 +1,4 @@
-"""Stage `persist` (the last of the `rollout` task, tasks/rollout.py): commit a step. The
+"""Stage `persist` (stage 5 of a step, tasks/step_tasks.py): commit a step. The
 rows it trains on become an immutable Parquet part under trajectories/, the rows dynamic
 sampling set apart another under set_apart/ (so readers of trajectories/ see only what the
 run trains on), then the manifest is written (last). A step is committed iff its manifest exists;

@@ -1,4 +1,4 @@
-"""Stage `update` (the first of the `train` task, tasks/update.py): one policy update on a
+"""Stage `update` (stage 6 of a step, tasks/step_tasks.py): one policy update on a
 committed step's rows, in the trainer worker. The worker reads the step's rows back from the
 committed part itself (this sends the manifest's part references, never rows), so the same
 code replays a step on resume. Updates are idempotent by policy version: the worker skips an

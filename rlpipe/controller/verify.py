@@ -1,4 +1,4 @@
-"""Stage `verify` (inside the `rollout` task, tasks/step_tasks.py): score every generated
+"""Stage `verify` (stage 3 of a step, tasks/step_tasks.py): score every generated
 completion, fanned out inside that one task.
 
 Exact-answer domains are checked inline. Domains that run code go through the run's
@@ -8,7 +8,7 @@ pool holds, each sandbox reset before its next use, verdicts back in row order
 task per completion would drown the server, so there is none. `verify_all` is the same
 fan-out for any list of (task, completion text) pairs (the held-out evaluation uses it).
 
-The rows go to the rollout task in memory; it stages them in the lake (tasks/step_tasks.py)
+The rows go to the next stage in memory; the step stages them in the lake (tasks/step_tasks.py)
 when some row was verified in a sandbox (`runs_in_sandboxes`). Rows checked inline only
 are not staged: an exact-answer check of a step's rows costs microseconds a row, staging
 them (an Arrow table, its file, two writes) more than that, and a retry verifies
@@ -20,7 +20,7 @@ judged by its verifier in its own sandbox at the end of the episode, in the gene
 A sandbox that fails one verification gives that row a sandbox_error verdict (reward None,
 left out of advantages and means). When every sandboxed row of the batch failed so, the
 backend itself is down (docker daemon gone, bwrap broken): that raises SandboxUnavailable,
-an InfraError, so Prefect retries the rollout task (whose generated rows are staged: they
+an InfraError, so Prefect retries the step's task (whose generated rows are staged: they
 are not generated again) instead of committing a step with no rewards.
 """
 

@@ -1,13 +1,14 @@
-"""The `train` flow: one flow run per RL run; every step is two tasks of it.
+"""The `train` flow: one flow run per RL run; every step is one task run of it (two when pipelined).
 
     train:  open-run -> [restore] -> [warm-start -> checkpoint(0)] -> evaluate(before_rl)
             -> rl-step(s) ... -> evaluate(after_rl) -> checkpoint(final) -> finish
-    rl-step: rollout (sample -> generate -> verify -> advantages -> persist)
-             -> train (update -> sync -> track) [-> checkpoint every N steps]
-             (flows/steps.py; pipelined when rollout.max_staleness > 0)
+    rl-step: step (sample -> generate -> verify -> advantages -> persist
+                   -> update -> sync -> track) [-> checkpoint every N steps]
+             (flows/steps.py; pipelined when rollout.max_staleness > 0: a rollout task and
+             a train task per step, in two threads)
 
-An rl-step is a plain function, not a nested flow: its two tasks are task runs of the run's
-flow run, named by step (`rollout-step-4`, `train-step-4`). A nested flow run per step, and
+An rl-step is a plain function, not a nested flow: its task is a task run of the run's
+flow run, named by step (`step-4`; `rollout-step-4` and `train-step-4` when pipelined). A nested flow run per step, and
 then a task run per stage, cost more than a small step's work (benchmarks/step_breakdown.py),
 and added nothing the lake does not already know: which steps are done is the lake's
 manifests, what a stage computed is staged in the lake.

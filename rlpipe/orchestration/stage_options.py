@@ -5,12 +5,12 @@
   The first delay is $RLPIPE_RETRY_BACKOFF_S (default 1 s: 1, 2, 4, 8, 16, 32 s, enough to
   outlast a minute's outage), read once at import; the tests set it small so that a retried
   stage does not cost them a minute. Not a user setting: it is not part of the run config.
-- Task run names say the step ("rollout-step-4"): a run's stages are tasks of its one flow
-  run, so the Prefect UI and API tell steps apart by name. No tags: Prefect asks its API
+- Task run names say the step ("step-4", "rollout-step-4"): a run's steps are task runs of
+  its one flow run, so the Prefect UI and API tell steps apart by name. No tags: Prefect asks its API
   for the concurrency limits of a task run's tags on every call (a round trip per stage).
 - Stage keys (`stage_key`): (run id, run incarnation, step and round, stage, config hash,
-  the policy version that generates the step), never the Prefect run id. The rollout task
-  stages what `generate` computed in the lake under this key (`staged_rows`), and what `verify`
+  the policy version that generates the step), never the Prefect run id. The rollout stages
+  stage what `generate` computed in the lake under this key (`staged_rows`), and what `verify`
   computed when some row was verified in a sandbox (inline exact-answer checks cost less to
   run again than their rows cost to stage),
   so a retry of the task, a UI retry of a crashed flow run and a new flow run started with

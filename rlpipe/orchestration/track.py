@@ -1,4 +1,4 @@
-"""Stage `track` (the last of the `train` task, tasks/step_tasks.py): store a committed
+"""Stage `track` (the last of a step, tasks/step_tasks.py): store a committed
 step's after-commit metrics (the update's, the timings) in the lake beside its manifest
 (TRAIN.json), log all its metrics to MLflow (timestamps from the step manifest, so a
 retried or resumed step adds no duplicate point; on the tracker's own thread, so the next

@@ -267,7 +267,7 @@ def test_resumed_run_logs_one_mlflow_point_per_step(runs: dict[str, Outcome], na
 def test_resume_takes_generated_rows_from_the_lake(runs: dict[str, Outcome]) -> None:
     """Killed half-way through writing step 4's trajectory part, checkpoint 2 bit-rotted
     before the resume: the resume falls back to checkpoint 0, replays steps 1-3 to the same
-    weights, and the resumed flow run's rollout of step 4 takes generate's rows from the lake,
+    weights, and the resumed flow run's step 4 takes generate's rows from the lake,
     where the killed run staged them under their stage key (run id, incarnation, step, stage,
     config hash, policy version), not a new sample. Verify's are not staged (both domains
     check inline): the resume verifies them again, and the rows equal the reference's."""
@@ -280,10 +280,10 @@ def test_resume_takes_generated_rows_from_the_lake(runs: dict[str, Outcome]) -> 
     # two flow runs of the run: the killed one (left Running: SIGKILL) and the resumed one
     assert len(states) == 2, states
     killed, resumed = states
-    # it died inside the rollout (in persist); task runs reach the API in the background, so
+    # it died inside step-4 (in persist); task runs reach the API in the background, so
     # SIGKILL may have swallowed its Running state or, on a loaded machine, its record itself
-    assert killed.get("rollout", []) in ([], ["Pending"], ["Running"]), killed
-    assert resumed["rollout"] == ["Completed"], resumed
+    assert killed.get("step", []) in ([], ["Pending"], ["Running"]), killed
+    assert resumed["step"] == ["Completed"], resumed
     assert _reused(warnings, 4) == ["generate"], warnings
 
 
@@ -298,7 +298,7 @@ def test_lost_files_fall_back_to_an_intact_checkpoint_and_recompute_staged_rows(
     assert any("checkpoint 2 of run kr-lost-files is corrupted" in message and "lacks model.safetensors" in message
                and message.endswith("falling back to checkpoint 0") for message in warnings), warnings
     killed, resumed = asyncio.run(_stage_states(outcome.run_id, 4))
-    assert resumed["rollout"] == ["Completed"], resumed
+    assert resumed["step"] == ["Completed"], resumed
     assert _reused(warnings, 4) == [], warnings  # nothing staged left: generated and verified again
 
 

@@ -1,5 +1,5 @@
 """Retries are for the machinery only: a stage that raises an InfraError twice and then
-succeeds is retried (its task, `rollout`, with backoff 0.1 s, 0.2 s: tests/conftest.py sets
+succeeds is retried (its task, `step-N`, with backoff 0.1 s, 0.2 s: tests/conftest.py sets
 $RLPIPE_RETRY_BACKOFF_S; 1 s, 2 s by default; the retries take generate's staged rows from
 the lake) and the run finishes with exactly its rows; a stage that fails on bad data fails
 once, and the error shows in the Prefect flow runs and in `rlpipe runs show --json` (which
@@ -93,7 +93,7 @@ def test_infra_error_twice_then_success_is_retried_and_the_run_finishes(tmp_path
     config = _config(tmp_path)
     _assert_finished_with_every_row_once(config, "retried", train(config, "retried"))
     runs = asyncio.run(_task_runs("retried", 2))
-    assert runs["rollout"] == ("Completed", 3)  # (state, attempts): verify raised twice inside it
+    assert runs["step"] == ("Completed", 3)  # (state, attempts): verify raised twice inside it
     # generate's rows were staged before verify ran: attempts 2 and 3 took them from the lake
     reused = [m for m in asyncio.run(_flow_run_log_messages("retried")) if m.startswith("step 2: generate's rows were staged")]
     assert len(reused) == 2, reused
@@ -106,9 +106,9 @@ def test_bad_data_fails_once_and_shows_in_prefect_and_runs_show(tmp_path: Path) 
         train(config, "bad-data")
     assert FlakyEnv.calls == FIRST_CALL_OF_STEP_2  # one attempt: no retry after the bad row
     runs = asyncio.run(_task_runs("bad-data", 2))
-    assert runs["rollout"] == ("Failed", 1)
+    assert runs["step"] == ("Failed", 1)
     # the Prefect UI: the step's rollout task run and the run's flow run are Failed, with the error
-    assert "has no answer" in asyncio.run(_task_run_message("bad-data", "rollout-step-2"))
+    assert "has no answer" in asyncio.run(_task_run_message("bad-data", "step-2"))
     (train_run,) = asyncio.run(_flow_run_states(["bad-data"]))
     assert train_run[0] == "FAILED"
     # the lake: step 1 committed, step 2 not; `rlpipe runs show --json` names step, stage, error
@@ -140,7 +140,7 @@ def test_engine_worker_death_is_engine_failed_and_the_retry_starts_a_fresh_worke
     config = tiny_config(tmp_path)
     _assert_finished_with_every_row_once(config, "engine-retried", train(config, "engine-retried"))
     runs = asyncio.run(_task_runs("engine-retried", 2))
-    assert runs["rollout"] == ("Completed", 2)  # (state, attempts): EngineFailed in generate, then the retry
+    assert runs["step"] == ("Completed", 2)  # (state, attempts): EngineFailed in generate, then the retry
 
 
 def _assert_finished_with_every_row_once(config, run_id: str, summary) -> None:  # noqa: ANN001

@@ -82,18 +82,18 @@ def test_metrics_reach_mlflow_once_per_step(tiny_run: FinishedRun) -> None:
     assert "plots/reward.png" in artifacts
 
 
-def test_each_step_is_two_task_runs_of_the_runs_flow_run_and_logs_each_stage(tiny_run: FinishedRun) -> None:
+def test_each_step_is_one_task_run_of_the_runs_flow_run_and_logs_each_stage(tiny_run: FinishedRun) -> None:
     names = asyncio.run(_flow_run_names())
     assert "tiny" in names and not any("-step-" in name for name in names)  # no nested flow run per step
     for step in (1, 2, 3):
         (stages,) = asyncio.run(step_stage_runs("tiny", step))
-        # rollout-step-N (sample .. persist) and train-step-N (update, sync, track), once each;
-        # step 3 is also the final checkpoint-step-3
+        # step-N (sample .. persist, update, sync, track), once; step 3 is also the final
+        # checkpoint-step-3
         per_step = {stage: [state for state, _ in runs] for stage, runs in stages.items() if stage != "checkpoint"}
-        assert per_step == {"rollout": ["Completed"], "train": ["Completed"]}, (step, stages)
+        assert per_step == {"step": ["Completed"]}, (step, stages)
         timed = dict(tiny_run.lake.read_train_metrics(tiny_run.run_id, step).metrics)
         stage_names = ("sample", "generate", "verify", "advantages", "persist", "update", "sync")
-        assert {f"time/{stage}_s" for stage in stage_names} <= set(timed), timed  # each stage inside the tasks is timed
+        assert {f"time/{stage}_s" for stage in stage_names} <= set(timed), timed  # each stage inside the task is timed
 
 
 def test_same_run_on_s3_writes_the_same_rows(

@@ -4,7 +4,7 @@ with typed parameters (a RunConfig as JSON data, no JSON string, no run id), and
 run is made to end badly twice:
 
 1. Failed: the lake cannot take step 2's trajectory parts (a file sits where their folder
-   goes), so `rollout-step-2` (in its persist stage) exhausts its retries and the flow run
+   goes), so `step-2` (in its persist stage) exhausts its retries and the flow run
    fails; the fault is removed.
 2. Retried as the UI's Retry button does it (state Scheduled named AwaitingRetry, not
    forced): the runner runs the same flow run again; its process is killed with -9 once

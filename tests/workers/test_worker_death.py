@@ -90,10 +90,11 @@ def test_a_run_whose_workers_are_killed_mid_run_equals_an_undisturbed_run(
     expected = final_weights(reference_lake, "undisturbed", 4, tmp_path / "w2")
     assert sorted(weights) == sorted(expected)
     assert [name for name in expected if not torch.equal(weights[name], expected[name])] == []
-    # Prefect: step 3's rollout and step 4's train each took two attempts (the death, then the
-    # retry with a fresh worker); the undisturbed run's took one.
+    # Prefect: the task runs of steps 3 and 4 each took two attempts (the death, then the retry
+    # with a fresh worker; step 4's retry finds its rows committed and goes on to the update);
+    # the undisturbed run's took one.
     (step_3,) = asyncio.run(step_stage_runs("killed", 3))  # one flow run: no resume
     (step_4,) = asyncio.run(step_stage_runs("killed", 4))
-    assert step_3["rollout"] == [("Completed", 2)] and step_4["train"] == [("Completed", 2)], (step_3, step_4)
+    assert step_3["step"] == [("Completed", 2)] and step_4["step"] == [("Completed", 2)], (step_3, step_4)
     (undisturbed,) = asyncio.run(step_stage_runs("undisturbed", 3))
-    assert undisturbed["rollout"] == [("Completed", 1)], undisturbed
+    assert undisturbed["step"] == [("Completed", 1)], undisturbed
