@@ -5,7 +5,10 @@ thread (the flow itself knows nothing of the terminal).
 - qa/before_train.json (with qa.before_train): the quality gate's one-line outcome, printed once;
 - progress/warmstart.json: a warm-start bar (steps done of the budget, loss, the last
   greedy-accuracy check against its target);
-- committed steps and status.json: the RL-steps bar (stage, mean reward).
+- committed steps and status.json: the RL-steps bar (stage, mean reward). Steps commit in
+  order, so after one listing a poll reads the manifest of the step after the newest
+  (`CommittedSteps`): a listing of every step each second costs the controller O(steps)
+  (56 ms at 5000 steps on a local disk; pages of LIST requests on S3).
 Where the output is not a terminal (a pipe, a log file, CI), rich draws the bars once, at the
 end; there a plain line says where the run is whenever it moved, at most every 30 s.
 """
@@ -15,15 +18,20 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from rlpipe.core.config import RunConfig
 
+if TYPE_CHECKING:
+    from rlpipe.storage.lake import Lake
+    from rlpipe.storage.lake_records import StepManifest
+
 POLL_S = 1.0
 PLAIN_EVERY_S = 30.0
+RELIST_S = 60.0
 LINKS_DOCUMENT = "links.json"  # written by orchestration/status.py
 WARMSTART_DOCUMENT = "progress/warmstart.json"
 GATE_DOCUMENT = "qa/before_train.json"  # written by controller/quality_gate.py
@@ -72,6 +80,34 @@ class PlainLines:
         self._said, self._said_at = line, now
 
 
+class CommittedSteps:
+    """How many steps of a run are committed, and the newest one's manifest, followed cheaply:
+    the steps are listed on the first poll and every `relist_s` after it (a step committed
+    out of order, which the flows never do, is found then); in between, a poll reads the
+    manifests after the newest it knows, until one is missing."""
+
+    def __init__(self, lake: Lake, run_id: str, relist_s: float = RELIST_S) -> None:
+        self.lake, self.run_id, self.relist_s = lake, run_id, relist_s
+        self.count, self.newest_step = 0, 0
+        self.newest: StepManifest | None = None
+        self._listed_at: float | None = None
+
+    def poll(self) -> tuple[int, StepManifest | None]:
+        """(committed steps, the newest one's manifest or None)."""
+        now = time.monotonic()
+        if self._listed_at is None or now - self._listed_at >= self.relist_s:
+            steps = self.lake.committed_steps(self.run_id)
+            self._listed_at = now
+            if not steps:
+                return 0, None
+            if (len(steps), steps[-1]) != (self.count, self.newest_step):
+                self.count, self.newest_step = len(steps), steps[-1]
+                self.newest = self.lake.read_manifest(self.run_id, self.newest_step)
+        while (manifest := self.lake.read_manifest(self.run_id, self.newest_step + 1)) is not None:
+            self.count, self.newest_step, self.newest = self.count + 1, self.newest_step + 1, manifest
+        return self.count, self.newest
+
+
 @contextmanager
 def follow_run(
     run_config: RunConfig, run_id: str, console: Console, plain_every_s: float = PLAIN_EVERY_S
@@ -79,6 +115,7 @@ def follow_run(
     from rlpipe.controller.builders import build_lake
 
     lake = build_lake(run_config)
+    committed = CommittedSteps(lake, run_id)
     stop = threading.Event()
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -130,16 +167,16 @@ def follow_run(
                 status = lake.read_status(run_id)
                 if status is not None and status.stage == "warm-start" or state["warmstart_bar"] is not None:
                     show_warmstart(status.stage if status is not None else None)
-                steps = lake.committed_steps(run_id)
-                reward = lake.read_manifest(run_id, steps[-1]).metric("reward/mean") if steps else None
+                steps, newest = committed.poll()
+                reward = newest.metric("reward/mean") if newest is not None else None
             except Exception:  # noqa: BLE001 - the display is best effort; the flow reports errors
                 continue
             detail = f"{status.stage}" if status else ""
             if reward is not None:
                 detail += f"  reward {reward:.3f}"
-            progress.update(rl_bar, completed=len(steps), detail=detail)
+            progress.update(rl_bar, completed=steps, detail=detail)
             if plain is not None and status is not None and status.stage != "warm-start":
-                plain.offer(f"RL steps {len(steps)}/{run_config.train.steps}  {detail}".rstrip())
+                plain.offer(f"RL steps {steps}/{run_config.train.steps}  {detail}".rstrip())
 
     thread = threading.Thread(target=poll, daemon=True)
     with progress:
